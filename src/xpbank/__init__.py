@@ -1,0 +1,53 @@
+"""xpbank: the experience store for reinforcement learning in PyTorch.
+
+Example:
+    >>> import torch, xpbank
+    >>> rb = xpbank.ReplayBuffer(10_000, seed=0)
+    >>> rb.extend({"obs": torch.randn(8, 4), "action": torch.zeros(8, dtype=torch.int64)})
+    >>> rb.sample(4)["obs"].shape
+    torch.Size([4, 4])
+"""
+
+from __future__ import annotations
+
+from xpbank.errors import (
+    BankError,
+    BatchTypeError,
+    CapacityError,
+    CorruptBankError,
+    DeviceError,
+    EmptyBufferError,
+    MissingExtraError,
+    SpecError,
+    StaleIndexError,
+    XpbankError,
+    XpbankIndexError,
+)
+from xpbank.replay import ReplayBuffer
+from xpbank.sampler import Sampler, UniformSampler
+from xpbank.spec import Field, Spec
+from xpbank.storage import MemmapStorage, Storage, TensorStorage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Field",
+    "Spec",
+    "Storage",
+    "TensorStorage",
+    "MemmapStorage",
+    "Sampler",
+    "UniformSampler",
+    "ReplayBuffer",
+    "XpbankError",
+    "SpecError",
+    "BatchTypeError",
+    "CapacityError",
+    "EmptyBufferError",
+    "XpbankIndexError",
+    "StaleIndexError",
+    "BankError",
+    "CorruptBankError",
+    "DeviceError",
+    "MissingExtraError",
+]

@@ -1,0 +1,84 @@
+"""The few exceptions xpbank raises.
+
+Each is an :class:`XpbankError` and also the built-in exception Python users already
+catch for that kind of mistake (``ValueError``, ``TypeError``, ``IndexError``,
+``OSError``, ``ImportError``), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "XpbankError",
+    "SpecError",
+    "BatchTypeError",
+    "CapacityError",
+    "EmptyBufferError",
+    "XpbankIndexError",
+    "StaleIndexError",
+    "BankError",
+    "CorruptBankError",
+    "MissingExtraError",
+    "DeviceError",
+]
+
+
+class XpbankError(Exception):
+    """Base class of every error raised by xpbank."""
+
+
+class SpecError(XpbankError, ValueError):
+    """A batch or a spec does not match the expected layout (keys, shapes, dtypes)."""
+
+
+class BatchTypeError(XpbankError, TypeError):
+    """A batch is not something xpbank can read (not a TensorDict, mapping or array)."""
+
+
+class CapacityError(XpbankError, ValueError):
+    """A size argument is out of its valid range (capacity, batch size, ...)."""
+
+
+class EmptyBufferError(XpbankError, ValueError):
+    """Sampling or reading from a buffer that holds nothing."""
+
+
+class XpbankIndexError(XpbankError, IndexError):
+    """An index names no stored item."""
+
+
+class StaleIndexError(XpbankIndexError):
+    """An index names an item that has since been overwritten or cleared."""
+
+
+class BankError(XpbankError, OSError):
+    """A bank on disk cannot be written or read."""
+
+
+class CorruptBankError(BankError):
+    """A bank on disk is malformed or has been tampered with."""
+
+
+class DeviceError(XpbankError, ValueError):
+    """A device was asked for that this machine does not have (e.g. CUDA)."""
+
+
+class MissingExtraError(XpbankError, ImportError):
+    """An optional dependency is needed and not installed."""
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional dependency, or fail with the ``pip install`` to run.
+
+    Args:
+        module: the module to import, e.g. ``"gymnasium"``.
+        extra: the xpbank extra that provides it, e.g. ``"gym"``.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"this feature needs the optional dependency {module!r}, which is not "
+            f"installed; run: pip install 'xpbank[{extra}]'"
+        ) from exc

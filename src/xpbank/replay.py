@@ -1,0 +1,348 @@
+"""ReplayBuffer: a FIFO ring writer wired to a storage and a sampler.
+
+The buffer holds up to ``capacity`` items laid out by a :class:`~xpbank.Spec`. ``add``
+and ``extend`` copy items in at the ring's cursor; once full, each new item overwrites
+the oldest. Sampling asks the sampler for slots and the storage for their data.
+
+Every sampled batch carries an ``"index"`` entry: the items' ids. An id names one item
+for as long as it is stored, ``update(batch["index"], values)`` writes back in place,
+and an id whose item has since been overwritten is rejected instead of silently hitting
+the newer item in its slot (``id % capacity`` is the slot).
+
+What is copied: ``add``/``extend`` copy the data (the buffer keeps no reference to what
+you pass). A sampled batch is a fresh block of memory: changing it changes nothing
+stored. With the default packed :class:`~xpbank.TensorStorage`, same-dtype fields of a
+batch are views into one block (non-contiguous when there are several).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import flatten
+from xpbank.errors import CapacityError, EmptyBufferError, SpecError
+from xpbank.ring import Ring
+from xpbank.sampler import Sampler, UniformSampler, epoch_plan
+from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.storage import MemmapStorage, Storage, TensorStorage
+from xpbank.storage.base import check_capacity, check_device
+
+__all__ = ["ReplayBuffer"]
+
+_STATE_VERSION = 1
+
+
+def _make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device: Any) -> Storage:
+    if storage == "memory":
+        return TensorStorage(capacity, spec, device=storing_device)
+    if storage == "memmap":
+        if check_device(storing_device).type != "cpu":
+            raise SpecError(f"storage='memmap' keeps data on the CPU; got storing_device={storing_device!r}")
+        return MemmapStorage(capacity, spec=spec)
+    if isinstance(storage, str):
+        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {storage!r}")
+    if not isinstance(storage, Storage):
+        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {type(storage).__name__}")
+    if storage.capacity != capacity:
+        raise CapacityError(f"storage has capacity {storage.capacity}, but the buffer was given {capacity}")
+    if spec is not None:
+        if storage.spec is None:
+            storage.initialize(spec)
+        elif storage.spec != spec:
+            raise SpecError(f"storage holds {storage.spec}, but the buffer was given {spec}")
+    return storage
+
+
+def _check_batch_size(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise CapacityError(f"batch_size: expected a positive int, got {batch_size!r}")
+    return batch_size
+
+
+class ReplayBuffer:
+    """A fixed-capacity FIFO replay buffer with uniform (or pluggable) sampling.
+
+    Args:
+        capacity: the most items held; older ones are overwritten first.
+        spec: the item layout; ``None`` takes it from the first ``add``/``extend`` and
+            checks every later batch against it.
+        storage: ``"memory"`` (a :class:`~xpbank.TensorStorage` on ``storing_device``),
+            ``"memmap"`` (a :class:`~xpbank.MemmapStorage` in a temporary directory), or
+            a storage instance of the same capacity.
+        storing_device: where the data lives (``"memory"`` only).
+        device: where sampled batches are delivered; default: where the data lives.
+        sampler: which items to draw; default :class:`~xpbank.sampler.UniformSampler`.
+        seed: seeds the buffer's own ``torch.Generator``; the same seed and the same
+            calls give the same samples.
+
+    Example:
+        >>> import torch
+        >>> from xpbank import ReplayBuffer
+        >>> rb = ReplayBuffer(1000, seed=0)
+        >>> rb.extend({"obs": torch.randn(64, 4), "reward": torch.zeros(64)})
+        >>> batch = rb.sample(32)
+        >>> batch["obs"].shape, batch["index"].shape
+        (torch.Size([32, 4]), torch.Size([32]))
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        spec: Spec | None = None,
+        *,
+        storage: str | Storage = "memory",
+        storing_device: Any = "cpu",
+        device: Any = None,
+        sampler: Sampler | None = None,
+        seed: int | None = None,
+    ):
+        capacity = check_capacity(capacity)
+        if spec is not None and not isinstance(spec, Spec):
+            raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
+        self._storage = _make_storage(storage, capacity, spec, storing_device)
+        self._device = check_device(device) if device is not None else self._storage.device
+        self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
+        self._ring = Ring(capacity)
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    # -- properties ------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """The most items the buffer holds."""
+        return self._ring.capacity
+
+    @property
+    def spec(self) -> Spec | None:
+        """The item layout (``None`` until the first write of a lazily laid out buffer)."""
+        return self._storage.spec
+
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    @property
+    def device(self) -> torch.device:
+        """Where sampled batches are delivered."""
+        return self._device
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The buffer's source of randomness (its state is in :meth:`state_dict`)."""
+        return self._generator
+
+    def __len__(self) -> int:
+        return self._ring.size
+
+    @property
+    def is_full(self) -> bool:
+        return self._ring.size == self._ring.capacity
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayBuffer(size={len(self)}/{self.capacity}, storage={type(self._storage).__name__}, "
+            f"sampler={self._sampler!r}, device={str(self._device)!r}, spec={self.spec})"
+        )
+
+    # -- writing ---------------------------------------------------------------
+    def add(self, item: Any) -> int:
+        """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
+        flat = flatten(item)
+        spec = self.spec if self.spec is not None else Spec.from_batch(flat, batch_ndim=0)
+        spec.validate(flat, batch_ndim=0)
+        return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
+
+    def extend(self, batch: Any) -> torch.Tensor:
+        """Store a batch of items (leading dim = items); returns their ids.
+
+        The whole batch is checked before anything is written: on error the buffer is
+        unchanged. A batch larger than ``capacity`` leaves its last ``capacity`` items.
+
+        Raises:
+            SpecError: missing/unknown keys, or a field's shape or dtype differs from the spec.
+            BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
+        """
+        flat = flatten(batch)
+        spec = self.spec if self.spec is not None else Spec.from_batch(flat, batch_ndim=1)
+        (n,) = spec.validate(flat, batch_ndim=1)
+        return self._write(flat, n, spec)
+
+    def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> torch.Tensor:
+        if self._storage.spec is None:
+            self._storage.initialize(spec)
+        ring = self._ring
+        first = ring.next_id
+        with torch.no_grad():
+            for slots, rows in ring.segments(n):
+                part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
+                self._storage.write(slots, part)
+                self._sampler.on_write(slots, ring)
+        ring.advance(n)
+        return torch.arange(first, first + n)
+
+    def update(self, indices: Any, batch: Any) -> None:
+        """Overwrite fields of stored items in place, by the ids a sample returned.
+
+        Args:
+            indices: ids, e.g. ``sampled["index"]``; a repeated id keeps its last row.
+            batch: the new values: any subset of the spec's fields, one row per index.
+
+        Raises:
+            StaleIndexError: an id's item has been overwritten (or cleared) since it was
+                sampled; nothing is written.
+            SpecError: unknown keys, a wrong shape or dtype, or a row count that differs
+                from the number of indices.
+        """
+        if self.spec is None:
+            raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
+        slots = self._ring.slots_of_ids(indices)
+        flat = flatten(batch)
+        lead = self.spec.validate(flat, batch_ndim=1, partial=True)
+        if lead and lead[0] != slots.shape[0]:
+            raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
+        if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
+            slots, flat = _keep_last(slots, flat)
+        with torch.no_grad():
+            self._storage.write(slots, flat)
+
+    def clear(self) -> None:
+        """Drop every item. Ids handed out before become stale. Memory is kept."""
+        self._ring.clear()
+        self._sampler.on_clear()
+
+    # -- reading ---------------------------------------------------------------
+    def _fields(self, fields: Sequence[Any] | None) -> list[NestedKey] | None:
+        if fields is None:
+            return None
+        if isinstance(fields, (str, tuple)):
+            fields = [fields]
+        keys = [normalize_key(f) for f in fields]
+        spec = self.spec if self.spec is not None else Spec()
+        unknown = [key_str(k) for k in keys if k not in spec]
+        if unknown:
+            raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
+        return keys
+
+    def _gather(self, slots: torch.Tensor, ids: torch.Tensor, fields: Sequence[Any] | None) -> TensorDict:
+        td = self._storage.read(slots, self._fields(fields))
+        td.set("index", ids)
+        if td.device != self._device:
+            td = td.to(self._device, non_blocking=self._device.type == "cuda")
+        return td
+
+    def _require_items(self, what: str) -> None:
+        if self._ring.size == 0:
+            raise EmptyBufferError(f"{what}: the buffer is empty; add or extend first")
+
+    def sample(self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None) -> TensorDict:
+        """Draw ``batch_size`` items (uniformly, with the default sampler).
+
+        Args:
+            batch_size: items to draw.
+            replace: draw with replacement; ``False`` gives distinct items in one batch.
+            fields: only these fields (plus ``"index"``); default all.
+
+        Returns:
+            A TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"``
+            and whatever per-item entries the sampler adds (e.g. weights).
+
+        Raises:
+            EmptyBufferError: nothing stored.
+            CapacityError: ``replace=False`` and more items asked for than are stored.
+        """
+        _check_batch_size(batch_size)
+        self._require_items("sample")
+        if not replace and batch_size > self._ring.size:
+            raise CapacityError(
+                f"sample: {batch_size} distinct items asked for (replace=False), but only "
+                f"{self._ring.size} are stored"
+            )
+        slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
+        td = self._gather(slots, self._ring.ids_of_slots(slots), fields)
+        for name, value in info.items():
+            td.set(name, value.to(td.device) if td.device is not None else value)
+        return td
+
+    def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
+        """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.
+
+        Raises:
+            XpbankIndexError: a position outside ``[-len(self), len(self))``.
+        """
+        self._require_items("sample_by_index")
+        slots, ids = self._ring.slots_of_positions(indices)
+        return self._gather(slots, ids, fields)
+
+    def sample_all(self, fields: Sequence[Any] | None = None) -> TensorDict:
+        """Every stored item, oldest first."""
+        self._require_items("sample_all")
+        return self.sample_by_index(np.arange(self._ring.size), fields)
+
+    def epochs(
+        self,
+        batch_size: int,
+        n_epochs: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        fields: Sequence[Any] | None = None,
+    ) -> Iterator[TensorDict]:
+        """Minibatches that visit every stored item once per epoch.
+
+        Adding to or clearing the buffer while iterating raises ``RuntimeError`` at the
+        next minibatch (the plan was made for the items stored when it began);
+        in-place :meth:`update` is allowed.
+        """
+        _check_batch_size(batch_size)
+        self._require_items("epochs")
+        self._fields(fields)
+        marker = (self._ring.next_id, self._ring.size)
+        for positions in epoch_plan(self._ring.size, batch_size, n_epochs, shuffle, drop_last, self._generator):
+            if (self._ring.next_id, self._ring.size) != marker:
+                raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+            yield self.sample_by_index(positions, fields)
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: data, cursor, ids, sampler and RNG state.
+
+        Safe to ``torch.save`` and to load with ``torch.load(..., weights_only=True)``.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "ring": self._ring.state_dict(),
+            "generator": self._generator.get_state(),
+            "sampler": self._sampler.state_dict(),
+            "storage": self._storage.state_dict(self._ring.size),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into a buffer of the same capacity."""
+        if state.get("version") != _STATE_VERSION:
+            raise SpecError(f"state version: expected {_STATE_VERSION}, got {state.get('version')!r}")
+        capacity = int(state["ring"]["capacity"])
+        if capacity != self.capacity:
+            raise CapacityError(f"state is of a buffer of capacity {capacity}, this one has {self.capacity}")
+        self._storage.load_state_dict(state["storage"])
+        self._ring.load_state_dict(state["ring"])
+        self._sampler.load_state_dict(state["sampler"])
+        self._generator.set_state(state["generator"])
+
+
+def _keep_last(slots: torch.Tensor, flat: dict[NestedKey, torch.Tensor]) -> tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]:
+    """Drop earlier rows of repeated slots, so the last row for a slot wins."""
+    s = slots.numpy()
+    _, first_in_reversed = np.unique(s[::-1], return_index=True)
+    keep = torch.from_numpy(np.sort(len(s) - 1 - first_in_reversed))
+    return slots[keep], {k: v.index_select(0, keep.to(v.device)) for k, v in flat.items()}

@@ -1,0 +1,131 @@
+"""The FIFO ring a replay front-end writes through: cursor, size and item ids.
+
+Every item written gets an id, counted from 0 and never reused: ``slot = id % capacity``.
+The live items are exactly the ids in ``[next_id - size, next_id)``, so an id handed out
+with a sample can be checked later: once its slot has been overwritten (or the buffer
+cleared) the id is no longer live. That is the per-slot write generation
+(``id // capacity``) without storing one number per slot. :meth:`Ring.clear` moves
+``next_id`` up to the next multiple of ``capacity`` so that ``slot = id % capacity``
+keeps holding and no id is ever live twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.errors import StaleIndexError, XpbankIndexError
+
+__all__ = ["Ring"]
+
+
+@dataclass
+class Ring:
+    """Write position and fill level of a ring of ``capacity`` slots."""
+
+    capacity: int
+    next_id: int = 0
+    size: int = 0
+
+    @property
+    def cursor(self) -> int:
+        """The slot the next item goes to."""
+        return self.next_id % self.capacity
+
+    @property
+    def first_id(self) -> int:
+        """The id of the oldest live item."""
+        return self.next_id - self.size
+
+    def segments(self, n: int) -> list[tuple[slice, slice]]:
+        """Where ``n`` new items go: ``[(slots, rows), ...]``, split at the wrap point.
+
+        When ``n > capacity`` only the last ``capacity`` rows are written (the others
+        would be overwritten by the same call).
+        """
+        start_row = max(0, n - self.capacity)
+        start = (self.next_id + start_row) % self.capacity
+        count = n - start_row
+        first = min(count, self.capacity - start)
+        out = [(slice(start, start + first), slice(start_row, start_row + first))]
+        if first < count:
+            out.append((slice(0, count - first), slice(start_row + first, n)))
+        return out
+
+    def advance(self, n: int) -> None:
+        """Record that ``n`` items were written at the cursor."""
+        self.next_id += n
+        self.size = min(self.size + n, self.capacity)
+
+    def clear(self) -> None:
+        """Forget every item; ids handed out so far become stale."""
+        self.next_id = -(-self.next_id // self.capacity) * self.capacity
+        self.size = 0
+
+    def ids_of_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """The ids of the live items in ``slots`` (int64, same device)."""
+        base = (self.next_id // self.capacity) * self.capacity  # id of slot 0 this lap
+        if self.size < self.capacity:
+            return slots + base  # not wrapped since the last clear: every live slot is this lap's
+        if self.cursor == 0:
+            return slots + (base - self.capacity)  # full, just wrapped: all are last lap's
+        s = slots.cpu().numpy()  # slots at or past the cursor hold last lap's items
+        ids = s + (base - self.capacity * (s >= self.cursor))
+        return torch.from_numpy(ids).to(slots.device)
+
+    def slots_of_positions(self, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slots, ids)`` of logical positions (0 = oldest, -1 = newest).
+
+        Raises:
+            XpbankIndexError: a position outside ``[-size, size)``.
+        """
+        pos = _as_index_array(positions, "indices")
+        if pos.size and (pos.min() < -self.size or pos.max() >= self.size):
+            bad = pos[(pos < -self.size) | (pos >= self.size)][0]
+            raise XpbankIndexError(
+                f"indices: position {int(bad)} is out of range for a buffer holding "
+                f"{self.size} items (valid: -{self.size} .. {self.size - 1})"
+            )
+        pos = np.where(pos < 0, pos + self.size, pos)
+        ids = pos + self.first_id
+        return torch.from_numpy(ids % self.capacity), torch.from_numpy(ids)
+
+    def slots_of_ids(self, ids: Any) -> torch.Tensor:
+        """The slots of live ``ids``.
+
+        Raises:
+            StaleIndexError: an id whose item was overwritten or cleared, or never written.
+        """
+        arr = _as_index_array(ids, "indices")
+        if arr.size and (arr.min() < self.first_id or arr.max() >= self.next_id):
+            stale = arr[(arr < self.first_id) | (arr >= self.next_id)][0]
+            when = "has not been written yet" if stale >= self.next_id else "has been overwritten or cleared"
+            raise StaleIndexError(
+                f"indices: item {int(stale)} {when} (live items: {self.first_id} .. "
+                f"{self.next_id - 1}); nothing was updated. Use the 'index' of a recent sample."
+            )
+        return torch.from_numpy(arr % self.capacity)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"capacity": self.capacity, "next_id": self.next_id, "size": self.size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_id, self.size = int(state["next_id"]), int(state["size"])
+
+
+def _as_index_array(values: Any, name: str) -> np.ndarray:
+    """A 1-D int64 NumPy array of indices from an int, sequence, range, array or tensor."""
+    if isinstance(values, torch.Tensor):
+        arr = values.detach().cpu().numpy()
+    else:
+        arr = np.asarray(values)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise XpbankIndexError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if arr.ndim > 1:
+        raise XpbankIndexError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
+    return arr.reshape(-1).astype(np.int64, copy=False)

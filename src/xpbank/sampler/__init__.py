@@ -1,0 +1,9 @@
+"""Which slots to read. Samplers return indices (and weights), never data."""
+
+from __future__ import annotations
+
+from xpbank.sampler.base import Sampler
+from xpbank.sampler.epochs import epoch_plan
+from xpbank.sampler.uniform import UniformSampler
+
+__all__ = ["Sampler", "UniformSampler", "epoch_plan"]

@@ -1,0 +1,115 @@
+"""The storage protocol: where the bytes of a buffer live, and nothing about sampling.
+
+A storage holds ``capacity`` slots, each one item laid out by a :class:`~xpbank.Spec`.
+It writes batches into slots and reads slots back. It does not know which slots are
+valid, which are oldest, or how to choose them: the front-end (a ring writer) and the
+samplers decide that.
+
+Slots are given either as a ``slice`` (a contiguous run: the fast path, a slice copy)
+or as a 1-D int64 tensor of slot numbers (gathers and in-place updates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, Union, runtime_checkable
+
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import flatten
+from xpbank.errors import CapacityError, DeviceError, SpecError
+from xpbank.spec import NestedKey, Spec
+
+__all__ = ["Storage", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
+
+Slots = Union[slice, torch.Tensor]
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What every storage provides. Front-ends talk to storages only through this.
+
+    Attributes:
+        capacity: the number of slots.
+        spec: the layout of one item, or ``None`` until the first write (lazy layout).
+        device: where the data lives.
+    """
+
+    capacity: int
+    device: torch.device
+
+    @property
+    def spec(self) -> Spec | None: ...
+
+    def initialize(self, spec: Spec) -> None:
+        """Allocate for ``spec``. Called once, by the first write when built lazily."""
+
+    def write(self, slots: Slots, batch: Mapping[NestedKey, torch.Tensor]) -> None:
+        """Copy ``batch`` (validated, leading dim = number of slots) into ``slots``.
+
+        ``batch`` may hold a subset of the spec's keys (in-place updates). Values are
+        copied; the storage keeps no reference to them.
+        """
+
+    def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
+        """Gather ``slots`` (1-D int64) into a fresh TensorDict of batch size ``len(slots)``.
+
+        The result never aliases the storage: modifying it changes nothing stored.
+        """
+        ...
+
+    def state_dict(self, size: int) -> dict[str, Any]:
+        """The spec and the first ``size`` slots of every field."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+
+def check_capacity(capacity: Any) -> int:
+    """``capacity`` as a positive int, or a :class:`CapacityError`."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise CapacityError(f"capacity: expected a positive int, got {capacity!r}")
+    return capacity
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here, or a :class:`DeviceError`."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceError(f"device: expected a torch device or its name, got {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"device {str(dev)!r} was asked for, but CUDA is not available here")
+    return dev
+
+
+def state_of(storage: Storage, size: int) -> dict[str, Any]:
+    """The storage state of the first ``size`` slots: ``{"spec", "data"}`` (copies)."""
+    spec = storage.spec
+    if spec is None:
+        return {"spec": None, "data": []}
+    flat = flatten(storage.read(torch.arange(size, dtype=torch.int64))) if size else {}
+    return {"spec": spec.to_dict(), "data": [flat[k].cpu() if size else None for k in spec]}
+
+
+def load_state(storage: Storage, state: Mapping[str, Any]) -> int:
+    """Write a :func:`state_of` result back into slots ``[0, size)``; returns ``size``."""
+    if state.get("spec") is None:
+        return 0
+    spec = Spec.from_dict(state["spec"])
+    if storage.spec is None:
+        storage.initialize(spec)
+    elif storage.spec != spec:
+        raise SpecError(f"state holds {spec}, but this storage holds {storage.spec}")
+    data = state["data"]
+    if len(data) != len(spec) or not data or data[0] is None:
+        return 0
+    size = int(data[0].shape[0])
+    if size > storage.capacity:
+        raise CapacityError(f"state holds {size} items, more than this storage's capacity {storage.capacity}")
+    batch = dict(zip(spec, data))
+    spec.validate(batch)
+    storage.write(slice(0, size), batch)
+    return size

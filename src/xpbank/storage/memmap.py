@@ -1,0 +1,151 @@
+"""Storage in memory-mapped NumPy ``.npy`` files: one file per field, in one directory.
+
+The files are plain ``.npy`` (``numpy.load(path, mmap_mode="r", allow_pickle=False)``
+reads them) and are created sparse: a 10M-slot storage costs no RAM and, on file systems
+with sparse files, no disk until slots are written. Reads touch only the pages of the
+slots read, so capacities far beyond RAM work. A nested key ``("next", "obs")`` is the
+file ``next/obs.npy``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import to_tensordict
+from xpbank.errors import SpecError
+from xpbank.spec import NestedKey, Spec, key_str
+from xpbank.storage.base import Slots, check_capacity, load_state, state_of
+
+__all__ = ["MemmapStorage", "as_torch", "field_path", "numpy_dtype"]
+
+_SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+# dtypes NumPy lacks are stored as same-width integers and viewed back on read.
+_BITS_AS = {torch.bfloat16: torch.int16}
+for _name, _as in (("float8_e4m3fn", torch.uint8), ("float8_e5m2", torch.uint8)):
+    if hasattr(torch, _name):
+        _BITS_AS[getattr(torch, _name)] = _as
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype a field of torch ``dtype`` is stored as on disk."""
+    stored = _BITS_AS.get(dtype, dtype)
+    try:
+        return np.dtype(torch.empty((), dtype=stored).numpy().dtype)
+    except TypeError as exc:
+        raise SpecError(f"dtype {dtype} cannot be stored in a .npy file") from exc
+
+
+def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A torch view (no copy) of a stored array, as the field's torch ``dtype``."""
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype in _BITS_AS else tensor
+
+
+def field_path(root: Path, key: NestedKey) -> Path:
+    """The file of field ``key`` under ``root``: ``obs.npy``, ``next/obs.npy``.
+
+    Raises:
+        SpecError: a key part is not a plain file name (``..``, ``/``, leading dot).
+    """
+    parts = (key,) if isinstance(key, str) else key
+    for part in parts:
+        if not _SAFE_PART.match(part) or part in {".", ".."}:
+            raise SpecError(
+                f"field {key_str(key)!r}: key part {part!r} is not a safe file name "
+                "(letters, digits, '_', '-', '.'; not starting with '.')"
+            )
+    return root.joinpath(*parts[:-1], parts[-1] + ".npy")
+
+
+class MemmapStorage:
+    """Slots kept in memory-mapped ``.npy`` files on disk.
+
+    Args:
+        capacity: number of slots.
+        path: the directory for the files; created if missing. ``None`` makes a
+            temporary directory that is deleted when this storage is garbage collected.
+        spec: the item layout; ``None`` to take it from the first write.
+
+    Example:
+        >>> import torch
+        >>> from xpbank import Field, MemmapStorage, Spec
+        >>> st = MemmapStorage(1000, spec=Spec({"x": Field((2,))}))
+        >>> st.write(slice(0, 1), {"x": torch.tensor([[1.0, 2.0]])})
+        >>> st.read(torch.tensor([0]))["x"]
+        tensor([[1., 2.]])
+    """
+
+    def __init__(self, capacity: int, path: str | Path | None = None, spec: Spec | None = None):
+        self.capacity = check_capacity(capacity)
+        self.device = torch.device("cpu")
+        if path is None:
+            self.path = Path(tempfile.mkdtemp(prefix="xpbank-memmap-"))
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+        else:
+            self.path = Path(path)
+            self._cleanup = None
+        self._spec: Spec | None = None
+        self._arrays: dict[NestedKey, np.memmap] = {}
+        self._views: dict[NestedKey, torch.Tensor] = {}
+        if spec is not None:
+            self.initialize(spec)
+
+    @property
+    def spec(self) -> Spec | None:
+        return self._spec
+
+    def __repr__(self) -> str:
+        return f"MemmapStorage(capacity={self.capacity}, path={str(self.path)!r}, spec={self._spec})"
+
+    def initialize(self, spec: Spec) -> None:
+        """Create one sparse ``.npy`` file per field (any existing file is replaced)."""
+        paths = {key: field_path(self.path, key) for key in spec}  # check every name first
+        arrays = {}
+        for key, field in spec.items():
+            paths[key].parent.mkdir(parents=True, exist_ok=True)
+            arrays[key] = np.lib.format.open_memmap(
+                paths[key], mode="w+", dtype=numpy_dtype(field.dtype), shape=(self.capacity, *field.shape)
+            )
+        self._arrays = arrays
+        self._views = {key: as_torch(arr, spec[key].dtype) for key, arr in arrays.items()}
+        self._spec = spec
+
+    def write(self, slots: Slots, batch: Mapping[NestedKey, torch.Tensor]) -> None:
+        if self._spec is None:
+            raise RuntimeError("MemmapStorage.write before initialize(spec)")
+        if isinstance(slots, slice):
+            for key, value in batch.items():
+                self._views[key][slots].copy_(value)
+            return
+        index = slots.cpu()
+        for key, value in batch.items():
+            self._views[key].index_copy_(0, index, value.cpu())
+
+    def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
+        if self._spec is None:
+            raise RuntimeError("MemmapStorage.read before initialize(spec)")
+        index = slots.cpu()
+        out = {key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)}
+        return to_tensordict(out, (index.shape[0],))
+
+    def flush(self) -> None:
+        """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
+        for array in self._arrays.values():
+            array.flush()
+
+    def state_dict(self, size: int) -> dict[str, Any]:
+        return state_of(self, size)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        load_state(self, state)
