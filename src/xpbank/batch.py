@@ -59,13 +59,20 @@ def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
     )
 
 
-def _flatten_mapping(batch: Mapping[Any, Any], prefix: tuple[str, ...], out: dict[NestedKey, torch.Tensor]) -> None:
+def _flatten_mapping(
+    batch: Mapping[Any, Any], prefix: tuple[str, ...], out: dict[NestedKey, torch.Tensor]
+) -> None:
     for key, value in batch.items():
+        if type(value) is torch.Tensor and type(key) is str and not prefix:  # the common case
+            out[key] = value
+            continue
         if not prefix and isinstance(key, str):
             full: NestedKey = key
         else:
             full = normalize_key(prefix + ((key,) if isinstance(key, str) else tuple(key)))
-        if isinstance(value, (Mapping, TensorDictBase)):
+        if isinstance(value, torch.Tensor):
+            out[full] = value
+        elif isinstance(value, (Mapping, TensorDictBase)):
             sub = value if isinstance(value, Mapping) else value.to_dict()
             _flatten_mapping(sub, full if isinstance(full, tuple) else (full,), out)
         else:
@@ -73,12 +80,14 @@ def _flatten_mapping(batch: Mapping[Any, Any], prefix: tuple[str, ...], out: dic
 
 
 def to_tensordict(
-    flat: Mapping[NestedKey, torch.Tensor], batch_size: tuple[int, ...] | torch.Size
+    flat: Mapping[NestedKey, torch.Tensor],
+    batch_size: tuple[int, ...] | torch.Size,
+    device: torch.device | None = None,
 ) -> TensorDict:
     """Build a (nested) TensorDict from a flat dict of already-checked tensors.
 
     The tensors are taken as they are (no copy, no shape check): callers pass tensors
-    whose leading dims are ``batch_size``, all on one device.
+    whose leading dims are ``batch_size``, all on ``device`` (when given).
     """
     size = torch.Size(batch_size)
     root: dict[str, Any] = {}
@@ -94,5 +103,5 @@ def to_tensordict(
     # tensors were checked against the spec already. Public constructor as fallback.
     new_unsafe = getattr(TensorDict, "_new_unsafe", None)
     if new_unsafe is not None:
-        return new_unsafe(root, batch_size=size)
-    return TensorDict(root, batch_size=size)
+        return new_unsafe(root, batch_size=size, device=device)
+    return TensorDict(root, batch_size=size, device=device)

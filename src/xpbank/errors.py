@@ -7,6 +7,8 @@ catch for that kind of mistake (``ValueError``, ``TypeError``, ``IndexError``,
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "XpbankError",
     "SpecError",
@@ -66,7 +68,7 @@ class MissingExtraError(XpbankError, ImportError):
     """An optional dependency is needed and not installed."""
 
 
-def require(module: str, extra: str) -> object:
+def require(module: str, extra: str) -> Any:
     """Import an optional dependency, or fail with the ``pip install`` to run.
 
     Args:

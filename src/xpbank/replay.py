@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten
+from xpbank.batch import flatten, to_tensordict
 from xpbank.errors import CapacityError, EmptyBufferError, SpecError
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
@@ -164,8 +164,11 @@ class ReplayBuffer:
         spec.validate(flat, batch_ndim=0)
         return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
 
-    def extend(self, batch: Any) -> torch.Tensor:
-        """Store a batch of items (leading dim = items); returns their ids.
+    def extend(self, batch: Any) -> range:
+        """Store a batch of items (leading dim = items); returns their ids, as a ``range``.
+
+        ``torch.as_tensor(rb.extend(batch))`` gives them as a tensor; a range costs
+        nothing to make on the hot path.
 
         The whole batch is checked before anything is written: on error the buffer is
         unchanged. A batch larger than ``capacity`` leaves its last ``capacity`` items.
@@ -179,18 +182,17 @@ class ReplayBuffer:
         (n,) = spec.validate(flat, batch_ndim=1)
         return self._write(flat, n, spec)
 
-    def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> torch.Tensor:
+    def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
         if self._storage.spec is None:
             self._storage.initialize(spec)
         ring = self._ring
         first = ring.next_id
-        with torch.no_grad():
-            for slots, rows in ring.segments(n):
-                part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
-                self._storage.write(slots, part)
-                self._sampler.on_write(slots, ring)
+        for slots, rows in ring.segments(n):
+            part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
+            self._storage.write(slots, part)
+            self._sampler.on_write(slots, ring)
         ring.advance(n)
-        return torch.arange(first, first + n)
+        return range(first, first + n)
 
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.
@@ -214,8 +216,7 @@ class ReplayBuffer:
             raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
         if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
             slots, flat = _keep_last(slots, flat)
-        with torch.no_grad():
-            self._storage.write(slots, flat)
+        self._storage.write(slots, flat)
 
     def clear(self) -> None:
         """Drop every item. Ids handed out before become stale. Memory is kept."""
@@ -235,10 +236,19 @@ class ReplayBuffer:
             raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
         return keys
 
-    def _gather(self, slots: torch.Tensor, ids: torch.Tensor, fields: Sequence[Any] | None) -> TensorDict:
-        td = self._storage.read(slots, self._fields(fields))
-        td.set("index", ids)
-        if td.device != self._device:
+    def _gather(
+        self,
+        slots: torch.Tensor,
+        ids: torch.Tensor,
+        fields: Sequence[Any] | None,
+        info: dict[str, torch.Tensor] | None = None,
+    ) -> TensorDict:
+        flat = self._storage.gather(slots, self._fields(fields))
+        flat["index"] = ids.to(self._storage.device)
+        if info:
+            flat.update({name: value.to(self._storage.device) for name, value in info.items()})
+        td = to_tensordict(flat, (slots.shape[0],), self._storage.device)
+        if self._storage.device != self._device:
             td = td.to(self._device, non_blocking=self._device.type == "cuda")
         return td
 
@@ -246,7 +256,9 @@ class ReplayBuffer:
         if self._ring.size == 0:
             raise EmptyBufferError(f"{what}: the buffer is empty; add or extend first")
 
-    def sample(self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None) -> TensorDict:
+    def sample(
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+    ) -> TensorDict:
         """Draw ``batch_size`` items (uniformly, with the default sampler).
 
         Args:
@@ -270,10 +282,7 @@ class ReplayBuffer:
                 f"{self._ring.size} are stored"
             )
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
-        td = self._gather(slots, self._ring.ids_of_slots(slots), fields)
-        for name, value in info.items():
-            td.set(name, value.to(td.device) if td.device is not None else value)
-        return td
+        return self._gather(slots, self._ring.ids_of_slots(slots), fields, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.
@@ -308,7 +317,9 @@ class ReplayBuffer:
         self._require_items("epochs")
         self._fields(fields)
         marker = (self._ring.next_id, self._ring.size)
-        for positions in epoch_plan(self._ring.size, batch_size, n_epochs, shuffle, drop_last, self._generator):
+        for positions in epoch_plan(
+            self._ring.size, batch_size, n_epochs, shuffle, drop_last, self._generator
+        ):
             if (self._ring.next_id, self._ring.size) != marker:
                 raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
             yield self.sample_by_index(positions, fields)
@@ -340,7 +351,9 @@ class ReplayBuffer:
         self._generator.set_state(state["generator"])
 
 
-def _keep_last(slots: torch.Tensor, flat: dict[NestedKey, torch.Tensor]) -> tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]:
+def _keep_last(
+    slots: torch.Tensor, flat: dict[NestedKey, torch.Tensor]
+) -> tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]:
     """Drop earlier rows of repeated slots, so the last row for a slot wins."""
     s = slots.numpy()
     _, first_in_reversed = np.unique(s[::-1], return_index=True)

@@ -72,9 +72,11 @@ class Ring:
             return slots + base  # not wrapped since the last clear: every live slot is this lap's
         if self.cursor == 0:
             return slots + (base - self.capacity)  # full, just wrapped: all are last lap's
-        s = slots.cpu().numpy()  # slots at or past the cursor hold last lap's items
-        ids = s + (base - self.capacity * (s >= self.cursor))
-        return torch.from_numpy(ids).to(slots.device)
+        # slots at or past the cursor hold last lap's items
+        if slots.device.type != "cpu":
+            return slots + base - self.capacity * (slots >= self.cursor)
+        s = slots.numpy()
+        return torch.from_numpy(s + np.where(s >= self.cursor, base - self.capacity, base))
 
     def slots_of_positions(self, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slots, ids)`` of logical positions (0 = oldest, -1 = newest).
@@ -118,10 +120,7 @@ class Ring:
 
 def _as_index_array(values: Any, name: str) -> np.ndarray:
     """A 1-D int64 NumPy array of indices from an int, sequence, range, array or tensor."""
-    if isinstance(values, torch.Tensor):
-        arr = values.detach().cpu().numpy()
-    else:
-        arr = np.asarray(values)
+    arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         if arr.size == 0:
             return np.zeros(0, dtype=np.int64)

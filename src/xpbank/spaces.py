@@ -30,7 +30,7 @@ def _space_fields(space: Any, key: tuple[str, ...], out: dict[NestedKey, Field],
     spaces = require("gymnasium.spaces", "gym")
     if isinstance(space, spaces.Dict):
         for name, sub in space.spaces.items():
-            _space_fields(sub, key + (str(name),), out, what)
+            _space_fields(sub, (*key, str(name)), out, what)
         return
     out[key[0] if len(key) == 1 else key] = field_from_space(space, what)
 
@@ -88,7 +88,7 @@ def spec_from_torchrl(composite: Any) -> Spec:
         SpecError: ``composite`` is not a Composite (or torchrl's old CompositeSpec).
     """
     data = require("torchrl.data", "torchrl")
-    composite_cls = getattr(data, "Composite", None) or getattr(data, "CompositeSpec")
+    composite_cls = getattr(data, "Composite", None) or data.CompositeSpec
     if not isinstance(composite, composite_cls):
         raise SpecError(f"from_torchrl: expected a torchrl Composite, got {type(composite).__name__}")
     lead = len(composite.shape)

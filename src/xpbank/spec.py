@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import torch
 
@@ -18,7 +18,7 @@ from xpbank.errors import SpecError
 
 __all__ = ["Field", "Spec", "NestedKey", "normalize_key", "key_str"]
 
-NestedKey = Union[str, tuple[str, ...]]
+NestedKey: TypeAlias = "str | tuple[str, ...]"
 
 
 def normalize_key(key: Any) -> NestedKey:
@@ -237,7 +237,7 @@ class Spec(Mapping[NestedKey, Field]):
             raise SpecError(f"merge: expected {len(specs)} names, got {len(labels)}")
         merged: dict[NestedKey, Field] = {}
         origin: dict[NestedKey, str] = {}
-        for label, spec in zip(labels, specs):
+        for label, spec in zip(labels, specs, strict=True):
             if not isinstance(spec, Spec):
                 raise SpecError(f"merge: {label} is a {type(spec).__name__}, expected Spec")
             for key, field in spec.items():

@@ -12,18 +12,17 @@ or as a 1-D int64 tensor of slot numbers (gathers and in-place updates).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten
 from xpbank.errors import CapacityError, DeviceError, SpecError
 from xpbank.spec import NestedKey, Spec
 
 __all__ = ["Storage", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
 
-Slots = Union[slice, torch.Tensor]
+Slots: TypeAlias = "slice | torch.Tensor"
 
 
 @runtime_checkable
@@ -52,8 +51,15 @@ class Storage(Protocol):
         copied; the storage keeps no reference to them.
         """
 
+    def gather(
+        self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None
+    ) -> dict[NestedKey, torch.Tensor]:
+        """Gather ``slots`` (1-D int64) as a flat ``{key: tensor}`` dict, in spec order
+        (or in the order of ``keys``). The tensors never alias the storage."""
+        ...
+
     def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
-        """Gather ``slots`` (1-D int64) into a fresh TensorDict of batch size ``len(slots)``.
+        """:meth:`gather` as a TensorDict of batch size ``len(slots)``.
 
         The result never aliases the storage: modifying it changes nothing stored.
         """
@@ -90,7 +96,7 @@ def state_of(storage: Storage, size: int) -> dict[str, Any]:
     spec = storage.spec
     if spec is None:
         return {"spec": None, "data": []}
-    flat = flatten(storage.read(torch.arange(size, dtype=torch.int64))) if size else {}
+    flat = storage.gather(torch.arange(size, dtype=torch.int64)) if size else {}
     return {"spec": spec.to_dict(), "data": [flat[k].cpu() if size else None for k in spec]}
 
 
@@ -109,7 +115,7 @@ def load_state(storage: Storage, state: Mapping[str, Any]) -> int:
     size = int(data[0].shape[0])
     if size > storage.capacity:
         raise CapacityError(f"state holds {size} items, more than this storage's capacity {storage.capacity}")
-    batch = dict(zip(spec, data))
+    batch = dict(zip(spec, data, strict=True))
     spec.validate(batch)
     storage.write(slice(0, size), batch)
     return size

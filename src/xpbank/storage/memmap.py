@@ -26,7 +26,7 @@ from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str
 from xpbank.storage.base import Slots, check_capacity, load_state, state_of
 
-__all__ = ["MemmapStorage", "as_torch", "field_path", "numpy_dtype"]
+__all__ = ["MemmapStorage", "as_torch", "field_path", "numpy_dtype", "to_numpy"]
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -44,6 +44,12 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
         return np.dtype(torch.empty((), dtype=stored).numpy().dtype)
     except TypeError as exc:
         raise SpecError(f"dtype {dtype} cannot be stored in a .npy file") from exc
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view (no copy) of a CPU tensor, dtypes NumPy lacks as same-width ints."""
+    stored = _BITS_AS.get(tensor.dtype)
+    return tensor.numpy() if stored is None else tensor.view(stored).numpy()
 
 
 def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -89,12 +95,12 @@ class MemmapStorage:
     def __init__(self, capacity: int, path: str | Path | None = None, spec: Spec | None = None):
         self.capacity = check_capacity(capacity)
         self.device = torch.device("cpu")
+        self._cleanup: weakref.finalize[Any, Any] | None = None
         if path is None:
             self.path = Path(tempfile.mkdtemp(prefix="xpbank-memmap-"))
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
         else:
             self.path = Path(path)
-            self._cleanup = None
         self._spec: Spec | None = None
         self._arrays: dict[NestedKey, np.memmap] = {}
         self._views: dict[NestedKey, torch.Tensor] = {}
@@ -126,18 +132,24 @@ class MemmapStorage:
             raise RuntimeError("MemmapStorage.write before initialize(spec)")
         if isinstance(slots, slice):
             for key, value in batch.items():
-                self._views[key][slots].copy_(value)
+                self._views[key][slots].copy_(value.detach())
             return
         index = slots.cpu()
         for key, value in batch.items():
-            self._views[key].index_copy_(0, index, value.cpu())
+            self._views[key].index_copy_(0, index, value.detach().cpu())
+
+    def gather(
+        self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None
+    ) -> dict[NestedKey, torch.Tensor]:
+        if self._spec is None:
+            raise RuntimeError("MemmapStorage.gather before initialize(spec)")
+        index = slots.cpu()
+        return {
+            key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)
+        }
 
     def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
-        if self._spec is None:
-            raise RuntimeError("MemmapStorage.read before initialize(spec)")
-        index = slots.cpu()
-        out = {key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)}
-        return to_tensordict(out, (index.shape[0],))
+        return to_tensordict(self.gather(slots, keys), (slots.shape[0],), self.device)
 
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
