@@ -4,6 +4,7 @@ Example:
     >>> import torch, xpbank
     >>> rb = xpbank.ReplayBuffer(10_000, seed=0)
     >>> rb.extend({"obs": torch.randn(8, 4), "action": torch.zeros(8, dtype=torch.int64)})
+    range(0, 8)
     >>> rb.sample(4)["obs"].shape
     torch.Size([4, 4])
 """

@@ -85,6 +85,7 @@ class ReplayBuffer:
         >>> from xpbank import ReplayBuffer
         >>> rb = ReplayBuffer(1000, seed=0)
         >>> rb.extend({"obs": torch.randn(64, 4), "reward": torch.zeros(64)})
+        range(0, 64)
         >>> batch = rb.sample(32)
         >>> batch["obs"].shape, batch["index"].shape
         (torch.Size([32, 4]), torch.Size([32]))

@@ -240,6 +240,19 @@ class TensorStorage:
         order = self._spec if keys is None else keys
         return {k: out[k] for k in order}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Send the tensors (shared ones travel by handle through torch.multiprocessing)
+        # and rebuild the NumPy views on arrival: pickled views would be private copies.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_blocks", "_block_of")}
+        state["_block_parts"] = [(b.members, b.row_bytes, b.data) for b in self._blocks]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        parts = state.pop("_block_parts")
+        self.__dict__.update(state)
+        self._blocks = [_Block(members, row, data) for members, row, data in parts]
+        self._block_of = {m.key: b for b in self._blocks for m in b.members}
+
     def nbytes(self) -> int:
         """Bytes allocated for the data."""
         return sum(b.data.numel() for b in self._blocks)
