@@ -69,7 +69,7 @@ def _flatten_mapping(
         if not prefix and isinstance(key, str):
             full: NestedKey = key
         else:
-            full = normalize_key(prefix + ((key,) if isinstance(key, str) else tuple(key)))
+            full = normalize_key(prefix + (key if isinstance(key, tuple) else (key,)))
         if isinstance(value, torch.Tensor):
             out[full] = value
         elif isinstance(value, (Mapping, TensorDictBase)):

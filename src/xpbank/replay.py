@@ -58,6 +58,20 @@ def _make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device
     return storage
 
 
+RESERVED_KEYS = frozenset({"index"})
+
+
+def _check_reserved(spec: Spec) -> Spec:
+    """Reject a spec with a key that sampled batches use for their own entries."""
+    clash = sorted(key_str(k) for k in spec if k in RESERVED_KEYS)
+    if clash:
+        raise SpecError(
+            f"field {clash[0]!r} is reserved: sampled batches carry the items' ids under "
+            f"'index', which would hide the stored field; rename it"
+        )
+    return spec
+
+
 def _check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise CapacityError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -105,7 +119,11 @@ class ReplayBuffer:
         capacity = check_capacity(capacity)
         if spec is not None and not isinstance(spec, Spec):
             raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
+        if spec is not None:
+            _check_reserved(spec)
         self._storage = _make_storage(storage, capacity, spec, storing_device)
+        if self._storage.spec is not None:
+            _check_reserved(self._storage.spec)
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
@@ -161,7 +179,7 @@ class ReplayBuffer:
     def add(self, item: Any) -> int:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
         flat = flatten(item)
-        spec = self.spec if self.spec is not None else Spec.from_batch(flat, batch_ndim=0)
+        spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=0))
         spec.validate(flat, batch_ndim=0)
         return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
 
@@ -179,7 +197,7 @@ class ReplayBuffer:
             BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
         """
         flat = flatten(batch)
-        spec = self.spec if self.spec is not None else Spec.from_batch(flat, batch_ndim=1)
+        spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=1))
         (n,) = spec.validate(flat, batch_ndim=1)
         return self._write(flat, n, spec)
 
@@ -245,6 +263,7 @@ class ReplayBuffer:
         info: dict[str, torch.Tensor] | None = None,
     ) -> TensorDict:
         flat = self._storage.gather(slots, self._fields(fields))
+        # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
             flat.update({name: value.to(self._storage.device) for name, value in info.items()})
@@ -282,8 +301,9 @@ class ReplayBuffer:
                 f"sample: {batch_size} distinct items asked for (replace=False), but only "
                 f"{self._ring.size} are stored"
             )
+        keys = self._fields(fields)  # checked before any randomness is drawn
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
-        return self._gather(slots, self._ring.ids_of_slots(slots), fields, info)
+        return self._gather(slots, self._ring.ids_of_slots(slots), keys, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.

@@ -8,6 +8,7 @@ string.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -52,10 +53,11 @@ class Field:
     dtype: torch.dtype
 
     def __init__(self, shape: Sequence[int] | int = (), dtype: torch.dtype = torch.float32):
-        if isinstance(shape, int):
-            shape = (shape,)
+        given: Any = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
         try:
-            dims = tuple(int(d) for d in shape)
+            if isinstance(given, (str, bytes, bool)) or any(isinstance(d, bool) for d in given):
+                raise TypeError
+            dims = tuple(operator.index(d) for d in given)
         except TypeError as exc:
             raise SpecError(f"a field shape must be a sequence of ints, got {shape!r}") from exc
         if any(d < 0 for d in dims):
@@ -127,7 +129,7 @@ class Spec(Mapping[NestedKey, Field]):
         return self._fields == other._fields
 
     def __hash__(self) -> int:
-        return hash(tuple(self._fields.items()))
+        return hash(frozenset(self._fields.items()))  # == ignores order, so must hash
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{key_str(k)!r}: {f.describe()}" for k, f in self._fields.items())
@@ -297,7 +299,7 @@ def _expected(field: Field, batch_ndim: int) -> str:
 
 def _flatten_fields(fields: Mapping[Any, Any], prefix: tuple[str, ...], out: dict[NestedKey, Field]) -> None:
     for key, value in fields.items():
-        full = normalize_key(prefix + ((key,) if isinstance(key, str) else tuple(key)))
+        full = normalize_key(prefix + (key if isinstance(key, tuple) else (key,)))
         if isinstance(value, Mapping):
             _flatten_fields(value, full if isinstance(full, tuple) else (full,), out)
         elif isinstance(value, Field):

@@ -11,6 +11,7 @@ or as a 1-D int64 tensor of slot numbers (gathers and in-place updates).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -75,9 +76,13 @@ class Storage(Protocol):
 
 def check_capacity(capacity: Any) -> int:
     """``capacity`` as a positive int, or a :class:`CapacityError`."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+    try:
+        value = None if isinstance(capacity, bool) else operator.index(capacity)  # numpy ints too
+    except TypeError:
+        value = None
+    if value is None or value <= 0:
         raise CapacityError(f"capacity: expected a positive int, got {capacity!r}")
-    return capacity
+    return value
 
 
 def check_device(device: Any) -> torch.device:

@@ -66,7 +66,7 @@ def field_path(root: Path, key: NestedKey) -> Path:
     """
     parts = (key,) if isinstance(key, str) else key
     for part in parts:
-        if not _SAFE_PART.match(part) or part in {".", ".."}:
+        if not _SAFE_PART.fullmatch(part) or part in {".", ".."}:
             raise SpecError(
                 f"field {key_str(key)!r}: key part {part!r} is not a safe file name "
                 "(letters, digits, '_', '-', '.'; not starting with '.')"

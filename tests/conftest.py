@@ -1,0 +1,87 @@
+"""Shared fixtures: factories that build every storage backend and every buffer front-end.
+
+A test that takes ``storage_factory`` (or ``buffer_factory``) runs once per backend, so
+one suite covers them all.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import transition_spec
+from xpbank import Field, MemmapStorage, ReplayBuffer, Spec, Storage, TensorStorage
+
+StorageFactory = Callable[..., Storage]
+BufferFactory = Callable[..., ReplayBuffer]
+
+
+def _fresh_dirs(root: Path, prefix: str) -> Callable[[], Path]:
+    counter = itertools.count()
+    return lambda: root / f"{prefix}-{next(counter)}"
+
+
+@pytest.fixture(params=["tensor", "tensor-unpacked", "memmap"])
+def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
+    """``make(capacity, spec=None) -> Storage`` for each storage backend."""
+    kind = request.param
+    next_dir = _fresh_dirs(tmp_path, "storage")
+
+    def make(capacity: int, spec: Spec | None = None) -> Storage:
+        if kind == "tensor":
+            return TensorStorage(capacity, spec, pack=True)
+        if kind == "tensor-unpacked":
+            return TensorStorage(capacity, spec, pack=False)
+        return MemmapStorage(capacity, path=next_dir(), spec=spec)
+
+    make.kind = kind  # type: ignore[attr-defined]
+    return make
+
+
+@pytest.fixture(params=["memory", "memmap"])
+def buffer_factory(request: pytest.FixtureRequest, tmp_path: Path) -> BufferFactory:
+    """``make(capacity, spec=None, **kw) -> ReplayBuffer`` for each buffer storage."""
+    kind = request.param
+    next_dir = _fresh_dirs(tmp_path, "buffer")
+
+    def make(capacity: int, spec: Spec | None = None, **kw: Any) -> ReplayBuffer:
+        storage: str | Storage = "memory" if kind == "memory" else MemmapStorage(capacity, next_dir())
+        return ReplayBuffer(capacity, spec, storage=storage, **kw)
+
+    make.kind = kind  # type: ignore[attr-defined]
+    return make
+
+
+@pytest.fixture
+def spec() -> Spec:
+    """The default transition spec (obs float32[3])."""
+    return transition_spec()
+
+
+@pytest.fixture
+def rich_spec() -> Spec:
+    """A spec with every kind of field the storages must keep apart.
+
+    Nested keys, a bool, a uint8 image, a bfloat16, an int8, a float64 and scalars:
+    several same-dtype fields share a packed group in a packed TensorStorage.
+    """
+    return Spec(
+        {
+            "obs": Field((3,), torch.float32),
+            "action": Field((), torch.int64),
+            "reward": Field((), torch.float32),
+            "terminated": Field((), torch.bool),
+            "truncated": Field((), torch.bool),
+            "image": Field((2, 4, 4), torch.uint8),
+            "logits": Field((5,), torch.bfloat16),
+            "small": Field((2,), torch.int8),
+            "value": Field((), torch.float64),
+            ("next", "obs"): Field((3,), torch.float32),
+            ("next", "info", "flag"): Field((), torch.bool),
+        }
+    )
