@@ -68,6 +68,19 @@ class MissingExtraError(XpbankError, ImportError):
     """An optional dependency is needed and not installed."""
 
 
+def check_positive_int(name: str, value: Any) -> int:
+    """``value`` as a positive int (NumPy ints too, bools not), or a :class:`CapacityError`."""
+    import operator
+
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number <= 0:
+        raise CapacityError(f"{name}: expected a positive int, got {value!r}")
+    return number
+
+
 def require(module: str, extra: str) -> Any:
     """Import an optional dependency, or fail with the ``pip install`` to run.
 

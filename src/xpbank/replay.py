@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.batch import flatten, to_tensordict
-from xpbank.errors import CapacityError, EmptyBufferError, SpecError
+from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
@@ -70,12 +70,6 @@ def _check_reserved(spec: Spec) -> Spec:
             f"'index', which would hide the stored field; rename it"
         )
     return spec
-
-
-def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise CapacityError(f"batch_size: expected a positive int, got {batch_size!r}")
-    return batch_size
 
 
 class ReplayBuffer:
@@ -294,7 +288,7 @@ class ReplayBuffer:
             EmptyBufferError: nothing stored.
             CapacityError: ``replace=False`` and more items asked for than are stored.
         """
-        _check_batch_size(batch_size)
+        batch_size = check_positive_int("batch_size", batch_size)
         self._require_items("sample")
         if not replace and batch_size > self._ring.size:
             raise CapacityError(
@@ -332,15 +326,15 @@ class ReplayBuffer:
 
         Adding to or clearing the buffer while iterating raises ``RuntimeError`` at the
         next minibatch (the plan was made for the items stored when it began);
-        in-place :meth:`update` is allowed.
+        in-place :meth:`update` is allowed. Bad arguments raise at the call.
         """
-        _check_batch_size(batch_size)
+        plan = epoch_plan(len(self), batch_size, n_epochs, shuffle, drop_last, self._generator)
         self._require_items("epochs")
-        self._fields(fields)
+        return self._run_plan(plan, self._fields(fields))
+
+    def _run_plan(self, plan: Iterator[torch.Tensor], fields: list[NestedKey] | None) -> Iterator[TensorDict]:
         marker = (self._ring.next_id, self._ring.size)
-        for positions in epoch_plan(
-            self._ring.size, batch_size, n_epochs, shuffle, drop_last, self._generator
-        ):
+        for positions in plan:
             if (self._ring.next_id, self._ring.size) != marker:
                 raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
             yield self.sample_by_index(positions, fields)

@@ -103,11 +103,14 @@ class Ring:
         """
         arr = _as_index_array(ids, "indices")
         if arr.size and (arr.min() < self.first_id or arr.max() >= self.next_id):
-            stale = arr[(arr < self.first_id) | (arr >= self.next_id)][0]
+            stale = int(arr[(arr < self.first_id) | (arr >= self.next_id)][0])
             when = "has not been written yet" if stale >= self.next_id else "has been overwritten or cleared"
+            live = (
+                f"live items: {self.first_id} .. {self.next_id - 1}" if self.size else "the buffer is empty"
+            )
             raise StaleIndexError(
-                f"indices: item {int(stale)} {when} (live items: {self.first_id} .. "
-                f"{self.next_id - 1}); nothing was updated. Use the 'index' of a recent sample."
+                f"indices: item {stale} {when} ({live}); nothing was updated. "
+                "Use the 'index' of a recent sample."
             )
         return torch.from_numpy(arr % self.capacity)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from xpbank.errors import CapacityError
+from xpbank.errors import check_positive_int
 
 __all__ = ["epoch_plan"]
 
@@ -31,12 +31,17 @@ def epoch_plan(
         generator: the randomness for ``shuffle``.
 
     Raises:
-        CapacityError: ``batch_size`` or ``n_epochs`` is not positive.
+        CapacityError: ``batch_size`` or ``n_epochs`` is not positive (raised at the
+            call, not at the first ``next``).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise CapacityError(f"batch_size: expected a positive int, got {batch_size!r}")
-    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs <= 0:
-        raise CapacityError(f"n_epochs: expected a positive int, got {n_epochs!r}")
+    batch_size = check_positive_int("batch_size", batch_size)
+    n_epochs = check_positive_int("n_epochs", n_epochs)
+    return _plan(n, batch_size, n_epochs, shuffle, drop_last, generator)
+
+
+def _plan(
+    n: int, batch_size: int, n_epochs: int, shuffle: bool, drop_last: bool, generator: torch.Generator | None
+) -> Iterator[torch.Tensor]:
     stop = n - n % batch_size if drop_last else n
     for _ in range(n_epochs):
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)

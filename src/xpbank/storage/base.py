@@ -11,17 +11,17 @@ or as a 1-D int64 tensor of slot numbers (gathers and in-place updates).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import torch
 from tensordict import TensorDict
 
-from xpbank.errors import CapacityError, DeviceError, SpecError
+from xpbank.batch import to_tensordict
+from xpbank.errors import CapacityError, DeviceError, SpecError, check_positive_int
 from xpbank.spec import NestedKey, Spec
 
-__all__ = ["Storage", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
+__all__ = ["Storage", "StorageBase", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
 
 Slots: TypeAlias = "slice | torch.Tensor"
 
@@ -76,13 +76,7 @@ class Storage(Protocol):
 
 def check_capacity(capacity: Any) -> int:
     """``capacity`` as a positive int, or a :class:`CapacityError`."""
-    try:
-        value = None if isinstance(capacity, bool) else operator.index(capacity)  # numpy ints too
-    except TypeError:
-        value = None
-    if value is None or value <= 0:
-        raise CapacityError(f"capacity: expected a positive int, got {capacity!r}")
-    return value
+    return check_positive_int("capacity", capacity)
 
 
 def check_device(device: Any) -> torch.device:
@@ -124,3 +118,37 @@ def load_state(storage: Storage, state: Mapping[str, Any]) -> int:
     spec.validate(batch)
     storage.write(slice(0, size), batch)
     return size
+
+
+class StorageBase:
+    """What every concrete storage shares: the spec, ``read`` over ``gather``, state.
+
+    Subclasses set ``capacity``, ``device`` and ``_spec`` and implement ``initialize``,
+    ``write`` and ``gather``.
+    """
+
+    capacity: int
+    device: torch.device
+    _spec: Spec | None
+
+    @property
+    def spec(self) -> Spec | None:
+        return self._spec
+
+    def __repr__(self) -> str:
+        name, device = type(self).__name__, str(self.device)
+        return f"{name}(capacity={self.capacity}, device={device!r}, spec={self._spec})"
+
+    def gather(
+        self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None
+    ) -> dict[NestedKey, torch.Tensor]:
+        raise NotImplementedError
+
+    def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
+        return to_tensordict(self.gather(slots, keys), (slots.shape[0],), self.device)
+
+    def state_dict(self, size: int) -> dict[str, Any]:
+        return state_of(self, size)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        load_state(self, state)  # type: ignore[arg-type]

@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
-from xpbank.batch import to_tensordict
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str
-from xpbank.storage.base import Slots, check_capacity, load_state, state_of
+from xpbank.storage.base import Slots, StorageBase, check_capacity
 
 __all__ = ["MemmapStorage", "as_torch", "field_path", "numpy_dtype", "to_numpy"]
 
@@ -74,7 +72,7 @@ def field_path(root: Path, key: NestedKey) -> Path:
     return root.joinpath(*parts[:-1], parts[-1] + ".npy")
 
 
-class MemmapStorage:
+class MemmapStorage(StorageBase):
     """Slots kept in memory-mapped ``.npy`` files on disk.
 
     Args:
@@ -106,10 +104,6 @@ class MemmapStorage:
         self._views: dict[NestedKey, torch.Tensor] = {}
         if spec is not None:
             self.initialize(spec)
-
-    @property
-    def spec(self) -> Spec | None:
-        return self._spec
 
     def __repr__(self) -> str:
         return f"MemmapStorage(capacity={self.capacity}, path={str(self.path)!r}, spec={self._spec})"
@@ -148,16 +142,7 @@ class MemmapStorage:
             key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)
         }
 
-    def read(self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None) -> TensorDict:
-        return to_tensordict(self.gather(slots, keys), (slots.shape[0],), self.device)
-
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
         for array in self._arrays.values():
             array.flush()
-
-    def state_dict(self, size: int) -> dict[str, Any]:
-        return state_of(self, size)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        load_state(self, state)
