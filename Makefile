@@ -28,7 +28,7 @@ test: lint typecheck
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_replay.py
+	$(PY) benchmarks/bench_replay.py --threads 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
