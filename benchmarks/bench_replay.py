@@ -228,9 +228,8 @@ def _xpbank_view(wl: Workload) -> Callable[[object], dict[str, Any]]:
     return view
 
 
-def build_xpbank(wl: Workload, storage: str = "memory") -> Handle:
-    spec = xpbank.Spec({f.key: xpbank.Field(f.shape, f.dtype) for f in wl.fields})
-    rb = xpbank.ReplayBuffer(wl.capacity, spec, storage=storage, seed=0)
+def _tensordict_handle(wl: Workload, rb: Any) -> Handle:
+    """A buffer with ``extend``, ``sample(batch_size)`` and ``len`` returning TensorDicts."""
     return Handle(
         extend=rb.extend,
         sample=lambda b: functools.partial(rb.sample, b),
@@ -238,6 +237,11 @@ def build_xpbank(wl: Workload, storage: str = "memory") -> Handle:
         stored=lambda: len(rb),
         capacity=wl.capacity,
     )
+
+
+def build_xpbank(wl: Workload, storage: str = "memory") -> Handle:
+    spec = xpbank.Spec({f.key: xpbank.Field(f.shape, f.dtype) for f in wl.fields})
+    return _tensordict_handle(wl, xpbank.ReplayBuffer(wl.capacity, spec, storage=storage, seed=0))
 
 
 def to_tensordict(wl: Workload, batch: Batch) -> TensorDict:
@@ -257,13 +261,7 @@ def torchrl_lib() -> Lib:
         # batch_size given to sample(): one buffer serves both sample sizes of (b);
         # torchrl's sample(batch_size) is the same code path as a constructor batch_size.
         rb = TensorDictReplayBuffer(storage=LazyTensorStorage(wl.capacity), sampler=RandomSampler())
-        return Handle(
-            extend=rb.extend,
-            sample=lambda b: functools.partial(rb.sample, b),
-            view=_xpbank_view(wl),
-            stored=lambda: len(rb),
-            capacity=wl.capacity,
-        )
+        return _tensordict_handle(wl, rb)
 
     note = "TensorDictReplayBuffer + LazyTensorStorage + RandomSampler, sample(batch_size=B)"
     return Lib("torchrl", to_tensordict, build, note, torchrl.__version__)

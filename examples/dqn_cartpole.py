@@ -80,7 +80,7 @@ def train(steps: int, seed: int) -> dict[str, float | int | bool]:
     start = time.perf_counter()
     for step in range(steps):
         if rng.random() < epsilon(step):
-            action = int(env.action_space.sample())
+            action = int(rng.integers(2))
         else:
             with torch.no_grad():
                 action = int(q(torch.as_tensor(obs)).argmax())
