@@ -1177,3 +1177,13 @@ def test_large_rows_round_trip_through_the_direct_write_path(buffer_factory: Buf
     assert torch.equal(stored["reward"], torch.arange(30, 130, dtype=torch.float32))
     assert torch.equal(stored["obs"], frames[30:130])
     assert torch.equal(stored["next", "obs"], frames[30:130].flip(-1))
+
+
+def test_a_sampled_batch_can_be_passed_back_whole_to_update(buffer_factory: BufferFactory) -> None:
+    rb = filled(buffer_factory, 8, 6, seed=0)
+    batch = rb.sample(4, replace=False)
+    batch["reward"] = batch["reward"] + 100.0
+    rb.update(batch["index"], batch)  # carries "index" too: ignored, not an unknown field
+    stored = rb.sample_by_index(batch["index"] - rb.sample_by_index(0)["index"])
+    assert torch.equal(stored["reward"], batch["reward"])
+    assert torch.equal(stored["obs"], batch["obs"])

@@ -113,11 +113,10 @@ class ReplayBuffer:
         capacity = check_capacity(capacity)
         if spec is not None and not isinstance(spec, Spec):
             raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
-        if spec is not None:
-            _check_reserved(spec)
+        given = spec if spec is not None else getattr(storage, "spec", None)
+        if given is not None:
+            _check_reserved(given)  # before _make_storage creates anything
         self._storage = _make_storage(storage, capacity, spec, storing_device)
-        if self._storage.spec is not None:
-            _check_reserved(self._storage.spec)
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
@@ -213,6 +212,8 @@ class ReplayBuffer:
         Args:
             indices: ids, e.g. ``sampled["index"]``; a repeated id keeps its last row.
             batch: the new values: any subset of the spec's fields, one row per index.
+                Entries under reserved names (``"index"``) are ignored, so a sampled
+                batch can be passed back whole: ``rb.update(batch["index"], batch)``.
 
         Raises:
             StaleIndexError: an id's item has been overwritten (or cleared) since it was
@@ -223,7 +224,7 @@ class ReplayBuffer:
         if self.spec is None:
             raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
         slots = self._ring.slots_of_ids(indices)
-        flat = flatten(batch)
+        flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
         lead = self.spec.validate(flat, batch_ndim=1, partial=True)
         if lead and lead[0] != slots.shape[0]:
             raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")

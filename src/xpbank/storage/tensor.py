@@ -200,7 +200,8 @@ class TensorStorage(StorageBase):
         for block in self._blocks:
             if block.np_data is None:  # CUDA: torch copies into the field views
                 for key in block.views.keys() & batch.keys():
-                    block.views[key][slots].copy_(batch[key].detach(), non_blocking=True)
+                    # blocking: the caller may reuse its (pinned) source as soon as we return
+                    block.views[key][slots].copy_(batch[key].detach())
             elif (
                 len(block.members) > 1
                 and len(batch) == len(self._block_of)
@@ -225,7 +226,8 @@ class TensorStorage(StorageBase):
             chosen = block.members if wanted is None else [m for m in block.members if m.key in wanted]
             if not chosen:
                 continue
-            if 2 * sum(m.nbytes for m in chosen) < block.row_bytes:  # a few narrow fields
+            if wanted is not None and 2 * sum(m.nbytes for m in chosen) < block.row_bytes:
+                # a few narrow fields: gather just those columns, not whole rows
                 for m in chosen:
                     out[m.key] = block.views[m.key].index_select(0, index)
                 continue
