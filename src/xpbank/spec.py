@@ -171,6 +171,24 @@ class Spec(Mapping[NestedKey, Field]):
         keys = batch.keys()
         if keys != self._keyset and not (partial and keys <= self._keyset):
             self._raise_key_mismatch(keys, partial)
+        if batch_ndim == 1 and batch:  # the hot path: accept quickly, explain below
+            fields, n = self._fields, -1
+            for key, value in batch.items():
+                field, shape = fields[key], value.shape
+                if (
+                    value.dtype != field.dtype
+                    or len(shape) != 1 + len(field.shape)
+                    or shape[1:] != field.shape
+                ):
+                    break
+                if shape[0] != n and n != -1:
+                    break
+                n = shape[0]
+            else:
+                return (n,)
+        return self._validate_fields(batch, batch_ndim)
+
+    def _validate_fields(self, batch: Mapping[NestedKey, torch.Tensor], batch_ndim: int) -> tuple[int, ...]:
         lead: tuple[int, ...] | None = None
         lead_key: NestedKey = ""
         for key, value in batch.items():

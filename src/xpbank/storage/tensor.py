@@ -102,16 +102,20 @@ class _Block:
             }
         )
         self._scratch = np.empty((0, row_bytes), np.uint8)
-        self._scratch_views: list[np.ndarray] = []
+        self._scratch_views: list[tuple[NestedKey, np.ndarray]] = []
 
     def fill_rows(self, batch: Mapping[NestedKey, torch.Tensor], n: int) -> np.ndarray:
         """Whole rows of ``batch`` (every field present) assembled in a reused buffer."""
-        if self._scratch.shape[0] < n:
-            self._scratch = np.empty((max(n, 2 * self._scratch.shape[0]), self.row_bytes), np.uint8)
-            self._scratch_views = [_numpy_view(self._scratch, m) for m in self.members]
-        for m, view in zip(self.members, self._scratch_views, strict=True):
-            view[:n] = _as_numpy(batch[m.key])
-        return self._scratch[:n]
+        if self._scratch.shape[0] != n:  # batches usually keep one size: views made once
+            self._scratch = np.empty((n, self.row_bytes), np.uint8)
+            self._scratch_views = [(m.key, _numpy_view(self._scratch, m)) for m in self.members]
+        for key, view in self._scratch_views:
+            value = batch[key]
+            try:
+                view[...] = value.numpy()
+            except (RuntimeError, TypeError):  # grad, device or dtype NumPy lacks
+                view[...] = _as_numpy(value)
+        return self._scratch
 
 
 class TensorStorage(StorageBase):
