@@ -254,10 +254,11 @@ class ReplayBuffer:
         self,
         slots: torch.Tensor,
         ids: torch.Tensor,
-        fields: Sequence[Any] | None,
+        keys: list[NestedKey] | None,
         info: dict[str, torch.Tensor] | None = None,
     ) -> TensorDict:
-        flat = self._storage.gather(slots, self._fields(fields))
+        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch."""
+        flat = self._storage.gather(slots, keys)
         # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
@@ -308,7 +309,7 @@ class ReplayBuffer:
         """
         self._require_items("sample_by_index")
         slots, ids = self._ring.slots_of_positions(indices)
-        return self._gather(slots, ids, fields)
+        return self._gather(slots, ids, self._fields(fields))
 
     def sample_all(self, fields: Sequence[Any] | None = None) -> TensorDict:
         """Every stored item, oldest first."""
@@ -333,12 +334,13 @@ class ReplayBuffer:
         self._require_items("epochs")
         return self._run_plan(plan, self._fields(fields))
 
-    def _run_plan(self, plan: Iterator[torch.Tensor], fields: list[NestedKey] | None) -> Iterator[TensorDict]:
+    def _run_plan(self, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None) -> Iterator[TensorDict]:
         marker = (self._ring.next_id, self._ring.size)
         for positions in plan:
             if (self._ring.next_id, self._ring.size) != marker:
                 raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
-            yield self.sample_by_index(positions, fields)
+            slots, ids = self._ring.slots_of_positions(positions)
+            yield self._gather(slots, ids, keys)
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
