@@ -23,37 +23,11 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str
 from xpbank.storage.base import Slots, StorageBase, check_capacity
+from xpbank.storage.dtypes import as_torch, numpy_dtype
 
-__all__ = ["MemmapStorage", "as_torch", "field_path", "numpy_dtype", "to_numpy"]
+__all__ = ["MemmapStorage", "field_path"]
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-# dtypes NumPy lacks are stored as same-width integers and viewed back on read.
-_BITS_AS = {torch.bfloat16: torch.int16}
-for _name, _as in (("float8_e4m3fn", torch.uint8), ("float8_e5m2", torch.uint8)):
-    if hasattr(torch, _name):
-        _BITS_AS[getattr(torch, _name)] = _as
-
-
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The NumPy dtype a field of torch ``dtype`` is stored as on disk."""
-    stored = _BITS_AS.get(dtype, dtype)
-    try:
-        return np.dtype(torch.empty((), dtype=stored).numpy().dtype)
-    except TypeError as exc:
-        raise SpecError(f"dtype {dtype} cannot be stored in a .npy file") from exc
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view (no copy) of a CPU tensor, dtypes NumPy lacks as same-width ints."""
-    stored = _BITS_AS.get(tensor.dtype)
-    return tensor.numpy() if stored is None else tensor.view(stored).numpy()
-
-
-def as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A torch view (no copy) of a stored array, as the field's torch ``dtype``."""
-    tensor = torch.from_numpy(array)
-    return tensor.view(dtype) if dtype in _BITS_AS else tensor
 
 
 def field_path(root: Path, key: NestedKey) -> Path:

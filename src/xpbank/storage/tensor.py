@@ -25,7 +25,7 @@ import torch
 from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
-from xpbank.storage.memmap import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
 
 __all__ = ["TensorStorage"]
 
@@ -111,10 +111,10 @@ class _Block:
             self._scratch_views = [(m.key, _numpy_view(self._scratch, m)) for m in self.members]
         for key, view in self._scratch_views:
             value = batch[key]
-            try:
+            try:  # inlined _as_numpy: this loop is the write hot path
                 view[...] = value.numpy()
             except (RuntimeError, TypeError):  # grad, device or dtype NumPy lacks
-                view[...] = _as_numpy(value)
+                view[...] = to_numpy(value.detach().cpu())
         return self._scratch
 
 
