@@ -19,12 +19,25 @@ from xpbank.errors import (
     DeviceError,
     EmptyBufferError,
     MissingExtraError,
+    NotReadyError,
     SpecError,
     StaleIndexError,
     XpbankError,
     XpbankIndexError,
 )
 from xpbank.replay import ReplayBuffer
+from xpbank.rollout import (
+    RecurrentBatch,
+    RolloutBuffer,
+    RolloutKeys,
+    discounted_returns,
+    gae,
+    normalize_advantages,
+    nstep_targets,
+    split_trajectories,
+    unpad,
+    vtrace,
+)
 from xpbank.sampler import Sampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
@@ -40,11 +53,22 @@ __all__ = [
     "Sampler",
     "UniformSampler",
     "ReplayBuffer",
+    "RolloutBuffer",
+    "RolloutKeys",
+    "RecurrentBatch",
+    "gae",
+    "vtrace",
+    "discounted_returns",
+    "nstep_targets",
+    "normalize_advantages",
+    "split_trajectories",
+    "unpad",
     "XpbankError",
     "SpecError",
     "BatchTypeError",
     "CapacityError",
     "EmptyBufferError",
+    "NotReadyError",
     "XpbankIndexError",
     "StaleIndexError",
     "BankError",

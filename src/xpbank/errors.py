@@ -15,6 +15,7 @@ __all__ = [
     "BatchTypeError",
     "CapacityError",
     "EmptyBufferError",
+    "NotReadyError",
     "XpbankIndexError",
     "StaleIndexError",
     "BankError",
@@ -42,6 +43,10 @@ class CapacityError(XpbankError, ValueError):
 
 class EmptyBufferError(XpbankError, ValueError):
     """Sampling or reading from a buffer that holds nothing."""
+
+
+class NotReadyError(EmptyBufferError):
+    """A rollout is read (returns, minibatches) before every env has written its steps."""
 
 
 class XpbankIndexError(XpbankError, IndexError):

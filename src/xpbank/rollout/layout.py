@@ -1,0 +1,250 @@
+"""Where each step of a rollout goes: per-writer cursors over a fixed grid of slots.
+
+A layout maps "the next step of writer ``w``" (an env, or an agent) to a slot of the
+storage, and describes the stored steps as a time-major grid ``[L, R]`` of slots: column
+``r`` holds the ``L`` consecutive steps of one writer, oldest first.
+
+- :class:`TimeLayout` is the ``[T, E]`` rollout: slot ``t * E + e``, one column per env,
+  each env with its own cursor (envs may be out of step).
+- :class:`SegmentLayout` is metta's ``[segments, bptt_horizon]``: slot ``s * H + t``.
+  Every agent fills one row (a segment) at a time and takes the next free row when
+  its row is full, independently of the other agents; ``successor[s]`` is the row
+  that continues row ``s`` for the same agent (``-1`` when none).
+
+Layouts hold only counters (NumPy, O(writers) per call, no loop over items).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from xpbank.errors import CapacityError, NotReadyError, check_positive_int
+
+__all__ = ["TimeLayout", "SegmentLayout", "SegmentSizes", "segment_sizes"]
+
+
+@dataclass(frozen=True)
+class SegmentSizes:
+    """How a batch of ``batch_size`` steps splits into BPTT segments and minibatches.
+
+    Attributes:
+        segments: rows of ``bptt_horizon`` steps in the buffer (``batch_size // bptt_horizon``).
+        bptt_horizon: steps per row.
+        minibatch_size: steps per optimizer minibatch, at most ``max_minibatch_size``.
+        minibatch_segments: rows per minibatch.
+        num_minibatches: minibatches per pass over the buffer.
+        accumulate_minibatches: minibatches whose gradients are accumulated per step
+            (``requested minibatch_size // max_minibatch_size``, at least 1).
+    """
+
+    segments: int
+    bptt_horizon: int
+    minibatch_size: int
+    minibatch_segments: int
+    num_minibatches: int
+    accumulate_minibatches: int
+
+
+def segment_sizes(
+    total_agents: int, batch_size: int, bptt_horizon: int, minibatch_size: int, max_minibatch_size: int
+) -> SegmentSizes:
+    """Check metta-style sizes and derive the segment layout (a pure function).
+
+    Example:
+        >>> segment_sizes(4, 64, 8, 32, 16)
+        SegmentSizes(segments=8, bptt_horizon=8, minibatch_size=16, minibatch_segments=2, num_minibatches=4, accumulate_minibatches=2)
+    """  # noqa: E501
+    agents = check_positive_int("total_agents", total_agents)
+    batch = check_positive_int("batch_size", batch_size)
+    bptt = check_positive_int("bptt_horizon", bptt_horizon)
+    requested = check_positive_int("minibatch_size", minibatch_size)
+    cap = check_positive_int("max_minibatch_size", max_minibatch_size)
+    if batch % bptt:
+        raise CapacityError(f"batch_size {batch} is not a multiple of bptt_horizon {bptt}")
+    segments = batch // bptt
+    if segments < agents:
+        raise CapacityError(
+            f"batch_size {batch} / bptt_horizon {bptt} gives {segments} segments, fewer than "
+            f"total_agents {agents}: every agent needs a segment row of its own"
+        )
+    mb = min(requested, cap)
+    if requested > cap and requested % cap:
+        raise CapacityError(
+            f"minibatch_size {requested} is not a multiple of max_minibatch_size {cap}: "
+            f"gradients are accumulated over whole minibatches of {cap}"
+        )
+    if mb % bptt:
+        raise CapacityError(f"minibatch_size {mb} is not a multiple of bptt_horizon {bptt}")
+    if batch % mb:
+        raise CapacityError(f"batch_size {batch} is not a multiple of minibatch_size {mb}")
+    return SegmentSizes(segments, bptt, mb, mb // bptt, batch // mb, max(1, requested // cap))
+
+
+def _env_ids(env_ids: object, n: int, what: str) -> np.ndarray:
+    """``env_ids`` (slice, range, list, array, tensor, int) as distinct int64 ids in range."""
+    if isinstance(env_ids, slice):
+        ids = np.arange(n)[env_ids]
+    elif isinstance(env_ids, torch.Tensor):
+        ids = env_ids.detach().cpu().numpy().reshape(-1)
+    else:
+        ids = np.asarray(env_ids).reshape(-1)
+    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise CapacityError(f"{what}: expected integer ids, a slice or a range, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64, copy=False)
+    bad = ids[(ids < 0) | (ids >= n)]
+    if bad.size:
+        raise CapacityError(f"{what}: id {int(bad[0])} is out of range [0, {n})")
+    if np.unique(ids).size != ids.size:
+        raise CapacityError(f"{what}: ids repeat; each writes one step, give each once")
+    return ids
+
+
+class TimeLayout:
+    """``[T, E]`` time-major slots with one write cursor per env.
+
+    Example:
+        >>> lay = TimeLayout(num_envs=2, horizon=3)
+        >>> lay.slots(lay.ids([1])).tolist(); lay.advance(lay.ids([1])); lay.cursor.tolist()
+        [1]
+        [0, 1]
+    """
+
+    def __init__(self, num_envs: int, horizon: int):
+        self.num_writers = check_positive_int("num_envs", num_envs)
+        self.length = check_positive_int("horizon", horizon)
+        self.rows = self.num_writers
+        self.capacity = self.num_writers * self.length
+        self.grid = torch.arange(self.capacity).view(self.length, self.rows)
+        self.successor = np.full(self.rows, -1, np.int64)
+        self.writer_of_row = np.arange(self.rows)
+        self.cursor = np.zeros(self.num_writers, np.int64)
+
+    def ids(self, env_ids: object) -> np.ndarray:
+        return _env_ids(env_ids, self.num_writers, "env_ids")
+
+    def contiguous(self, ids: np.ndarray) -> slice | None:
+        """The slots of a whole-step write of consecutive envs at one time index, as a slice."""
+        t = self.cursor[ids[0]]
+        if t >= self.length or (ids.size > 1 and (ids[-1] - ids[0] != ids.size - 1)):
+            return None
+        if not (self.cursor[ids] == t).all() or not (np.diff(ids) == 1).all():
+            return None
+        start = int(t) * self.rows + int(ids[0])
+        return slice(start, start + ids.size)
+
+    def slots(self, ids: np.ndarray) -> np.ndarray:
+        t = self.cursor[ids]
+        full = ids[t >= self.length]
+        if full.size:
+            raise CapacityError(
+                f"env {int(full[0])} already holds horizon={self.length} steps; writing more would "
+                f"overwrite its rollout: call clear() (after training on it) first"
+            )
+        return t * self.rows + ids
+
+    def advance(self, ids: np.ndarray) -> None:
+        self.cursor[ids] += 1
+
+    def filled(self) -> np.ndarray:
+        """``[L, R]`` bool: which grid cells hold a step."""
+        return np.arange(self.length)[:, None] < self.cursor[None, :]
+
+    def ready(self) -> bool:
+        return bool((self.cursor == self.length).all())
+
+    def require_ready(self, what: str) -> None:
+        if not self.ready():
+            env = int(np.argmin(self.cursor))
+            raise NotReadyError(
+                f"{what}: the rollout is not complete: env {env} has {int(self.cursor[env])} of "
+                f"horizon={self.length} steps"
+            )
+
+    def clear(self) -> None:
+        self.cursor[:] = 0
+
+
+class SegmentLayout:
+    """``[segments, bptt_horizon]`` rows; each agent fills a row, then takes a free one.
+
+    Example:
+        >>> lay = SegmentLayout(total_agents=2, segments=3, bptt_horizon=2)
+        >>> for _ in range(2): lay.advance(lay.ids([0]))
+        >>> lay.row_of.tolist(), lay.successor.tolist()
+        ([2, 1], [2, -1, -1])
+    """
+
+    def __init__(self, total_agents: int, segments: int, bptt_horizon: int):
+        self.num_writers = check_positive_int("total_agents", total_agents)
+        self.rows = check_positive_int("segments", segments)
+        self.length = check_positive_int("bptt_horizon", bptt_horizon)
+        if self.rows < self.num_writers:
+            raise CapacityError(f"segments {self.rows} < total_agents {self.num_writers}")
+        self.capacity = self.rows * self.length
+        self.grid = torch.arange(self.capacity).view(self.rows, self.length).T
+        self.successor = np.full(self.rows, -1, np.int64)
+        self.writer_of_row = np.full(self.rows, -1, np.int64)
+        self.row_of = np.zeros(self.num_writers, np.int64)
+        self.pos = np.zeros(self.num_writers, np.int64)
+        self.next_free = self.num_writers
+        self.full_rows = 0
+        self.clear()
+
+    def ids(self, env_ids: object) -> np.ndarray:
+        return _env_ids(env_ids, self.num_writers, "env_ids")
+
+    def contiguous(self, ids: np.ndarray) -> slice | None:
+        return None  # an agent's steps are H slots apart: writes always go by index
+
+    def slots(self, ids: np.ndarray) -> np.ndarray:
+        rows = self.row_of[ids]
+        done = ids[rows < 0]
+        if done.size:
+            raise CapacityError(
+                f"agent {int(done[0])}: all {self.rows} segments are full (ready() is True); "
+                f"train on them and call clear() before storing more"
+            )
+        return rows * self.length + self.pos[ids]
+
+    def advance(self, ids: np.ndarray) -> None:
+        self.pos[ids] += 1
+        full = ids[self.pos[ids] == self.length]
+        if not full.size:
+            return
+        self.full_rows += full.size
+        new = self.next_free + np.arange(full.size)
+        new[new >= self.rows] = -1
+        got = new >= 0
+        self.successor[self.row_of[full[got]]] = new[got]
+        self.writer_of_row[new[got]] = full[got]
+        self.row_of[full] = new
+        self.pos[full] = 0
+        self.next_free = min(self.rows, self.next_free + full.size)
+
+    def filled(self) -> np.ndarray:
+        count = np.zeros(self.rows, np.int64)
+        count[: self.next_free] = self.length
+        active = self.row_of >= 0
+        count[self.row_of[active]] = self.pos[active]
+        return np.arange(self.length)[:, None] < count[None, :]
+
+    def ready(self) -> bool:
+        return self.full_rows == self.rows
+
+    def require_ready(self, what: str) -> None:
+        if not self.ready():
+            raise NotReadyError(
+                f"{what}: the rollout is not complete: {self.full_rows} of {self.rows} segments are full"
+            )
+
+    def clear(self) -> None:
+        self.row_of[:] = np.arange(self.num_writers)
+        self.pos[:] = 0
+        self.successor[:] = -1
+        self.writer_of_row[:] = -1
+        self.writer_of_row[: self.num_writers] = np.arange(self.num_writers)
+        self.next_free = self.num_writers
+        self.full_rows = 0
