@@ -1,0 +1,247 @@
+"""The reading side of a :class:`~xpbank.RolloutBuffer`: minibatches and stats.
+
+Every reader turns a plan of slots (:mod:`xpbank.rollout.minibatch`) into TensorDicts
+with one ``index_select`` per packed block (the stored fields, then the computed
+advantages/returns), and never writes to storage. A plan is made for one rollout:
+``clear()`` while iterating raises at the next minibatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import to_tensordict
+from xpbank.errors import CapacityError, SpecError, check_positive_int
+from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout
+from xpbank.rollout.minibatch import (
+    anneal_beta,
+    flat_plan,
+    pad_trajectories,
+    segment_plan,
+    split_trajectories,
+    trajectory_plan,
+)
+from xpbank.rollout.targets import Targets
+from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.storage import TensorStorage
+
+__all__ = ["RolloutReader", "RecurrentBatch"]
+
+
+class RecurrentBatch(NamedTuple):
+    """A recurrent minibatch: ``data [P, N]`` padded trajectories (with ``"mask"``; the
+    padding's ``"index"`` is -1) and ``hidden [N]``: the ``hidden_keys`` fields at each
+    trajectory's first step (the state to start the recurrent network from)."""
+
+    data: TensorDict
+    hidden: TensorDict
+
+
+class RolloutReader:
+    """Minibatch generators and stats over a rollout (the base of ``RolloutBuffer``)."""
+
+    _layout: TimeLayout | SegmentLayout
+    _storage: TensorStorage
+    _targets: Targets
+    _generation: int
+    _generator: torch.Generator
+    _device: torch.device
+    _episodes: list[int]
+    sizes: SegmentSizes | None
+    keys: Any
+
+    @property
+    def spec(self) -> Spec | None:
+        return self._storage.spec
+
+    @property
+    def capacity(self) -> int:
+        return self._layout.capacity
+
+    def __len__(self) -> int:
+        return int(self._layout.filled().sum())
+
+    def _field_grid(self, key: NestedKey) -> torch.Tensor:
+        """A stored field as the time-major grid ``[L, R]`` (float32)."""
+        if self.spec is None or key not in self.spec:
+            raise SpecError(f"field {key_str(key)!r} is needed here but is not in {self.spec}")
+        flat = self._storage.gather(self._layout.grid.reshape(-1), [key])[key]
+        return flat.reshape(self._layout.grid.shape).float()
+
+    def _gather(self, slots: torch.Tensor, shape: Sequence[int]) -> TensorDict:
+        flat = self._storage.gather(slots)
+        flat.update(self._targets.gather(slots))
+        flat["index"] = (slots + self._generation * self.capacity).to(self._device)
+        if len(shape) > 1:
+            flat = {k: v.reshape(*shape, *v.shape[1:]) for k, v in flat.items()}
+        return to_tensordict(flat, tuple(shape), self._device)
+
+    def _check_same(self, generation: int, what: str) -> None:
+        """Minibatch plans are made for one rollout: refuse to read the next one."""
+        if self._generation != generation:
+            raise RuntimeError(f"{what}: the buffer was cleared during iteration")
+
+    def minibatches(
+        self,
+        num_minibatches: int,
+        epochs: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        normalize_advantages: bool = False,
+    ) -> Iterator[TensorDict]:
+        """Flat minibatches over all ``T * E`` steps, a fresh permutation every epoch.
+
+        Each is a TensorDict ``[B]`` of the stored fields, ``"advantage"``/``"return"``
+        when computed, and ``"index"`` for :meth:`update`. ``normalize_advantages``
+        normalizes ``"advantage"`` within each minibatch (the stored values are kept).
+        """
+        self._layout.require_ready("minibatches")
+        plan = flat_plan(self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator)
+        return self._flat(plan, normalize_advantages, self._generation)
+
+    def _flat(self, plan: Iterator[torch.Tensor], normalize: bool, generation: int) -> Iterator[TensorDict]:
+        for slots in plan:
+            self._check_same(generation, "minibatches")
+            td = self._gather(slots, (slots.shape[0],))
+            if normalize:
+                self._targets.normalize_in(td)
+            yield td
+
+    def recurrent_minibatches(
+        self,
+        num_minibatches: int,
+        epochs: int = 1,
+        by: str = "env",
+        shuffle: bool = True,
+        hidden_keys: Sequence[Any] = (),
+        pad_to: int | None = None,
+    ) -> Iterator[RecurrentBatch]:
+        """Trajectories split at episode ends (``terminated | truncated``), padded.
+
+        ``by="env"``: rsl_rl's way, every trajectory of ``num_envs // num_minibatches``
+        envs per minibatch (envs permuted each epoch when ``shuffle``, in order if not).
+        ``by="trajectory"``: all trajectories shuffled and cut in ``num_minibatches``.
+        Each :class:`RecurrentBatch` has ``data [P, N]`` (time, trajectory), padded to
+        the longest trajectory of the minibatch (or ``pad_to``), ``data["mask"]``, and
+        ``hidden``: the ``hidden_keys`` fields at each trajectory's first step.
+        """
+        self._layout.require_ready("recurrent_minibatches")
+        hidden = [normalize_key(k) for k in hidden_keys]
+        unknown = [key_str(k) for k in hidden if self.spec is None or k not in self.spec]
+        if unknown:
+            raise SpecError(f"hidden_keys: unknown field(s) {unknown}; known: {self.spec}")
+        term = self._field_grid(self.keys.terminated) > 0
+        if self.spec is not None and self.keys.truncated in self.spec:
+            term = term | (self._field_grid(self.keys.truncated) > 0)
+        traj = split_trajectories(term)
+        plan = trajectory_plan(traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator)
+        return self._recurrent(plan, traj, hidden, pad_to, self._generation)
+
+    def _recurrent(
+        self,
+        plan: Iterator[torch.Tensor],
+        traj: Any,
+        hidden: list[NestedKey],
+        pad_to: int | None,
+        generation: int,
+    ) -> Iterator[RecurrentBatch]:
+        for pick in plan:
+            self._check_same(generation, "recurrent_minibatches")
+            slots, mask = pad_trajectories(self._layout.grid, traj, pick, pad_to)
+            td = self._gather(slots.reshape(-1), tuple(slots.shape))
+            td.set("index", torch.where(mask.to(self._device), td["index"], -1))
+            td.set("mask", mask.to(self._device))
+            start = td[0]
+            yield RecurrentBatch(td, start.select(*hidden) if hidden else start.select())
+
+    def segment_minibatches(
+        self,
+        epochs: int = 1,
+        *,
+        bptt_horizon: int | None = None,
+        minibatch_segments: int | None = None,
+        alpha: float = 0.0,
+        beta0: float = 0.6,
+        progress: float = 0.0,
+    ) -> Iterator[TensorDict]:
+        """BPTT windows ``[minibatch_segments, bptt_horizon]``, sequential or prioritized.
+
+        Segments are the buffer's rows (segmented layout) or each env's consecutive
+        windows of ``bptt_horizon`` steps. ``alpha > 0`` draws segments with probability
+        ``∝ sum |advantage| ** alpha`` and adds ``"weight"`` = ``(S p) ** -beta`` with
+        ``beta = anneal_beta(beta0, alpha, progress)`` (metta's PPO; ``progress`` =
+        epoch / total epochs of training). Needs :meth:`compute_returns` when prioritized.
+        """
+        self._layout.require_ready("segment_minibatches")
+        seg = self._segment_grid(bptt_horizon)
+        default = self.sizes.minibatch_segments if self.sizes is not None else None
+        per = check_positive_int("minibatch_segments", minibatch_segments or default or 0)
+        if seg.shape[0] % per:
+            raise CapacityError(f"minibatch_segments {per} does not divide the {seg.shape[0]} segments")
+        check_positive_int("epochs", epochs)
+        beta = anneal_beta(beta0, alpha, progress)
+        adv = self._targets.gather(seg.reshape(-1)).get("advantage")
+        adv = adv.reshape(seg.shape) if adv is not None else None
+        plans = [
+            segment_plan(adv, per, seg.shape[0] // per, alpha, beta, self._generator) for _ in range(epochs)
+        ]
+        return self._segments(seg, plans, self._generation)
+
+    def _segments(self, seg: torch.Tensor, plans: list[Any], generation: int) -> Iterator[TensorDict]:
+        for plan in plans:
+            for rows, weight in plan:
+                self._check_same(generation, "segment_minibatches")
+                slots = seg.index_select(0, rows)
+                td = self._gather(slots.reshape(-1), tuple(slots.shape))
+                td.set("weight", weight.to(self._device).unsqueeze(1).expand(slots.shape).contiguous())
+                yield td
+
+    def _segment_grid(self, bptt_horizon: int | None) -> torch.Tensor:
+        rows = self._layout.grid.T  # [R, L]: each writer's steps in time order
+        h = rows.shape[1] if bptt_horizon is None else check_positive_int("bptt_horizon", bptt_horizon)
+        if rows.shape[1] % h:
+            raise CapacityError(f"bptt_horizon {h} does not divide the {rows.shape[1]} steps of each row")
+        return rows.reshape(-1, h)
+
+    def steps(self) -> Iterator[TensorDict]:
+        """One TensorDict ``[num_envs]`` per time step, in order (distillation: student
+        and teacher actions of every env at step ``t``)."""
+        self._layout.require_ready("steps")
+        return self._steps(self._generation)
+
+    def _steps(self, generation: int) -> Iterator[TensorDict]:
+        grid = self._layout.grid
+        for t in range(grid.shape[0]):
+            self._check_same(generation, "steps")
+            yield self._gather(grid[t], (grid.shape[1],))
+
+    def stats(self) -> dict[str, float]:
+        """Means of the tracked fields present, over the stored steps.
+
+        ``reward``, ``value``, ``log_prob``, ``ratio`` (their ``keys`` names),
+        ``advantage``/``return`` once computed, ``episode_length`` (mean length of the
+        episodes that ended during this rollout, counted across rollouts), and
+        ``action_mean``/``action_std``.
+        """
+        out: dict[str, float] = {}
+        if self.spec is None or not len(self):
+            return out
+        filled = torch.from_numpy(self._layout.filled())
+        slots = self._layout.grid[filled]
+        k = self.keys
+        names = {"reward": k.reward, "value": k.value, "log_prob": k.log_prob, "ratio": k.ratio}
+        present = {n: key for n, key in names.items() if key in self.spec}
+        data = self._storage.gather(slots, list(present.values())) if present else {}
+        out.update({n: float(data[key].float().mean()) for n, key in present.items()})
+        out.update({key_str(n): float(v.mean()) for n, v in self._targets.gather(slots).items()})
+        if self._episodes[0]:
+            out["episode_length"] = self._episodes[1] / self._episodes[0]
+        if k.action in self.spec:
+            action = self._storage.gather(slots, [k.action])[k.action].float()
+            out["action_mean"] = float(action.mean())
+            out["action_std"] = float(action.std()) if action.numel() > 1 else 0.0
+        return out
