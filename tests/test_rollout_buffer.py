@@ -23,7 +23,7 @@ E, T = 3, 4
 
 def _step(
     e: int = E, t: float = 0.0, term: list[bool] | None = None, trunc: list[bool] | None = None
-) -> dict:  # noqa: E501
+) -> dict:
     """Step ``t`` of ``e`` envs; ``obs`` encodes (t, env) so reads can be checked."""
     return {
         "obs": torch.stack([torch.full((e,), t), torch.arange(e, dtype=torch.float32)], 1),
