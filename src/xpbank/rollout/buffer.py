@@ -169,6 +169,14 @@ class RolloutBuffer(RolloutReader):
         """True when every env has ``horizon`` steps (every segment is full)."""
         return self._layout.ready()
 
+    def room(self) -> torch.Tensor:
+        """``[num_envs]`` bool: which envs (agents) can store another step now.
+
+        With the segmented layout a fast agent may take the last free segment, so a slow
+        one can run out of room before ``ready()``: store only these.
+        """
+        return torch.from_numpy(self._layout.room().copy())
+
     def __repr__(self) -> str:
         return f"RolloutBuffer(shape={list(self.shape)}, filled={len(self)}, spec={self.spec})"
 

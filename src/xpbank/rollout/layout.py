@@ -145,6 +145,9 @@ class TimeLayout:
             )
         return t * self.rows + ids
 
+    def room(self) -> np.ndarray:
+        return self.cursor < self.length
+
     def advance(self, ids: np.ndarray) -> None:
         self.cursor[ids] += 1
 
@@ -204,10 +207,13 @@ class SegmentLayout:
         done = ids[rows < 0]
         if done.size:
             raise CapacityError(
-                f"agent {int(done[0])}: all {self.rows} segments are full (ready() is True); "
-                f"train on them and call clear() before storing more"
+                f"agent {int(done[0])}: its segment is full and all {self.rows} segments are "
+                f"taken; store only agents with room() until ready(), then train and clear()"
             )
         return rows * self.length + self.pos[ids]
+
+    def room(self) -> np.ndarray:
+        return self.row_of >= 0
 
     def advance(self, ids: np.ndarray) -> None:
         self.pos[ids] += 1
