@@ -189,15 +189,15 @@ def test_prioritized_segments_weights_follow_the_formula() -> None:
 
 
 def test_prioritized_segment_frequencies_match_priorities() -> None:
-    # seeded: 20000 draws of one row; each row's frequency within 0.015 of its probability
+    # seeded: 8000 draws of one row; each frequency within 0.02 (4 sigma) of its probability
     adv = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0], [3.0, 3.0]])
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(4)
-    for rows, _ in segment_plan(adv, 1, 20000, alpha=1.0, beta=1.0, generator=g):
+    for rows, _ in segment_plan(adv, 1, 8000, alpha=1.0, beta=1.0, generator=g):
         counts[rows] += 1
     prio = adv.abs().sum(1).double()
     p = (prio + 1e-6) / (prio.sum() + 4e-6)
-    assert torch.allclose(counts.double() / 20000, p, atol=0.015)
+    assert torch.allclose(counts.double() / 8000, p, atol=0.02)
 
 
 def test_time_major_buffer_cut_into_bptt_windows() -> None:
