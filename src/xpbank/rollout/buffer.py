@@ -22,7 +22,7 @@ import torch
 from xpbank.batch import flatten
 from xpbank.errors import SpecError, StaleIndexError
 from xpbank.replay import _keep_last
-from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes
+from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
 from xpbank.rollout.targets import Targets
 from xpbank.spec import Field, NestedKey, Spec, key_str
@@ -205,24 +205,31 @@ class RolloutBuffer(RolloutReader):
         (n,) = spec.validate(flat, batch_ndim=1)
         if n != ids.size:
             raise SpecError(f"{what}: expected one row per env ({ids.size}), got {n} rows")
-        slots = self._layout.contiguous(ids)
+        span = span_of(ids, self._all)
+        slots = self._layout.contiguous(ids, span)
         where = slots if slots is not None else torch.from_numpy(self._layout.slots(ids))
         if self._storage.spec is None:
             self._storage.initialize(spec)
         self._storage.write(where, flat)
-        self._count_episodes(flat, ids)
+        self._count_episodes(flat, ids, span)
         self._layout.advance(ids)
 
-    def _count_episodes(self, flat: dict[NestedKey, torch.Tensor], ids: np.ndarray) -> None:
+    def _count_episodes(
+        self, flat: dict[NestedKey, torch.Tensor], ids: np.ndarray, span: tuple[int, int] | None
+    ) -> None:
         term = flat.get(self.keys.terminated)
         if term is None:
             return
-        done = term.detach().cpu().numpy().reshape(-1).astype(bool)
+        done = _as_bool(term)
         trunc = flat.get(self.keys.truncated)
         if trunc is not None:
-            done = done | trunc.detach().cpu().numpy().reshape(-1).astype(bool)
-        self._episode_steps[ids] += 1
-        ended = ids[done]
+            done = done | _as_bool(trunc)
+        if span is not None:  # consecutive envs: slices instead of fancy indexing
+            self._episode_steps[span[0] : span[1]] += 1
+            ended = span[0] + np.flatnonzero(done)
+        else:
+            self._episode_steps[ids] += 1
+            ended = ids[done]
         if ended.size:
             self._episodes[0] += int(ended.size)
             self._episodes[1] += int(self._episode_steps[ended].sum())
@@ -346,25 +353,31 @@ class RolloutBuffer(RolloutReader):
         """
         self._layout.require_ready("compute_vtrace")
         grids = self._grids(last_values, final_values)
-        behaviour = self._field_grid(self.keys.log_prob)
         if target_log_probs is None:
-            target = behaviour + torch.log(self._field_grid(self.keys.ratio))
+            behaviour, ratio = self._field_grids([self.keys.log_prob, self.keys.ratio])
+            target = behaviour + torch.log(ratio)
         else:
+            (behaviour,) = self._field_grids([self.keys.log_prob])
             target = self._targets.to_grid(torch.as_tensor(target_log_probs), "target_log_probs")
         return self._targets.vtrace(grids, behaviour, target, gamma, rho_bar, c_bar, lam, normalize)
 
     def _grids(self, last_values: Any, final_values: Any) -> dict[str, torch.Tensor]:
-        k = self.keys
-        grids = {"rewards": self._field_grid(k.reward), "values": self._field_grid(k.value)}
-        grids["terminated"] = self._field_grid(k.terminated)
-        has_trunc = self.spec is not None and k.truncated in self.spec
-        grids["truncated"] = self._field_grid(k.truncated) if has_trunc else torch.zeros_like(grids["values"])
+        """The inputs of the returns as time-major grids, read in one pass over the rows."""
+        k, spec = self.keys, self.spec
+        has_trunc = spec is not None and k.truncated in spec
+        stored_final = final_values is None and spec is not None and k.final_value in spec
+        keys = [k.reward, k.value, k.terminated]
+        keys += [k.truncated] if has_trunc else []
+        keys += [k.final_value] if stored_final else []
+        got = dict(zip(keys, self._field_grids(keys), strict=True))
+        grids = {"rewards": got[k.reward], "values": got[k.value], "terminated": got[k.terminated]}
+        grids["truncated"] = got[k.truncated] if has_trunc else torch.zeros_like(grids["terminated"])
         final = None
         if grids["truncated"].any():
             if final_values is not None:
                 final = self._targets.to_grid(torch.as_tensor(final_values), "final_values")
-            elif self.spec is not None and k.final_value in self.spec:
-                final = self._field_grid(k.final_value)
+            elif stored_final:
+                final = got[k.final_value]
             else:
                 raise SpecError(
                     f"some steps are truncated: bootstrapping them needs the value of the true final "
@@ -374,6 +387,12 @@ class RolloutBuffer(RolloutReader):
             grids["values"], last_values, final, grids["truncated"]
         )
         return grids
+
+
+def _as_bool(flags: torch.Tensor) -> np.ndarray:
+    """Episode-end flags ``[n]`` (or ``[n, 1]``) as a NumPy bool array (a view when possible)."""
+    arr = (flags if flags.device.type == "cpu" else flags.cpu()).detach().numpy().reshape(-1)
+    return arr if arr.dtype == np.bool_ else arr != 0
 
 
 def _check_reserved(spec: Spec) -> Spec:

@@ -23,7 +23,7 @@ import torch
 
 from xpbank.errors import CapacityError, NotReadyError, check_positive_int
 
-__all__ = ["TimeLayout", "SegmentLayout", "SegmentSizes", "segment_sizes"]
+__all__ = ["TimeLayout", "SegmentLayout", "SegmentSizes", "segment_sizes", "span_of"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,16 @@ def _env_ids(env_ids: object, n: int, what: str) -> np.ndarray:
     return ids
 
 
+def span_of(ids: np.ndarray, all_ids: np.ndarray) -> tuple[int, int] | None:
+    """``(a, b)`` when ``ids`` are exactly ``a, a + 1, ..., b - 1`` in order, else ``None``."""
+    a, n = int(ids[0]), ids.size
+    if int(ids[-1]) - a != n - 1:
+        return None
+    if ids is not all_ids and n > 1 and not (ids[1:] - ids[:-1] == 1).all():
+        return None
+    return a, a + n
+
+
 class TimeLayout:
     """``[T, E]`` time-major slots with one write cursor per env.
 
@@ -125,14 +135,15 @@ class TimeLayout:
     def ids(self, env_ids: object) -> np.ndarray:
         return _env_ids(env_ids, self.num_writers, "env_ids")
 
-    def contiguous(self, ids: np.ndarray) -> slice | None:
-        """The slots of a whole-step write of consecutive envs at one time index, as a slice."""
-        t = self.cursor[ids[0]]
-        if t >= self.length or (ids.size > 1 and (ids[-1] - ids[0] != ids.size - 1)):
+    def contiguous(self, ids: np.ndarray, span: tuple[int, int] | None) -> slice | None:
+        """The slots of a step of consecutive envs ``span`` at one time index, as a slice."""
+        if span is None:
             return None
-        if not (self.cursor[ids] == t).all() or not (np.diff(ids) == 1).all():
+        cur = self.cursor[span[0] : span[1]]  # a view: O(1) to take, two reductions to check
+        t = int(cur[0])
+        if t >= self.length or int(cur.min()) != int(cur.max()):
             return None
-        start = int(t) * self.rows + int(ids[0])
+        start = t * self.rows + span[0]
         return slice(start, start + ids.size)
 
     def slots(self, ids: np.ndarray) -> np.ndarray:
@@ -199,7 +210,7 @@ class SegmentLayout:
     def ids(self, env_ids: object) -> np.ndarray:
         return _env_ids(env_ids, self.num_writers, "env_ids")
 
-    def contiguous(self, ids: np.ndarray) -> slice | None:
+    def contiguous(self, ids: np.ndarray, span: tuple[int, int] | None) -> slice | None:
         return None  # an agent's steps are H slots apart: writes always go by index
 
     def slots(self, ids: np.ndarray) -> np.ndarray:

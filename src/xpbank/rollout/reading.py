@@ -65,12 +65,13 @@ class RolloutReader:
     def __len__(self) -> int:
         return int(self._layout.filled().sum())
 
-    def _field_grid(self, key: NestedKey) -> torch.Tensor:
-        """A stored field as the time-major grid ``[L, R]`` (float32)."""
-        if self.spec is None or key not in self.spec:
-            raise SpecError(f"field {key_str(key)!r} is needed here but is not in {self.spec}")
-        flat = self._storage.gather(self._layout.grid.reshape(-1), [key])[key]
-        return flat.reshape(self._layout.grid.shape).float()
+    def _field_grids(self, keys: Sequence[NestedKey]) -> list[torch.Tensor]:
+        """Stored fields as time-major grids ``[L, R]`` (read in one pass over the rows)."""
+        missing = [key_str(k) for k in keys if self.spec is None or k not in self.spec]
+        if missing:
+            raise SpecError(f"field {missing[0]!r} is needed here but is not in {self.spec}")
+        cols = self._storage.columns(keys)
+        return [self._targets.to_grid(cols[k], key_str(k)) for k in keys]
 
     def _gather(self, slots: torch.Tensor, shape: Sequence[int]) -> TensorDict:
         flat = self._storage.gather(slots)
@@ -134,9 +135,10 @@ class RolloutReader:
         unknown = [key_str(k) for k in hidden if self.spec is None or k not in self.spec]
         if unknown:
             raise SpecError(f"hidden_keys: unknown field(s) {unknown}; known: {self.spec}")
-        term = self._field_grid(self.keys.terminated) > 0
+        ends = [self.keys.terminated]
         if self.spec is not None and self.keys.truncated in self.spec:
-            term = term | (self._field_grid(self.keys.truncated) > 0)
+            ends.append(self.keys.truncated)
+        term = torch.stack([g != 0 for g in self._field_grids(ends)]).any(0)
         traj = split_trajectories(term)
         plan = trajectory_plan(traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator)
         return self._recurrent(plan, traj, hidden, pad_to, self._generation)

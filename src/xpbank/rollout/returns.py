@@ -41,6 +41,8 @@ def _np(x: Any, name: str, shape: tuple[int, ...] | None, mask: bool) -> np.ndar
         arr = arr[:, None]
     if arr.ndim == 3 and arr.shape[2] == 1:  # rsl_rl-style [T, N, 1]
         arr = arr[:, :, 0]
+    if not arr.flags.c_contiguous:  # e.g. a column of packed rows: one copy, then fast ops
+        arr = np.ascontiguousarray(arr)
     if arr.ndim != 2 or (shape is not None and arr.shape != shape):
         want = "[T, N]" if shape is None else f"{list(shape)}"
         raise SpecError(f"{name}: expected shape {want} (time-major), got {list(arr.shape)}")

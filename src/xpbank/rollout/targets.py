@@ -30,26 +30,25 @@ class Targets:
         self.layout = layout
         self.storage = storage
         self.computed = False
-        grid = layout.grid
-        self.shape = grid.shape if isinstance(layout, TimeLayout) else grid.T.shape
-        self._flat_grid = grid.reshape(-1)
+        # both grids are views of arange(capacity): [T, E] as it is, [S, H] transposed
+        self.transposed = not isinstance(layout, TimeLayout)
+        self.shape = layout.grid.T.shape if self.transposed else layout.grid.shape
 
     def clear(self) -> None:
         self.computed = False
 
     def to_grid(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """``x`` in the buffer's shape (or flat, ``[capacity]``) as the time-major grid."""
-        cap = self.layout.capacity
-        if x.numel() != cap:
+        """``x`` in the buffer's shape (or flat, ``[capacity]``) as the time-major grid (a view)."""
+        if x.numel() != self.layout.capacity:
             raise SpecError(
                 f"{name}: expected {list(self.shape)} values (the buffer's shape), got shape {list(x.shape)}"
             )
-        return x.detach().to("cpu", torch.float32).reshape(cap)[self.layout.grid]
+        x = x.detach().cpu().reshape(self.shape)
+        return x.T if self.transposed else x
 
     def from_grid(self, g: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(self.layout.capacity, dtype=g.dtype)
-        out[self._flat_grid] = g.reshape(-1)
-        return out.reshape(self.shape)
+        """A time-major grid back in the buffer's shape (contiguous)."""
+        return (g.T if self.transposed else g).contiguous()
 
     def next_values(
         self, values: torch.Tensor, last_values: Any, final: torch.Tensor | None, truncated: torch.Tensor
@@ -64,6 +63,7 @@ class Targets:
                 f"last_values: expected one value per env ({lay.num_writers}), got shape "
                 f"{list(torch.as_tensor(last_values).shape)}"
             )
+        values = values.float()
         nv = torch.empty_like(values)
         nv[:-1] = values[1:]
         succ = torch.from_numpy(lay.successor)
@@ -71,7 +71,7 @@ class Targets:
         writer = torch.from_numpy(lay.writer_of_row).clamp(min=0)
         nv[-1] = torch.where(has, values[0, succ.clamp(min=0)], last[writer])
         if final is not None:
-            nv = torch.where(truncated > 0, final, nv)
+            nv = torch.where(truncated > 0, final.float(), nv)
         return nv
 
     def _store(

@@ -16,7 +16,7 @@ CUDA storage goes through the same field views with torch ops (no NumPy).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,9 @@ __all__ = ["TensorStorage"]
 
 # Rows are assembled in a scratch buffer only while it stays in cache; past this a
 # batch (e.g. 256 Atari frames, 14 MB) is written field by field straight into the
-# block, which measured about 2x faster than assembling it and copying it again.
-_SCRATCH_BYTES = 1 << 20
+# block, which measured about 2x faster than assembling it and copying it again. A
+# rollout step of 4096 envs x 256 B (1 MB) also measured ~20% faster field by field.
+_SCRATCH_BYTES = 1 << 19
 
 
 @dataclass
@@ -246,6 +247,28 @@ class TensorStorage(StorageBase):
                     out[m.key] = _torch_view(rows, m)
         order = self._spec if keys is None else keys
         return {k: out[k] for k in order}
+
+    def columns(self, keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
+        """Fields ``keys`` of every slot, ``{key: [capacity, *shape]}``, as fresh tensors.
+
+        For whole-buffer math (a rollout's returns): each block is read once, over the
+        byte span that holds the chosen fields, so a few narrow fields of packed rows
+        cost about one pass over the rows rather than one per field.
+        """
+        if self._spec is None:
+            raise RuntimeError("TensorStorage.columns before initialize(spec)")
+        wanted, out = set(keys), {}
+        for block in self._blocks:
+            chosen = [m for m in block.members if m.key in wanted]
+            if not chosen:
+                continue
+            align = max(m.dtype.itemsize for m in block.members)  # the row's alignment
+            start = min(m.start for m in chosen) // align * align
+            stop = min(block.row_bytes, -(-max(m.start + m.nbytes for m in chosen) // align) * align)
+            span = block.data[:, start:stop].contiguous()  # the one pass over the rows
+            for m in chosen:
+                out[m.key] = _torch_view(span, replace(m, start=m.start - start)).contiguous()
+        return {k: out[k] for k in keys}
 
     def __getstate__(self) -> dict[str, Any]:
         # Send the tensors (shared ones travel by handle through torch.multiprocessing)
