@@ -265,7 +265,7 @@ class TensorStorage(StorageBase):
             align = max(m.dtype.itemsize for m in block.members)  # the row's alignment
             start = min(m.start for m in chosen) // align * align
             stop = min(block.row_bytes, -(-max(m.start + m.nbytes for m in chosen) // align) * align)
-            span = block.data[:, start:stop].contiguous()  # the one pass over the rows
+            span = block.data[:, start:stop].clone(memory_format=torch.contiguous_format)  # one pass
             for m in chosen:
                 out[m.key] = _torch_view(span, replace(m, start=m.start - start)).contiguous()
         return {k: out[k] for k in keys}
