@@ -29,6 +29,7 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --threads 1
+	$(PY) benchmarks/bench_rollout.py --threads 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

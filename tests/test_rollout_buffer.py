@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -361,3 +364,14 @@ def test_numpy_input_and_repr() -> None:
     rb = RolloutBuffer(2, 1)
     rb.add({"obs": np.ones((2, 3), np.float32)})
     assert "RolloutBuffer(shape=[1, 2], filled=2" in repr(rb)
+
+
+def test_readme_rollout_example_runs() -> None:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"## On-policy rollouts.*?```python\n(.*?)```", text, re.S)
+    assert match is not None, "README has no rollout example"
+    scope: dict[str, object] = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    rb = scope["rb"]
+    assert isinstance(rb, RolloutBuffer) and rb.ready()
+    assert scope["ret"].shape == (16, 8) and "advantage" in rb.stats()
