@@ -255,7 +255,8 @@ def test_update_errors_leave_storage_unchanged() -> None:
     before = next(rb.minibatches(1, shuffle=False)).clone()
     ids = torch.tensor([0, 1])
     with pytest.raises(SpecError, match="advantages/returns are written back before compute_returns"):
-        rb.update(ids, {"advantage": torch.zeros(2)})
+        rb.update(ids, {"value": torch.full((2,), 99.0), "advantage": torch.zeros(2)})
+    assert torch.equal(next(rb.minibatches(1, shuffle=False))["value"], before["value"])
     with pytest.raises(SpecError, match=r"field 'value' has leading shape \(3,\), expected the indices"):
         rb.update(ids, {"value": torch.zeros(3)})
     with pytest.raises(SpecError, match="unknown field"):

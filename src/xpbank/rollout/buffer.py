@@ -286,6 +286,8 @@ class RolloutBuffer(RolloutReader):
         }
         self.spec.validate(rows, batch_ndim=1, partial=True)
         _DERIVED.validate(derived, batch_ndim=1, partial=True)
+        if derived and not self._targets.computed:  # checked before anything is written
+            raise SpecError("update: advantages/returns are written back before compute_returns() made them")
         slots = live % cap
         if slots.numel() and torch.unique(slots).numel() != slots.numel():
             slots, both = _keep_last(slots, {**rows, **derived})
