@@ -70,6 +70,8 @@ def _seg_step(ids: list[int], counts: list[int]) -> dict:
         "reward": torch.tensor([float(a + counts[a]) for a in ids]),
         "value": torch.tensor([0.1 * counts[a] for a in ids]),
         "terminated": torch.tensor([counts[a] % 5 == 4 for a in ids]),
+        "truncated": torch.tensor([counts[a] % 7 == 2 for a in ids]),
+        "final_value": torch.tensor([100.0 + counts[a] for a in ids]),  # V(true final obs)
     }
 
 
@@ -135,6 +137,10 @@ def test_segmented_returns_bootstrap_across_each_agents_rows(seed: int) -> None:
     last = torch.tensor([0.7, -0.4])
     adv, ret = rb.compute_returns(last, gamma=0.9, lam=0.8)
     assert adv.shape == (segments, bptt)
+    rows_in_order = next(rb.segment_minibatches(minibatch_segments=segments))
+    given = rb.compute_returns(last, gamma=0.9, lam=0.8, final_values=rows_in_order["final_value"] * 1.0)[0]
+    torch.testing.assert_close(given, adv)  # final_values in the buffer's [S, H] shape
+    adv, ret = rb.compute_returns(last, gamma=0.9, lam=0.8)
     rows, chain = _ref_rows(schedule, agents, segments, bptt)
     for a in range(agents):
         # each row is GAE over its bptt steps, bootstrapped with V of the agent's next step
@@ -143,9 +149,11 @@ def test_segmented_returns_bootstrap_across_each_agents_rows(seed: int) -> None:
             r = torch.tensor([[float(a + c)] for c in steps])
             v = torch.tensor([[0.1 * c] for c in steps])
             term = torch.tensor([[c % 5 == 4] for c in steps])
+            trunc = torch.tensor([[c % 7 == 2] for c in steps])
             nxt = 0.1 * (steps[-1] + 1) if i + 1 < len(chain[a]) and chain[a][i + 1] >= 0 else float(last[a])
             nv = torch.cat([v[1:], torch.tensor([[nxt]])])
-            want_adv, want_ret = gae(r, v, nv, term, torch.zeros_like(term), 0.9, 0.8)
+            nv = torch.where(trunc, torch.tensor([[100.0 + c] for c in steps]), nv)
+            want_adv, want_ret = gae(r, v, nv, term, trunc, 0.9, 0.8)
             torch.testing.assert_close(adv[s], want_adv[:, 0])
             torch.testing.assert_close(ret[s], want_ret[:, 0])
 
