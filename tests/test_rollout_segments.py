@@ -140,6 +140,8 @@ def test_segmented_returns_bootstrap_across_each_agents_rows(seed: int) -> None:
     rows_in_order = next(rb.segment_minibatches(minibatch_segments=segments))
     given = rb.compute_returns(last, gamma=0.9, lam=0.8, final_values=rows_in_order["final_value"] * 1.0)[0]
     torch.testing.assert_close(given, adv)  # final_values in the buffer's [S, H] shape
+    zeros = rb.compute_returns(last, gamma=0.9, lam=0.8, final_values=torch.zeros(segments, bptt))[0]
+    assert not torch.allclose(zeros, adv)  # the given values are the ones used
     adv, ret = rb.compute_returns(last, gamma=0.9, lam=0.8)
     rows, chain = _ref_rows(schedule, agents, segments, bptt)
     for a in range(agents):
