@@ -212,7 +212,7 @@ class RolloutBuffer(RolloutReader):
             self._storage.initialize(spec)
         self._storage.write(where, flat)
         self._count_episodes(flat, ids, span)
-        self._layout.advance(ids)
+        self._layout.advance(ids, span)
 
     def _count_episodes(
         self, flat: dict[NestedKey, torch.Tensor], ids: np.ndarray, span: tuple[int, int] | None

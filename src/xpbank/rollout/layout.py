@@ -131,6 +131,7 @@ class TimeLayout:
         self.successor = np.full(self.rows, -1, np.int64)
         self.writer_of_row = np.arange(self.rows)
         self.cursor = np.zeros(self.num_writers, np.int64)
+        self.lockstep: int | None = 0  # the common cursor while every env is in step
 
     def ids(self, env_ids: object) -> np.ndarray:
         return _env_ids(env_ids, self.num_writers, "env_ids")
@@ -139,9 +140,14 @@ class TimeLayout:
         """The slots of a step of consecutive envs ``span`` at one time index, as a slice."""
         if span is None:
             return None
-        cur = self.cursor[span[0] : span[1]]  # a view: O(1) to take, two reductions to check
-        t = int(cur[0])
-        if t >= self.length or int(cur.min()) != int(cur.max()):
+        if self.lockstep is not None:  # O(1): no look at the cursors
+            t = self.lockstep
+        else:
+            cur = self.cursor[span[0] : span[1]]  # a view, two reductions to check
+            t = int(cur[0])
+            if int(cur.min()) != t or int(cur.max()) != t:
+                return None
+        if t >= self.length:
             return None
         start = t * self.rows + span[0]
         return slice(start, start + ids.size)
@@ -159,8 +165,17 @@ class TimeLayout:
     def room(self) -> np.ndarray:
         return self.cursor < self.length
 
-    def advance(self, ids: np.ndarray) -> None:
-        self.cursor[ids] += 1
+    def advance(self, ids: np.ndarray, span: tuple[int, int] | None = None) -> None:
+        if span is not None and span[1] - span[0] == self.num_writers and self.lockstep is not None:
+            self.cursor += 1
+            self.lockstep += 1
+            return
+        if span is not None:
+            self.cursor[span[0] : span[1]] += 1
+        else:
+            self.cursor[ids] += 1
+        c = self.cursor
+        self.lockstep = int(c[0]) if c.min() == c.max() else None
 
     def filled(self) -> np.ndarray:
         """``[L, R]`` bool: which grid cells hold a step."""
@@ -179,6 +194,7 @@ class TimeLayout:
 
     def clear(self) -> None:
         self.cursor[:] = 0
+        self.lockstep = 0
 
 
 class SegmentLayout:
@@ -226,7 +242,7 @@ class SegmentLayout:
     def room(self) -> np.ndarray:
         return self.row_of >= 0
 
-    def advance(self, ids: np.ndarray) -> None:
+    def advance(self, ids: np.ndarray, span: tuple[int, int] | None = None) -> None:
         self.pos[ids] += 1
         full = ids[self.pos[ids] == self.length]
         if not full.size:
