@@ -13,7 +13,6 @@ What is copied: ``add``/``store`` copy the data in; minibatches are fresh memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,32 +21,15 @@ import torch
 from xpbank.batch import flatten
 from xpbank.errors import SpecError, StaleIndexError
 from xpbank.replay import _keep_last
+from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
 from xpbank.rollout.targets import Targets
-from xpbank.spec import Field, NestedKey, Spec, key_str
+from xpbank.spec import NestedKey, Spec, key_str
 from xpbank.storage import TensorStorage
 from xpbank.storage.base import check_device
 
 __all__ = ["RolloutBuffer", "RolloutKeys", "RecurrentBatch"]
-
-# entries that minibatches add next to the stored fields
-RESERVED_KEYS = frozenset({"index", "advantage", "return", "mask", "weight"})
-_DERIVED = Spec({"advantage": Field(()), "return": Field(())})
-
-
-@dataclass(frozen=True)
-class RolloutKeys:
-    """The names of the fields the buffer reads for returns, stats and episode ends."""
-
-    reward: NestedKey = "reward"
-    value: NestedKey = "value"
-    log_prob: NestedKey = "log_prob"
-    action: NestedKey = "action"
-    terminated: NestedKey = "terminated"
-    truncated: NestedKey = "truncated"
-    final_value: NestedKey = "final_value"
-    ratio: NestedKey = "ratio"
 
 
 class RolloutBuffer(RolloutReader):
@@ -133,8 +115,8 @@ class RolloutBuffer(RolloutReader):
         self._device = check_device(device)
         self._storage = TensorStorage(layout.capacity, device=self._device)
         if spec is not None:
-            self._storage.initialize(_check_reserved(spec))
-        self._targets = Targets(layout, TensorStorage(layout.capacity, _DERIVED, device=self._device))
+            self._storage.initialize(check_reserved(spec))
+        self._targets = Targets(layout, TensorStorage(layout.capacity, DERIVED, device=self._device))
         self._all = np.arange(layout.num_writers)
         self._generation = 0
         self._episode_steps = np.zeros(layout.num_writers, np.int64)
@@ -201,7 +183,7 @@ class RolloutBuffer(RolloutReader):
 
     def _write(self, batch: Any, ids: np.ndarray, what: str) -> None:
         flat = flatten(batch)
-        spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=1))
+        spec = self.spec if self.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
         (n,) = spec.validate(flat, batch_ndim=1)
         if n != ids.size:
             raise SpecError(f"{what}: expected one row per env ({ids.size}), got {n} rows")
@@ -285,7 +267,7 @@ class RolloutBuffer(RolloutReader):
             k: rows.pop(k) for k in ("advantage", "return") if k in rows
         }
         self.spec.validate(rows, batch_ndim=1, partial=True)
-        _DERIVED.validate(derived, batch_ndim=1, partial=True)
+        DERIVED.validate(derived, batch_ndim=1, partial=True)
         if derived and not self._targets.computed:  # checked before anything is written
             raise SpecError("update: advantages/returns are written back before compute_returns() made them")
         slots = live % cap
@@ -395,13 +377,3 @@ def _as_bool(flags: torch.Tensor) -> np.ndarray:
     """Episode-end flags ``[n]`` (or ``[n, 1]``) as a NumPy bool array (a view when possible)."""
     arr = (flags if flags.device.type == "cpu" else flags.cpu()).detach().numpy().reshape(-1)
     return arr if arr.dtype == np.bool_ else arr != 0
-
-
-def _check_reserved(spec: Spec) -> Spec:
-    clash = sorted(key_str(k) for k in spec if k in RESERVED_KEYS)
-    if clash:
-        raise SpecError(
-            f"field {clash[0]!r} is reserved: rollout minibatches carry their own "
-            f"{sorted(RESERVED_KEYS)} entries, which would hide it; rename it"
-        )
-    return spec

@@ -35,7 +35,18 @@ __all__ = ["RolloutReader", "RecurrentBatch"]
 class RecurrentBatch(NamedTuple):
     """A recurrent minibatch: ``data [P, N]`` padded trajectories (with ``"mask"``; the
     padding's ``"index"`` is -1) and ``hidden [N]``: the ``hidden_keys`` fields at each
-    trajectory's first step (the state to start the recurrent network from)."""
+    trajectory's first step (the state to start the recurrent network from).
+
+    Example:
+        >>> import torch
+        >>> from xpbank import RolloutBuffer
+        >>> rb = RolloutBuffer(num_envs=1, horizon=3)
+        >>> for t in range(3):
+        ...     rb.add({"h": torch.full((1, 2), float(t)), "terminated": torch.tensor([t == 0])})
+        >>> b = next(rb.recurrent_minibatches(1, shuffle=False, hidden_keys=["h"]))
+        >>> b.data["mask"].T.tolist(), b.hidden["h"][:, 0].tolist()
+        ([[True, False], [True, True]], [0.0, 1.0])
+    """
 
     data: TensorDict
     hidden: TensorDict
