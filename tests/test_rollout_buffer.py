@@ -376,3 +376,19 @@ def test_readme_rollout_example_runs() -> None:
     rb = scope["rb"]
     assert isinstance(rb, RolloutBuffer) and rb.ready()
     assert scope["ret"].shape == (16, 8) and "advantage" in rb.stats()
+
+
+def test_tensordict_steps_and_nested_keys() -> None:
+    from tensordict import TensorDict
+
+    rb = RolloutBuffer(2, 2)
+    for t in range(2):
+        step = TensorDict(
+            {"obs": torch.full((2, 3), float(t)), "next": {"obs": torch.full((2, 3), t + 1.0)}}, [2]
+        )
+        rb.store(step[1:], [1])
+        rb.store(step[:1], slice(0, 1))
+    mb = next(rb.minibatches(1, shuffle=False))
+    assert mb["next", "obs"][:, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
+    rb.update(mb["index"][:1], TensorDict({"next": {"obs": torch.zeros(1, 3)}}, [1]))
+    assert next(rb.minibatches(1, shuffle=False))["next", "obs"][0].tolist() == [0.0, 0.0, 0.0]
