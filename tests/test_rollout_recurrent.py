@@ -166,3 +166,10 @@ def test_update_through_a_recurrent_minibatch_skips_padding() -> None:
     b = next(rb.recurrent_minibatches(1, by="env", shuffle=False))
     rb.update(b.data["index"], {"obs": torch.full_like(b.data["obs"], 9.0)})
     assert (next(rb.minibatches(1))["obs"] == 9.0).all()
+
+
+def test_by_env_leaves_no_env_out_when_groups_do_not_divide() -> None:
+    rb, _ = _filled(8, t_len=3, n=5)
+    batches = list(rb.recurrent_minibatches(2, by="env"))
+    envs = [set((b.data["index"][0] % 5).tolist()) for b in batches]
+    assert sorted(len(e) for e in envs) == [2, 3] and envs[0] | envs[1] == set(range(5))

@@ -166,9 +166,10 @@ def trajectory_plan(
 ) -> Iterator[torch.Tensor]:
     """Which trajectories go in each minibatch (indices into ``traj``).
 
-    ``by="env"``: the trajectories of ``num_rows // num_minibatches`` consecutive
+    ``by="env"``: the trajectories of ``num_rows / num_minibatches`` consecutive
     columns per minibatch (rsl_rl's ``recurrent_mini_batch_generator``; with ``shuffle``
-    the columns are permuted each epoch). ``by="trajectory"``: all trajectories in a
+    the columns are permuted each epoch). When it does not divide, group sizes differ
+    by one: no env is left out (rsl_rl drops the remainder). ``by="trajectory"``: all trajectories in a
     fresh random order each epoch (or in order), cut into ``num_minibatches`` parts.
     """
     k = check_positive_int("num_minibatches", num_minibatches)
@@ -186,12 +187,12 @@ def _trajectory_plan(
 ) -> Iterator[torch.Tensor]:
     n = len(traj)
     if by == "env":
-        per = num_rows // k
+        bounds = [i * num_rows // k for i in range(k + 1)]  # every env, in near-equal groups
         for _ in range(epochs):
             cols = torch.randperm(num_rows, generator=gen) if shuffle else torch.arange(num_rows)
             for i in range(k):
                 chosen = torch.zeros(num_rows, dtype=torch.bool)
-                chosen[cols[i * per : (i + 1) * per]] = True
+                chosen[cols[bounds[i] : bounds[i + 1]]] = True
                 yield torch.nonzero(chosen[traj.row]).squeeze(1)
         return
     size = -(-n // k)
