@@ -135,7 +135,8 @@ class RolloutReader:
         """Trajectories split at episode ends (``terminated | truncated``), padded.
 
         ``by="env"``: rsl_rl's way, every trajectory of ``num_envs / num_minibatches``
-        envs per minibatch (group sizes differ by one when it does not divide) (envs permuted each epoch when ``shuffle``, in order if not).
+        envs per minibatch (sizes differ by one where it does not divide; envs permuted
+        each epoch when ``shuffle``, in order if not).
         ``by="trajectory"``: all trajectories shuffled and cut in ``num_minibatches``.
         Each :class:`RecurrentBatch` has ``data [P, N]`` (time, trajectory), padded to
         the longest trajectory of the minibatch (or ``pad_to``), ``data["mask"]``, and
