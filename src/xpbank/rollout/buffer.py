@@ -42,6 +42,8 @@ class RolloutBuffer(RolloutReader):
             and checks every later step against it.
         device: where the data lives and minibatches are delivered.
         keys: field names for rewards, values, episode ends ... (:class:`RolloutKeys`).
+        seed: seeds the buffer's ``torch.Generator`` (minibatch orders, prioritized
+            segments): the same seed and calls give the same minibatches.
 
     Example:
         >>> import torch
@@ -131,8 +133,7 @@ class RolloutBuffer(RolloutReader):
     @property
     def shape(self) -> torch.Size:
         """``[horizon, num_envs]``, or ``[segments, bptt_horizon]`` when segmented."""
-        lay = self._layout
-        return torch.Size(lay.grid.shape if isinstance(lay, TimeLayout) else lay.grid.T.shape)
+        return torch.Size(self._targets.shape)
 
     @property
     def num_envs(self) -> int:
