@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
     BatchTypeError,
@@ -40,6 +41,8 @@ __all__ = [
     "Sampler",
     "UniformSampler",
     "ReplayBuffer",
+    "EpisodeIndex",
+    "EpisodeKeys",
     "XpbankError",
     "SpecError",
     "BatchTypeError",

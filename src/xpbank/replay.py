@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.batch import flatten, to_tensordict
+from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
@@ -87,6 +88,12 @@ class ReplayBuffer:
         sampler: which items to draw; default :class:`~xpbank.sampler.UniformSampler`.
         seed: seeds the buffer's own ``torch.Generator``; the same seed and the same
             calls give the same samples.
+        num_envs: each ``extend`` of ``k * num_envs`` items is ``k`` steps of that many
+            vector envs (time-major); the buffer then keeps an
+            :class:`~xpbank.EpisodeIndex` (``rb.episodes``). It also keeps one when the
+            items carry an ``env_id`` field.
+        episode_keys: which fields hold the env id and episode ends (default: found by
+            the usual names; see :class:`~xpbank.EpisodeKeys`).
 
     Example:
         >>> import torch
@@ -109,6 +116,8 @@ class ReplayBuffer:
         device: Any = None,
         sampler: Sampler | None = None,
         seed: int | None = None,
+        num_envs: int | None = None,
+        episode_keys: EpisodeKeys | None = None,
     ):
         capacity = check_capacity(capacity)
         if spec is not None and not isinstance(spec, Spec):
@@ -120,6 +129,10 @@ class ReplayBuffer:
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
+        self._num_envs, self._episode_keys = num_envs, episode_keys or EpisodeKeys()
+        needed = getattr(self._sampler, "needs_episodes", False)
+        if wants_episodes(given, self._episode_keys, num_envs, needed):
+            self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -144,6 +157,11 @@ class ReplayBuffer:
     @property
     def sampler(self) -> Sampler:
         return self._sampler
+
+    @property
+    def episodes(self) -> EpisodeIndex | None:
+        """Each item's env and episode bounds, when kept (``num_envs=``, an env field)."""
+        return self._ring.episodes
 
     @property
     def device(self) -> torch.device:
@@ -195,15 +213,20 @@ class ReplayBuffer:
         return self._write(flat, n, spec)
 
     def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
+        ring = self._ring
+        if self._storage.spec is None and wants_episodes(spec, self._episode_keys, None, False):
+            ring.episodes = EpisodeIndex(ring, self._num_envs, self._episode_keys)
+        plan = ring.episodes.plan(flat, n, spec) if ring.episodes is not None else None
         if self._storage.spec is None:
             self._storage.initialize(spec)
-        ring = self._ring
         first = ring.next_id
         for slots, rows in ring.segments(n):
             part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
             self._storage.write(slots, part)
             self._sampler.on_write(slots, ring)
         ring.advance(n)
+        if plan is not None:
+            ring.episodes.apply(plan)  # type: ignore[union-attr]
         return range(first, first + n)
 
     def update(self, indices: Any, batch: Any) -> None:
@@ -354,6 +377,7 @@ class ReplayBuffer:
             "generator": self._generator.get_state(),
             "sampler": self._sampler.state_dict(),
             "storage": self._storage.state_dict(self._ring.size),
+            **({"episodes": self._ring.episodes.state_dict()} if self._ring.episodes is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -367,6 +391,10 @@ class ReplayBuffer:
         self._ring.load_state_dict(state["ring"])
         self._sampler.load_state_dict(state["sampler"])
         self._generator.set_state(state["generator"])
+        if "episodes" in state:
+            if self._ring.episodes is None:
+                self._ring.episodes = EpisodeIndex(self._ring, self._num_envs, self._episode_keys)
+            self._ring.episodes.load_state_dict(state["episodes"])
 
 
 def _keep_last(
