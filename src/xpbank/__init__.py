@@ -20,13 +20,14 @@ from xpbank.errors import (
     DeviceError,
     EmptyBufferError,
     MissingExtraError,
+    PriorityError,
     SpecError,
     StaleIndexError,
     XpbankError,
     XpbankIndexError,
 )
 from xpbank.replay import ReplayBuffer
-from xpbank.sampler import Sampler, UniformSampler
+from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 
@@ -40,6 +41,7 @@ __all__ = [
     "MemmapStorage",
     "Sampler",
     "UniformSampler",
+    "PrioritizedSampler",
     "ReplayBuffer",
     "EpisodeIndex",
     "EpisodeKeys",
@@ -50,6 +52,7 @@ __all__ = [
     "EmptyBufferError",
     "XpbankIndexError",
     "StaleIndexError",
+    "PriorityError",
     "BankError",
     "CorruptBankError",
     "DeviceError",

@@ -26,9 +26,10 @@ from tensordict import TensorDict
 
 from xpbank.batch import flatten, to_tensordict
 from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
-from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
+from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
+from xpbank.sampler.priorities import check_update
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
@@ -254,6 +255,29 @@ class ReplayBuffer:
         if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
             slots, flat = _keep_last(slots, flat)
         self._storage.write(slots, flat)
+
+    def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
+        """Set the priorities of stored items, by the ids a sample returned.
+
+        Args:
+            indices: ids, e.g. ``batch["index"]``; a repeated id keeps its last priority.
+            priorities: one number >= 0 per id, e.g. ``td_error.abs()``.
+            stale: ``"raise"``: an id overwritten (or cleared) since it was sampled raises
+                and nothing is written; ``"skip"``: such ids are dropped, the rest written.
+
+        Raises:
+            PriorityError: the sampler keeps no priorities; NaN, infinite or negative
+                priorities; not one priority per id. Nothing is written.
+            XpbankIndexError: an id that was never issued.
+            StaleIndexError: (``stale="raise"``) an overwritten or cleared id.
+        """
+        update = getattr(self._sampler, "update_priority", None)
+        if update is None:
+            raise PriorityError(
+                f"update_priority: {self._sampler!r} keeps no priorities; build the buffer "
+                "with sampler=PrioritizedSampler()"
+            )
+        update(*check_update(self._ring, indices, priorities, stale))
 
     def clear(self) -> None:
         """Drop every item. Ids handed out before become stale. Memory is kept."""
