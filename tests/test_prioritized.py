@@ -273,3 +273,16 @@ def test_sampling_frequencies_chi_square() -> None:
     assert ((counts - expected) ** 2 / expected).sum() < CHI2_9DF_P001
     uniform = np.full(10, counts.sum() / 10)
     assert ((counts - uniform) ** 2 / uniform).sum() > 100 * CHI2_9DF_P001
+
+
+def test_zero_priorities_are_never_drawn_and_do_not_break_weights() -> None:
+    rb = ReplayBuffer(6, sampler=PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0), seed=0)
+    rb.extend(items(3))
+    rb.update_priority([0, 1, 2], [0.0, 1.0, 3.0])
+    batch = rb.sample(64)
+    assert set(batch["index"].tolist()) == {1, 2}
+    weight = dict(zip(batch["index"].tolist(), batch["weight"].tolist(), strict=True))
+    assert weight == pytest.approx({1: 1.0, 2: 1 / 3})
+    rb.update_priority([1, 2], [0.0, 0.0])
+    with pytest.raises(PriorityError, match=r"every stored priority is 0 .* no item can be drawn"):
+        rb.sample(2)

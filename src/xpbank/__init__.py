@@ -26,6 +26,8 @@ from xpbank.errors import (
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.nstep import NStep
+from xpbank.nstep_returns import nstep_return
 from xpbank.replay import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler
 from xpbank.spec import Field, Spec
@@ -45,6 +47,8 @@ __all__ = [
     "ReplayBuffer",
     "EpisodeIndex",
     "EpisodeKeys",
+    "NStep",
+    "nstep_return",
     "XpbankError",
     "SpecError",
     "BatchTypeError",

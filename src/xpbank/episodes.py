@@ -345,6 +345,10 @@ class EpisodeIndex:
             cur = np.where(ok, nxt, 0) % self._ring.capacity
         return win, valid
 
+    def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""
+        return self._term[slots]
+
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Per-slot arrays of the live slots ``[0, size)`` and per-env state (NumPy)."""

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from xpbank.batch import flatten, to_tensordict
 from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
+from xpbank.nstep import NStep
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
 from xpbank.sampler.priorities import check_update
@@ -95,6 +96,8 @@ class ReplayBuffer:
             items carry an ``env_id`` field.
         episode_keys: which fields hold the env id and episode ends (default: found by
             the usual names; see :class:`~xpbank.EpisodeKeys`).
+        nstep: add n-step returns to every :meth:`sample` (see :class:`~xpbank.NStep`);
+            the buffer then keeps an episode index.
 
     Example:
         >>> import torch
@@ -119,6 +122,7 @@ class ReplayBuffer:
         seed: int | None = None,
         num_envs: int | None = None,
         episode_keys: EpisodeKeys | None = None,
+        nstep: NStep | None = None,
     ):
         capacity = check_capacity(capacity)
         if spec is not None and not isinstance(spec, Spec):
@@ -131,7 +135,10 @@ class ReplayBuffer:
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
         self._num_envs, self._episode_keys = num_envs, episode_keys or EpisodeKeys()
-        needed = getattr(self._sampler, "needs_episodes", False)
+        if nstep is not None and not isinstance(nstep, NStep):
+            raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
+        self._nstep = nstep
+        needed = nstep is not None or getattr(self._sampler, "needs_episodes", False)
         if wants_episodes(given, self._episode_keys, num_envs, needed):
             self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
         self._generator = torch.Generator()
@@ -346,7 +353,10 @@ class ReplayBuffer:
             )
         keys = self._fields(fields)  # checked before any randomness is drawn
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
-        return self._gather(slots, self._ring.ids_of_slots(slots), keys, info)
+        ids = self._ring.ids_of_slots(slots)
+        if self._nstep is not None:
+            info = {**info, **self._nstep.entries(self._storage, self._ring, slots, ids, keys)}
+        return self._gather(slots, ids, keys, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.

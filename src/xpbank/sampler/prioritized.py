@@ -44,8 +44,8 @@ class PrioritizedSampler:
     with ``rb.update_priority(batch["index"], td_error.abs())``.
 
     Each sampled batch carries ``"weight"`` (float32): the importance weights
-    ``(N * P(i)) ** -beta``, divided by the largest weight of any stored item unless
-    ``normalize_weights=False``.
+    ``(N * P(i)) ** -beta``, divided by the largest weight of any stored item that can
+    be drawn (``P > 0``) unless ``normalize_weights=False``.
 
     Args:
         alpha: how strongly priorities shape sampling (0: uniform).
@@ -120,6 +120,11 @@ class PrioritizedSampler:
                 "replace=False: prioritized sampling draws with replacement (one stratified "
                 "point per segment of the total priority); sample with replace=True"
             )
+        if not self._sum[-1].any():
+            raise PriorityError(
+                f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
+                "can be drawn; use eps > 0 or give some item a positive priority"
+            )
         draws = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
         slots, total = sumtree.find_prefix_sum(self._sum, (np.arange(batch_size) + draws) / batch_size)
         stored = self._sum[0][slots]
@@ -160,7 +165,8 @@ class PrioritizedSampler:
         self.max_priority = max(self.max_priority, float(p.max()))
         stored = p**self.alpha
         sumtree.set_leaves(self._sum, slots, stored, np.add)
-        sumtree.set_leaves(self._min, slots, stored, np.minimum)
+        # the min-tree holds the smallest priority an item can be drawn with: 0 is left out
+        sumtree.set_leaves(self._min, slots, np.where(stored > 0, stored, np.inf), np.minimum)
 
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
@@ -184,7 +190,7 @@ class PrioritizedSampler:
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
             self._sum[0][: leaves.shape[0]] = leaves
-            self._min[0][: leaves.shape[0]] = leaves
+            self._min[0][: leaves.shape[0]] = np.where(leaves > 0, leaves, np.inf)
             sumtree.rebuild(self._sum, np.add)
             sumtree.rebuild(self._min, np.minimum)
         self._filled = leaves.shape[0]
