@@ -5,8 +5,9 @@ ends its episodes on its own steps. :class:`EpisodeIndex` keeps, per slot, what 
 needed to follow one env's stream through the ring without scanning at sample time:
 
 - ``env``: the env the item came from;
-- ``prev`` / ``next``: the id of the item before / after it in the same env (``-1``:
-  none, or not written yet);
+- ``prev``: the id of the item before it in the same env (``-1``: none);
+- ``next``: the id of the item after it in the same episode (``-1``: the episode ended
+  here, or the next step is not written yet);
 - ``terminated`` / ``truncated`` (and ``is_end``, their or): whether the item ends its
   episode, read from the batch when it is written;
 - ``start``: the id of the first item of its episode.
@@ -19,7 +20,7 @@ neither, the items are one stream (env 0).
 Maintenance is O(1) per item, vectorized per call (a stable sort by env of the batch).
 Only ids are stored, so the ring's id rules tell what is still live: an item's ``prev``
 (or its episode's ``start``) that has been overwritten is below ``ring.first_id``.
-``next`` pointers of live items always point at live items (a successor is newer).
+``next`` of a live item is always live (a successor is newer).
 
 Example:
     >>> import torch
@@ -151,6 +152,7 @@ class EpisodeIndex:
         self._start = np.full(c, -1, dtype=np.int64)
         self._term = np.zeros(c, dtype=bool)
         self._trunc = np.zeros(c, dtype=bool)
+        self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
@@ -179,14 +181,20 @@ class EpisodeIndex:
         trunc = _flag(flat, trunc_key, n)
         first = self._ring.next_id
         ids = np.arange(first, first + n, dtype=np.int64)
+        if env_key is None:
+            return self._plan_lockstep(ids, env, term, trunc, self.num_envs or 1)
+        width = int(env.max()) + 1
+        if width > self._last_id.shape[0]:  # new envs start with no history: harmless if the write fails
+            self._last_id, self._last_end, self._cur_start = (
+                _grow(a, width, fill) for a, fill in self._env_arrays()
+            )
         order = np.argsort(env, kind="stable")
         se, sid, send = env[order], ids[order], (term | trunc)[order]
         head = np.ones(n, dtype=bool)
         head[1:] = se[1:] != se[:-1]
         last = np.ones(n, dtype=bool)
         last[:-1] = head[1:]
-        width = max(int(se[-1]) + 1, self._last_id.shape[0])
-        last_id, last_end, cur_start = (_grow(a, width, fill) for a, fill in self._env_arrays())
+        last_id, last_end, cur_start = self._last_id, self._last_end, self._cur_start
         prev_s = np.empty(n, dtype=np.int64)
         prev_s[1:] = sid[:-1]
         prev_s[head] = last_id[se[head]]
@@ -203,6 +211,27 @@ class EpisodeIndex:
         state = (envs, sid[last], send[last], start_s[last])
         return _Plan(ids, env, prev, start, term, trunc, state)
 
+    def _plan_lockstep(
+        self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
+    ) -> _Plan:
+        """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
+        are consecutive steps of one env, so no sort is needed."""
+        k = ids.shape[0] // e
+        ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
+        prev = np.empty((k, e), dtype=np.int64)
+        prev[0], prev[1:] = self._last_id, ids2[:-1]
+        prev_end = np.empty((k, e), dtype=bool)
+        prev_end[0], prev_end[1:] = self._last_end, end[:-1]
+        is_start = (prev < 0) | prev_end
+        if k == 1:
+            start = np.where(is_start, ids2, self._cur_start)
+        else:  # ids grow along time: a running max carries each episode's first id forward
+            start = np.where(is_start, ids2, -1)
+            start[0] = np.where(is_start[0], ids2[0], self._cur_start)
+            start = np.maximum.accumulate(start, axis=0)
+        state = (self._envs, ids2[-1], end[-1], start[-1])
+        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state)
+
     def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         none = np.zeros(0, dtype=np.int64)
         return none, none, np.zeros(0, dtype=bool), none
@@ -215,22 +244,22 @@ class EpisodeIndex:
         envs, last_id, last_end, start = plan.env_state
         if envs.size == 0:
             return
-        width = max(int(envs.max()) + 1, self._last_id.shape[0])
-        self._last_id, self._last_end, self._cur_start = (
-            _grow(a, width, fill) for a, fill in self._env_arrays()
-        )
         self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
-        c = self._ring.capacity
-        keep = slice(max(0, plan.ids.shape[0] - c), None)  # a batch over capacity keeps its tail
-        slots = plan.ids[keep] % c
+        c, n = self._ring.capacity, plan.ids.shape[0]
+        keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
+        first = int(plan.ids[keep.start]) % c
+        count = n - keep.start
+        slots: Any = slice(first, first + count) if first + count <= c else plan.ids[keep] % c
         self._env[slots] = plan.env[keep]
         self._prev[slots] = plan.prev[keep]
         self._start[slots] = plan.start[keep]
         self._term[slots] = plan.terminated[keep]
         self._trunc[slots] = plan.truncated[keep]
         self._next[slots] = -1
-        live = plan.prev >= self._ring.first_id
-        self._next[plan.prev[live] % c] = plan.ids[live]
+        live = plan.prev >= self._ring.first_id  # a successor links a live predecessor ...
+        linked = plan.prev[live] % c
+        same = ~(self._term[linked] | self._trunc[linked])  # ... that did not end its episode
+        self._next[linked[same]] = plan.ids[live][same]
 
     def clear(self) -> None:
         """Every item was dropped: the next item of each env starts an episode."""
@@ -327,23 +356,33 @@ class EpisodeIndex:
             StaleIndexError: an id that is not live.
         """
         n = check_positive_int("n", n)
-        return self.window_of_slots(self._slots(ids), _ids(ids), n)
+        self._slots(ids)  # checks liveness
+        walked, steps = self.walk(_ids(ids), n)
+        valid = np.arange(n) < steps[:, None]
+        return np.where(valid, walked, -1), valid
 
-    def window_of_slots(self, slots: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`window` for live items given as ``(slots, ids)`` (not checked: the
-        sampler's hot path)."""
-        b = ids.shape[0]
-        win = np.full((b, n), -1, dtype=np.int64)
-        valid = np.zeros((b, n), dtype=bool)
-        win[:, 0], valid[:, 0] = ids, True
-        cur, ok = slots, np.ones(b, dtype=bool)
+    def walk(self, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n - 1`` steps forward in each live item's episode (not checked: the
+        samplers' hot path).
+
+        Returns:
+            ``(walked, steps)``: ``walked[:, j]`` is the item ``j`` steps after ``ids``, or
+            the last valid one where the window ended earlier (``[B, n]`` int64 ids);
+            ``steps`` is the window's length ``k`` (int64).
+        """
+        b, c = ids.shape[0], self._ring.capacity
+        walked = np.empty((b, n), dtype=np.int64)
+        walked[:, 0] = ids
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        cur = ids
         for j in range(1, n):
-            nxt = self._next[cur]
-            ok = ok & (nxt >= 0) & ~(self._term[cur] | self._trunc[cur])
-            win[:, j] = np.where(ok, nxt, -1)
-            valid[:, j] = ok
-            cur = np.where(ok, nxt, 0) % self._ring.capacity
-        return win, valid
+            nxt = self._next[cur % c]
+            alive &= nxt >= 0
+            cur = np.where(alive, nxt, cur)
+            walked[:, j] = cur
+            steps += alive
+        return walked, steps
 
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""

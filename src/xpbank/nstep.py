@@ -70,9 +70,11 @@ class NStep:
     reward_key: Any = None
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _columns: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
+        object.__setattr__(self, "_columns", np.arange(self.n))
         if isinstance(self.gamma, bool) or not (
             isinstance(self.gamma, (int, float)) and 0 <= self.gamma <= 1
         ):
@@ -120,24 +122,22 @@ class NStep:
         ids: torch.Tensor,
         keys: list[NestedKey] | None,
     ) -> dict[Any, torch.Tensor]:
-        """The n-step entries of live items ``(slots, ids)``, to merge into their batch."""
+        """The n-step entries of live items ``ids`` (in ``slots``), to merge into their batch."""
         episodes = ring.episodes
         if episodes is None or storage.spec is None:
             raise RuntimeError("NStep.entries needs the buffer's episode index")
         reward_key, next_keys = self.keys(storage.spec)
         if keys is not None:
             next_keys = [k for k in next_keys if k in keys]
-        ids_np = ids.cpu().numpy()
-        window, valid = episodes.window_of_slots(slots.cpu().numpy(), ids_np, self.n)
-        b, c = ids_np.shape[0], ring.capacity
-        steps = np.count_nonzero(valid, axis=1)
-        last = window[np.arange(b), steps - 1]
-        win_slots = np.where(valid, window, ids_np[:, None]) % c
-        reward = storage.gather(torch.from_numpy(win_slots.reshape(-1)), [reward_key])[reward_key]
-        rewards = reward.reshape(b, self.n).double().cpu().numpy()
-        last_slots = last % c
+        b, c, n = ids.shape[0], ring.capacity, self.n
+        walked, steps = episodes.walk(ids.cpu().numpy(), n)
+        last_slots = walked[:, -1] % c
+        reward = storage.gather(torch.from_numpy((walked % c).reshape(-1)), [reward_key])[reward_key]
+        if reward.dtype == torch.bfloat16:  # NumPy has no bfloat16
+            reward = reward.float()
+        valid = self._columns[:n] < steps[:, None]
         terminated = episodes.terminated_of_slots(last_slots)
-        ret, disc, k = nstep_return(rewards, valid, terminated, float(self.gamma))
+        ret, disc, k = nstep_return(reward.reshape(b, n).cpu().numpy(), valid, terminated, float(self.gamma))
         out: dict[Any, torch.Tensor] = {}
         if next_keys:
             out.update(storage.gather(torch.from_numpy(last_slots), next_keys))
