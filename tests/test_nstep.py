@@ -154,3 +154,21 @@ def test_fields_selection_and_bad_options() -> None:
     wide.extend({"reward": torch.zeros(3, 2)})
     with pytest.raises(SpecError, match=r"field 'reward' \(reward\): expected one number per item"):
         wide.sample(2)
+
+
+def test_state_round_trips_through_torch_save_weights_only(tmp_path) -> None:
+    """Episode index, priorities and n-step option together: a saved and reloaded buffer
+    (``weights_only=True``) samples exactly what the original does."""
+    kwargs = {"num_envs": 2, "nstep": NStep(3, GAMMA)}
+    rb = ReplayBuffer(9, sampler=PrioritizedSampler(beta_steps=5), seed=4, **kwargs)
+    rng = np.random.default_rng(0)
+    for _ in range(7):  # 14 items in a ring of 9
+        rb.extend({"obs": torch.randn(2, 3), "reward": torch.randn(2),
+                   "terminated": torch.as_tensor(rng.random(2) < 0.3)})  # fmt: skip
+    rb.update_priority(rb.sample(4)["index"], torch.rand(4), stale="skip")
+    torch.save(rb.state_dict(), tmp_path / "state.pt")
+    other = ReplayBuffer(9, sampler=PrioritizedSampler(beta_steps=5), **kwargs)
+    other.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    a, b = rb.sample(16), other.sample(16)
+    for key in ("index", "weight", "nstep_return", "nstep_discount", "nstep_steps", "obs"):
+        assert torch.equal(a[key], b[key]), key

@@ -47,69 +47,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from xpbank.episode_fields import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 
 if TYPE_CHECKING:
     from xpbank.ring import Ring
 
-__all__ = ["EpisodeIndex", "EpisodeKeys"]
-
-MAX_ENV_ID = 1 << 20  # env ids beyond this need num_envs (per-env state is an array)
-
-_TERMINATED = (("next", "terminated"), "terminated")
-_TRUNCATED = (("next", "truncated"), "truncated")
-_DONE = (("next", "done"), "done")
-
-
-@dataclass(frozen=True)
-class EpisodeKeys:
-    """Which fields say an item's env and how its episode ends.
-
-    ``None`` finds the field by its usual names: ``("next", "terminated")`` or
-    ``"terminated"``, ``("next", "truncated")`` or ``"truncated"``; without either, a
-    ``"done"`` (or ``("next", "done")``) field counts as a termination (no bootstrap).
-    A field that is absent under every name means "never ends".
-
-    Example:
-        >>> EpisodeKeys(terminated="term").terminated
-        'term'
-    """
-
-    env: Any = "env_id"
-    terminated: Any = None
-    truncated: Any = None
-    done: Any = None
-
-    def resolve(self, spec: Spec) -> tuple[NestedKey | None, NestedKey | None]:
-        """``(terminated_key, truncated_key)`` found in ``spec`` (``None``: absent).
-
-        Raises:
-            SpecError: a key named explicitly is not in ``spec``.
-        """
-        for name in ("terminated", "truncated", "done"):
-            given = getattr(self, name)
-            if given is not None and normalize_key(given) not in spec:
-                raise SpecError(
-                    f"episode_keys.{name}: field {key_str(normalize_key(given))!r} is not in the "
-                    f"spec; known: {[key_str(k) for k in spec]}"
-                )
-        term = _find(spec, self.terminated, _TERMINATED)
-        trunc = _find(spec, self.truncated, _TRUNCATED)
-        if term is None and trunc is None:
-            term = _find(spec, self.done, _DONE)
-        return term, trunc
-
-
-def _find(spec: Spec, given: Any, names: tuple[NestedKey, ...]) -> NestedKey | None:
-    if given is not None:
-        return normalize_key(given)
-    return next((k for k in names if k in spec), None)
-
-
-def wants_episodes(spec: Spec | None, keys: EpisodeKeys, num_envs: int | None, needed: bool) -> bool:
-    """Whether a buffer keeps an index: asked for, or its items carry an env field."""
-    return needed or num_envs is not None or (spec is not None and normalize_key(keys.env) in spec)
+__all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
 
 
 @dataclass
@@ -123,6 +68,7 @@ class _Plan:
     terminated: np.ndarray
     truncated: np.ndarray
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
+    link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
 
 
 class EpisodeIndex:
@@ -153,6 +99,7 @@ class EpisodeIndex:
         self._term = np.zeros(c, dtype=bool)
         self._trunc = np.zeros(c, dtype=bool)
         self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
+        self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
@@ -176,9 +123,9 @@ class EpisodeIndex:
         env = self._env_ids(flat, n, env_key)
         if n == 0:
             none = np.zeros(0, dtype=np.int64)
-            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state())
-        term = _flag(flat, term_key, n)
-        trunc = _flag(flat, trunc_key, n)
+            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state(), none != 0)
+        term = read_flag(flat, term_key, n)
+        trunc = read_flag(flat, trunc_key, n)
         first = self._ring.next_id
         ids = np.arange(first, first + n, dtype=np.int64)
         if env_key is None:
@@ -207,9 +154,11 @@ class EpisodeIndex:
         start_s = value[np.maximum.accumulate(mark)]
         prev, start = np.empty_like(prev_s), np.empty_like(start_s)
         prev[order], start[order] = prev_s, start_s
+        link = np.empty(n, dtype=bool)
+        link[order] = ~is_start
         envs = se[last]
         state = (envs, sid[last], send[last], start_s[last])
-        return _Plan(ids, env, prev, start, term, trunc, state)
+        return _Plan(ids, env, prev, start, term, trunc, state, link)
 
     def _plan_lockstep(
         self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
@@ -217,6 +166,12 @@ class EpisodeIndex:
         """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
         are consecutive steps of one env, so no sort is needed."""
         k = ids.shape[0] // e
+        if k == 1:  # one step of every env: the common vector-env write
+            prev1 = self._last_id.copy()
+            is_start1 = (prev1 < 0) | self._last_end
+            start1 = np.where(is_start1, ids, self._cur_start)
+            state1 = (self._envs, ids, term | trunc, start1)
+            return _Plan(ids, env, prev1, start1, term, trunc, state1, ~is_start1)
         ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
         prev = np.empty((k, e), dtype=np.int64)
         prev[0], prev[1:] = self._last_id, ids2[:-1]
@@ -230,7 +185,7 @@ class EpisodeIndex:
             start[0] = np.where(is_start[0], ids2[0], self._cur_start)
             start = np.maximum.accumulate(start, axis=0)
         state = (self._envs, ids2[-1], end[-1], start[-1])
-        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state)
+        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, ~is_start.reshape(-1))
 
     def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         none = np.zeros(0, dtype=np.int64)
@@ -256,10 +211,8 @@ class EpisodeIndex:
         self._term[slots] = plan.terminated[keep]
         self._trunc[slots] = plan.truncated[keep]
         self._next[slots] = -1
-        live = plan.prev >= self._ring.first_id  # a successor links a live predecessor ...
-        linked = plan.prev[live] % c
-        same = ~(self._term[linked] | self._trunc[linked])  # ... that did not end its episode
-        self._next[linked[same]] = plan.ids[live][same]
+        live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
+        self._next[plan.prev[live] % c] = plan.ids[live]
 
     def clear(self) -> None:
         """Every item was dropped: the next item of each env starts an episode."""
@@ -280,21 +233,11 @@ class EpisodeIndex:
                     f"{key_str(normalize_key(self.keys.env))!r} field for items that"
                     " do not arrive in lockstep"
                 )
-            return np.tile(np.arange(self.num_envs, dtype=np.int64), n // self.num_envs)
-        value = flat[key]
-        if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
-            raise SpecError(f"field {key_str(key)!r} (env id): expected an integer dtype, got {value.dtype}")
-        env = value.detach().cpu().reshape(n, -1)
-        if env.shape[1] != 1:
-            raise SpecError(
-                f"field {key_str(key)!r} (env id): expected one id per item, got shape {tuple(value.shape)}"
-            )
-        arr = env.numpy()[:, 0].astype(np.int64)
+            if self._tiled.shape[0] != n:
+                self._tiled = np.tile(self._envs, n // self.num_envs)
+            return self._tiled
         limit = self.num_envs if self.num_envs is not None else MAX_ENV_ID
-        if arr.size and (arr.min() < 0 or arr.max() >= limit):
-            bad = int(arr[(arr < 0) | (arr >= limit)][0])
-            raise SpecError(f"field {key_str(key)!r} (env id): expected ids in [0, {limit}), got {bad}")
-        return arr
+        return read_env_ids(flat[key], key, n, limit)
 
     # -- queries -----------------------------------------------------------------
     def _slots(self, ids: Any, check: bool = True) -> np.ndarray:
@@ -390,19 +333,20 @@ class EpisodeIndex:
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Per-slot arrays of the live slots ``[0, size)`` and per-env state (NumPy)."""
+        """Per-slot arrays of the live slots ``[0, size)`` and per-env state, as CPU
+        tensors (safe for ``torch.load(weights_only=True)``)."""
         size = self._ring.size
         return {
             "num_envs": self.num_envs,
-            "env": self._env[:size].copy(),
-            "prev": self._prev[:size].copy(),
-            "next": self._next[:size].copy(),
-            "start": self._start[:size].copy(),
-            "terminated": self._term[:size].copy(),
-            "truncated": self._trunc[:size].copy(),
-            "last_id": self._last_id.copy(),
-            "last_end": self._last_end.copy(),
-            "cur_start": self._cur_start.copy(),
+            "env": torch.from_numpy(self._env[:size].copy()),
+            "prev": torch.from_numpy(self._prev[:size].copy()),
+            "next": torch.from_numpy(self._next[:size].copy()),
+            "start": torch.from_numpy(self._start[:size].copy()),
+            "terminated": torch.from_numpy(self._term[:size].copy()),
+            "truncated": torch.from_numpy(self._trunc[:size].copy()),
+            "last_id": torch.from_numpy(self._last_id.copy()),
+            "last_end": torch.from_numpy(self._last_end.copy()),
+            "cur_start": torch.from_numpy(self._cur_start.copy()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -415,13 +359,13 @@ class EpisodeIndex:
             ("prev", self._prev),
             ("next", self._next),
             ("start", self._start),
+            ("terminated", self._term),
+            ("truncated", self._trunc),
         ):
-            arr[:size] = np.asarray(state[name], dtype=np.int64)
-        self._term[:size] = np.asarray(state["terminated"], dtype=bool)
-        self._trunc[:size] = np.asarray(state["truncated"], dtype=bool)
-        self._last_id = np.array(state["last_id"], dtype=np.int64)
-        self._last_end = np.array(state["last_end"], dtype=bool)
-        self._cur_start = np.array(state["cur_start"], dtype=np.int64)
+            arr[:size] = _array(state[name], arr.dtype)
+        self._last_id = _array(state["last_id"], np.int64).copy()
+        self._last_end = _array(state["last_end"], bool).copy()
+        self._cur_start = _array(state["cur_start"], np.int64).copy()
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
@@ -435,15 +379,10 @@ def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:
     return out
 
 
-def _flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int) -> np.ndarray:
-    if key is None:
-        return np.zeros(n, dtype=bool)
-    value = flat[key].detach().cpu().reshape(n, -1)
-    if value.shape[1] != 1:
-        raise SpecError(
-            f"field {key_str(key)!r}: expected one episode-end flag per item, got {value.shape[1]}"
-        )
-    return value.numpy()[:, 0] != 0
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    """A saved array (a tensor, a NumPy array or a list) as NumPy of ``dtype``."""
+    arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    return arr.astype(dtype, copy=False)
 
 
 def _ids(ids: Any) -> np.ndarray:

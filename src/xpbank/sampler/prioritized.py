@@ -176,7 +176,7 @@ class PrioritizedSampler:
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The stored priorities of the written slots, the largest priority, the schedule."""
-        leaves = self._sum[0][: self._filled].copy() if self._sum else np.zeros(0)
+        leaves = torch.from_numpy(self._sum[0][: self._filled].copy() if self._sum else np.zeros(0))
         return {
             "capacity": self._sum[0].shape[0] if self._sum else 0,  # leaves, padded
             "priorities": leaves,
@@ -186,7 +186,8 @@ class PrioritizedSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`; both trees are rebuilt from the leaves."""
-        leaves = np.asarray(state["priorities"], dtype=np.float64)
+        saved = state["priorities"]
+        leaves = (saved.numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)).astype(np.float64)
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
             self._sum[0][: leaves.shape[0]] = leaves
