@@ -275,3 +275,12 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
+
+
+def test_loading_a_state_without_index_into_a_buffer_with_one_raises() -> None:
+    plain = ReplayBuffer(8)
+    plain.extend({"obs": torch.zeros(4)})
+    indexed = ReplayBuffer(8, num_envs=2)
+    with pytest.raises(SpecError, match=r"state holds no episode index, but this buffer keeps one"):
+        indexed.load_state_dict(plain.state_dict())
+    assert len(indexed) == 0

@@ -172,3 +172,18 @@ def test_state_round_trips_through_torch_save_weights_only(tmp_path) -> None:
     a, b = rb.sample(16), other.sample(16)
     for key in ("index", "weight", "nstep_return", "nstep_discount", "nstep_steps", "obs"):
         assert torch.equal(a[key], b[key]), key
+
+
+def test_readme_example_runs() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    header = "## Prioritized replay, n-step returns, vector envs"
+    match = re.search(header + r"\n\n```python\n(.*?)```", text, re.S)
+    assert match is not None
+    scope: dict[str, object] = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    batch = scope["batch"]
+    assert set(batch.keys()) >= {"weight", "nstep_return", "nstep_discount", "index"}
+    assert len(scope["rb"]) == 200  # type: ignore[arg-type]

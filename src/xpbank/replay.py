@@ -421,6 +421,11 @@ class ReplayBuffer:
         capacity = int(state["ring"]["capacity"])
         if capacity != self.capacity:
             raise CapacityError(f"state is of a buffer of capacity {capacity}, this one has {self.capacity}")
+        if self._ring.episodes is not None and "episodes" not in state and int(state["ring"]["size"]):
+            raise SpecError(
+                "state holds no episode index, but this buffer keeps one (num_envs, an env field or "
+                "nstep): its items' envs and episode ends cannot be recovered; build it without them"
+            )
         self._storage.load_state_dict(state["storage"])
         self._ring.load_state_dict(state["ring"])
         self._sampler.load_state_dict(state["sampler"])
