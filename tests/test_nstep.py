@@ -187,3 +187,14 @@ def test_readme_example_runs() -> None:
     batch = scope["batch"]
     assert set(batch.keys()) >= {"weight", "nstep_return", "nstep_discount", "index"}
     assert len(scope["rb"]) == 200  # type: ignore[arg-type]
+
+
+def test_config_is_json_able() -> None:
+    import json
+
+    option = NStep(3, 0.99, reward_key=("next", "reward"), next_keys=[("next", "obs")])
+    assert json.loads(json.dumps(option.config())) == {
+        "n": 3, "gamma": 0.99, "reward_key": ["next", "reward"], "next_keys": [["next", "obs"]]}  # fmt: skip
+    assert NStep(**json.loads(json.dumps(option.config()))) == option
+    with pytest.raises(SpecError, match=r"gamma: expected a number in \[0, 1\], got nan"):
+        NStep(3, float("nan"))

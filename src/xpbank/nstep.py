@@ -34,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +74,30 @@ class NStep:
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
         object.__setattr__(self, "_columns", np.arange(self.n))
+        if isinstance(self.reward_key, list):  # from config(): JSON has no tuples
+            object.__setattr__(self, "reward_key", tuple(self.reward_key))
+        if self.next_keys is not None:
+            nexts = tuple(tuple(k) if isinstance(k, list) else k for k in self.next_keys)
+            object.__setattr__(self, "next_keys", nexts)
         if isinstance(self.gamma, bool) or not (
             isinstance(self.gamma, (int, float)) and 0 <= self.gamma <= 1
         ):
-            raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")
-        if not math.isfinite(float(self.gamma)):
-            raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")
+            raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-able (nested keys as lists, which the
+        constructor turns back into tuples): ``NStep(**option.config()) == option``."""
+
+        def plain(key: Any) -> Any:
+            return list(key) if isinstance(key, tuple) else key
+
+        nexts = None if self.next_keys is None else [plain(k) for k in self.next_keys]
+        return {
+            "n": self.n,
+            "gamma": float(self.gamma),
+            "reward_key": plain(self.reward_key),
+            "next_keys": nexts,
+        }
 
     def keys(self, spec: Spec) -> tuple[NestedKey, list[NestedKey]]:
         """``(reward_key, next_keys)`` for ``spec``.

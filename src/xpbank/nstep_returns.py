@@ -43,10 +43,7 @@ def nstep_return(
     """
     n = rewards.shape[1]
     powers = gamma ** np.arange(n + 1, dtype=np.float64)  # gamma**j for j = 0 .. n
-    returns = rewards[:, 0].astype(np.float64)
-    steps = valid[:, 0].astype(np.int64)
-    for j in range(1, n):  # n is a few steps: a loop over the window, not over items
-        returns += np.where(valid[:, j], rewards[:, j] * powers[j], 0.0)
-        steps += valid[:, j]
+    returns = np.where(valid, rewards, 0.0) @ powers[:n]
+    steps = np.count_nonzero(valid, axis=1)
     discounts = np.where(terminated, 0.0, powers[steps])
-    return returns.astype(np.float32), discounts.astype(np.float32), steps
+    return returns.astype(np.float32), discounts.astype(np.float32), steps.astype(np.int64, copy=False)
