@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
     BatchTypeError,
@@ -20,11 +21,14 @@ from xpbank.errors import (
     EmptyBufferError,
     MissingExtraError,
     NotReadyError,
+    PriorityError,
     SpecError,
     StaleIndexError,
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.nstep import NStep
+from xpbank.nstep_returns import nstep_return
 from xpbank.replay import ReplayBuffer
 from xpbank.rollout import (
     RecurrentBatch,
@@ -38,7 +42,7 @@ from xpbank.rollout import (
     unpad,
     vtrace,
 )
-from xpbank.sampler import Sampler, UniformSampler
+from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 
@@ -52,6 +56,7 @@ __all__ = [
     "MemmapStorage",
     "Sampler",
     "UniformSampler",
+    "PrioritizedSampler",
     "ReplayBuffer",
     "RolloutBuffer",
     "RolloutKeys",
@@ -63,6 +68,10 @@ __all__ = [
     "normalize_advantages",
     "split_trajectories",
     "unpad",
+    "EpisodeIndex",
+    "EpisodeKeys",
+    "NStep",
+    "nstep_return",
     "XpbankError",
     "SpecError",
     "BatchTypeError",
@@ -71,6 +80,7 @@ __all__ = [
     "NotReadyError",
     "XpbankIndexError",
     "StaleIndexError",
+    "PriorityError",
     "BankError",
     "CorruptBankError",
     "DeviceError",

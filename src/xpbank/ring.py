@@ -11,13 +11,16 @@ keeps holding and no id is ever live twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from xpbank.errors import StaleIndexError, XpbankIndexError
+
+if TYPE_CHECKING:
+    from xpbank.episodes import EpisodeIndex
 
 __all__ = ["Ring"]
 
@@ -29,6 +32,8 @@ class Ring:
     capacity: int
     next_id: int = 0
     size: int = 0
+    # each item's env and episode bounds, when the buffer keeps them (see episodes.py)
+    episodes: EpisodeIndex | None = field(default=None, repr=False, compare=False)
 
     @property
     def cursor(self) -> int:
@@ -64,6 +69,8 @@ class Ring:
         """Forget every item; ids handed out so far become stale."""
         self.next_id = -(-self.next_id // self.capacity) * self.capacity
         self.size = 0
+        if self.episodes is not None:
+            self.episodes.clear()
 
     def ids_of_slots(self, slots: torch.Tensor) -> torch.Tensor:
         """The ids of the live items in ``slots`` (int64, same device)."""

@@ -1,0 +1,390 @@
+"""Episodes and environments of the items in a ring: the index n-step and sequences read.
+
+A replay buffer fed by ``E`` vector environments interleaves their steps, and each env
+ends its episodes on its own steps. :class:`EpisodeIndex` keeps, per slot, what is
+needed to follow one env's stream through the ring without scanning at sample time:
+
+- ``env``: the env the item came from;
+- ``prev``: the id of the item before it in the same env (``-1``: none);
+- ``next``: the id of the item after it in the same episode (``-1``: the episode ended
+  here, or the next step is not written yet);
+- ``terminated`` / ``truncated`` (and ``is_end``, their or): whether the item ends its
+  episode, read from the batch when it is written;
+- ``start``: the id of the first item of its episode.
+
+Which env an item came from: with ``num_envs=E`` each ``extend`` of ``k * E`` items is
+``k`` steps of every env, time-major (item ``i`` is env ``i % E``); with a per-item
+``env_id`` field the field says so (for data that does not arrive in lockstep); with
+neither, the items are one stream (env 0).
+
+Maintenance is O(1) per item, vectorized per call (a stable sort by env of the batch).
+Only ids are stored, so the ring's id rules tell what is still live: an item's ``prev``
+(or its episode's ``start``) that has been overwritten is below ``ring.first_id``.
+``next`` of a live item is always live (a successor is newer).
+
+Example:
+    >>> import torch
+    >>> from xpbank import ReplayBuffer
+    >>> rb = ReplayBuffer(100, num_envs=2)
+    >>> for t in range(3):  # env 1 terminates at t = 1
+    ...     done = torch.tensor([False, t == 1])
+    ...     _ = rb.extend({"obs": torch.zeros(2, 1), "terminated": done})
+    >>> eps = rb.episodes
+    >>> eps.env([0, 1, 2, 3]).tolist()
+    [0, 1, 0, 1]
+    >>> ids, valid = eps.window([0, 1], 3)
+    >>> ids.tolist(), valid.tolist()
+    ([[0, 2, 4], [1, 3, -1]], [[True, True, True], [True, True, False]])
+    >>> eps.episode_start([4, 5]).tolist()
+    [0, 5]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from xpbank.episode_fields import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
+from xpbank.errors import SpecError, StaleIndexError, check_positive_int
+from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+
+if TYPE_CHECKING:
+    from xpbank.ring import Ring
+
+__all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
+
+
+@dataclass
+class _Plan:
+    """What one write adds, computed (and checked) before anything is written."""
+
+    ids: np.ndarray
+    env: np.ndarray
+    prev: np.ndarray
+    start: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
+    link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
+
+
+class EpisodeIndex:
+    """Per-slot env, neighbours in the same env, episode ends and starts of a ring.
+
+    Built by :class:`~xpbank.ReplayBuffer` (``num_envs=``, an ``env_id`` field, or a
+    feature that needs it, such as ``nstep=``) and reachable as ``rb.episodes`` and as
+    ``ring.episodes`` (what samplers get). Queries take item ids (ints, lists, arrays
+    or tensors) and return NumPy arrays.
+
+    Args:
+        ring: the ring whose items are indexed (its ids tell what is live).
+        num_envs: items per env step in lockstep mode; ``None``: an env field or one stream.
+        keys: which fields hold the env id and the episode ends.
+    """
+
+    def __init__(self, ring: Ring, num_envs: int | None = None, keys: EpisodeKeys | None = None):
+        self._ring = ring
+        self.num_envs = None if num_envs is None else check_positive_int("num_envs", num_envs)
+        self.keys = keys if keys is not None else EpisodeKeys()
+        self._resolved: tuple[NestedKey | None, NestedKey | None, NestedKey | None] | None = None
+        self._resolved_for: Spec | None = None
+        c = ring.capacity
+        self._env = np.zeros(c, dtype=np.int64)
+        self._prev = np.full(c, -1, dtype=np.int64)
+        self._next = np.full(c, -1, dtype=np.int64)
+        self._start = np.full(c, -1, dtype=np.int64)
+        self._term = np.zeros(c, dtype=bool)
+        self._trunc = np.zeros(c, dtype=bool)
+        self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
+        self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
+        self._reset_envs(self.num_envs or 1)
+
+    def _reset_envs(self, n: int) -> None:
+        self._last_id = np.full(n, -1, dtype=np.int64)  # each env's newest item
+        self._last_end = np.zeros(n, dtype=bool)
+        self._cur_start = np.full(n, -1, dtype=np.int64)
+
+    # -- writing ---------------------------------------------------------------
+    def plan(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> _Plan:
+        """Check a validated batch of ``n`` items and compute its index entries.
+
+        Nothing changes until :meth:`apply`, so a bad batch leaves the buffer as it was.
+
+        Raises:
+            SpecError: a batch that is not whole env steps (lockstep), or a bad env id.
+        """
+        if self._resolved is None or self._resolved_for is not spec:
+            self._resolved = (*self.keys.resolve(spec), self._env_key(spec))
+            self._resolved_for = spec
+        term_key, trunc_key, env_key = self._resolved
+        env = self._env_ids(flat, n, env_key)
+        if n == 0:
+            none = np.zeros(0, dtype=np.int64)
+            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state(), none != 0)
+        term = read_flag(flat, term_key, n)
+        trunc = read_flag(flat, trunc_key, n)
+        first = self._ring.next_id
+        ids = np.arange(first, first + n, dtype=np.int64)
+        if env_key is None:
+            return self._plan_lockstep(ids, env, term, trunc, self.num_envs or 1)
+        width = int(env.max()) + 1
+        if width > self._last_id.shape[0]:  # new envs start with no history: harmless if the write fails
+            self._last_id, self._last_end, self._cur_start = (
+                _grow(a, width, fill) for a, fill in self._env_arrays()
+            )
+        order = np.argsort(env, kind="stable")
+        se, sid, send = env[order], ids[order], (term | trunc)[order]
+        head = np.ones(n, dtype=bool)
+        head[1:] = se[1:] != se[:-1]
+        last = np.ones(n, dtype=bool)
+        last[:-1] = head[1:]
+        last_id, last_end, cur_start = self._last_id, self._last_end, self._cur_start
+        prev_s = np.empty(n, dtype=np.int64)
+        prev_s[1:] = sid[:-1]
+        prev_s[head] = last_id[se[head]]
+        prev_end = np.empty(n, dtype=bool)
+        prev_end[1:] = send[:-1]
+        prev_end[head] = last_end[se[head]]
+        is_start = (prev_s < 0) | prev_end
+        value = np.where(is_start, sid, cur_start[se])
+        mark = np.where(is_start | head, np.arange(n), 0)
+        start_s = value[np.maximum.accumulate(mark)]
+        prev, start = np.empty_like(prev_s), np.empty_like(start_s)
+        prev[order], start[order] = prev_s, start_s
+        link = np.empty(n, dtype=bool)
+        link[order] = ~is_start
+        envs = se[last]
+        state = (envs, sid[last], send[last], start_s[last])
+        return _Plan(ids, env, prev, start, term, trunc, state, link)
+
+    def _plan_lockstep(
+        self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
+    ) -> _Plan:
+        """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
+        are consecutive steps of one env, so no sort is needed."""
+        k = ids.shape[0] // e
+        if k == 1:  # one step of every env: the common vector-env write
+            prev1 = self._last_id.copy()
+            is_start1 = (prev1 < 0) | self._last_end
+            start1 = np.where(is_start1, ids, self._cur_start)
+            state1 = (self._envs, ids, term | trunc, start1)
+            return _Plan(ids, env, prev1, start1, term, trunc, state1, ~is_start1)
+        ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
+        prev = np.empty((k, e), dtype=np.int64)
+        prev[0], prev[1:] = self._last_id, ids2[:-1]
+        prev_end = np.empty((k, e), dtype=bool)
+        prev_end[0], prev_end[1:] = self._last_end, end[:-1]
+        is_start = (prev < 0) | prev_end
+        if k == 1:
+            start = np.where(is_start, ids2, self._cur_start)
+        else:  # ids grow along time: a running max carries each episode's first id forward
+            start = np.where(is_start, ids2, -1)
+            start[0] = np.where(is_start[0], ids2[0], self._cur_start)
+            start = np.maximum.accumulate(start, axis=0)
+        state = (self._envs, ids2[-1], end[-1], start[-1])
+        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, ~is_start.reshape(-1))
+
+    def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        none = np.zeros(0, dtype=np.int64)
+        return none, none, np.zeros(0, dtype=bool), none
+
+    def _env_arrays(self) -> list[tuple[np.ndarray, Any]]:
+        return [(self._last_id, -1), (self._last_end, False), (self._cur_start, -1)]
+
+    def apply(self, plan: _Plan) -> None:
+        """Record a planned write, after the ring has advanced past it."""
+        envs, last_id, last_end, start = plan.env_state
+        if envs.size == 0:
+            return
+        self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
+        c, n = self._ring.capacity, plan.ids.shape[0]
+        keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
+        first = int(plan.ids[keep.start]) % c
+        count = n - keep.start
+        slots: Any = slice(first, first + count) if first + count <= c else plan.ids[keep] % c
+        self._env[slots] = plan.env[keep]
+        self._prev[slots] = plan.prev[keep]
+        self._start[slots] = plan.start[keep]
+        self._term[slots] = plan.terminated[keep]
+        self._trunc[slots] = plan.truncated[keep]
+        self._next[slots] = -1
+        live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
+        self._next[plan.prev[live] % c] = plan.ids[live]
+
+    def clear(self) -> None:
+        """Every item was dropped: the next item of each env starts an episode."""
+        self._reset_envs(self._last_id.shape[0])
+
+    def _env_key(self, spec: Spec) -> NestedKey | None:
+        key = normalize_key(self.keys.env)
+        return key if key in spec else None
+
+    def _env_ids(self, flat: dict[NestedKey, torch.Tensor], n: int, key: NestedKey | None) -> np.ndarray:
+        if key is None:
+            if self.num_envs is None:
+                return np.zeros(n, dtype=np.int64)
+            if n % self.num_envs:
+                raise SpecError(
+                    f"batch of {n} items with num_envs={self.num_envs}: expected whole env steps "
+                    f"(a multiple of {self.num_envs}, time-major); give an "
+                    f"{key_str(normalize_key(self.keys.env))!r} field for items that"
+                    " do not arrive in lockstep"
+                )
+            if self._tiled.shape[0] != n:
+                self._tiled = np.tile(self._envs, n // self.num_envs)
+            return self._tiled
+        limit = self.num_envs if self.num_envs is not None else MAX_ENV_ID
+        return read_env_ids(flat[key], key, n, limit)
+
+    # -- queries -----------------------------------------------------------------
+    def _slots(self, ids: Any, check: bool = True) -> np.ndarray:
+        arr = _ids(ids)
+        ring = self._ring
+        if check and arr.size and (arr.min() < ring.first_id or arr.max() >= ring.next_id):
+            bad = int(arr[(arr < ring.first_id) | (arr >= ring.next_id)][0])
+            raise StaleIndexError(
+                f"ids: item {bad} is not live (live items: {ring.first_id} .. {ring.next_id - 1})"
+            )
+        return arr % ring.capacity
+
+    def env(self, ids: Any) -> np.ndarray:
+        """The env of each item (int64)."""
+        return self._env[self._slots(ids)]
+
+    def terminated(self, ids: Any) -> np.ndarray:
+        """Whether each item ends its episode by termination (no bootstrap)."""
+        return self._term[self._slots(ids)]
+
+    def truncated(self, ids: Any) -> np.ndarray:
+        """Whether each item ends its episode by truncation (bootstrap from its next obs)."""
+        return self._trunc[self._slots(ids)]
+
+    def is_end(self, ids: Any) -> np.ndarray:
+        """Whether each item is the last of its episode (``terminated | truncated``)."""
+        slots = self._slots(ids)
+        return self._term[slots] | self._trunc[slots]
+
+    def episode_start(self, ids: Any) -> np.ndarray:
+        """The id of the first item of each item's episode (may be below ``first_id``:
+        overwritten since)."""
+        return self._start[self._slots(ids)]
+
+    def predecessors(self, ids: Any) -> np.ndarray:
+        """The previous item in the same episode, or ``-1`` (episode start, or overwritten)."""
+        slots = self._slots(ids)
+        prev = self._prev[slots]
+        same = (prev >= self._ring.first_id) & (self._start[slots] != _ids(ids))
+        return np.where(same, prev, -1)
+
+    def successors(self, ids: Any, k: int = 1) -> np.ndarray:
+        """The item ``k`` steps later in the same episode, or ``-1`` where the episode
+        ends first or that step has not been written yet."""
+        k = check_positive_int("k", k)
+        win, valid = self.window(ids, k + 1)
+        return np.where(valid[:, k], win[:, k], -1)
+
+    def window(self, ids: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``ids`` and the ``n - 1`` items after each in the same episode.
+
+        Returns:
+            ``(window, valid)``, both ``[B, n]``: ``window[:, 0]`` is ``ids``;
+            ``window[:, j]`` is the item ``j`` steps later, or ``-1`` (``valid`` False)
+            once the episode has ended (the ending item is still valid) or the step is
+            not written yet. ``valid`` is a prefix in every row.
+
+        Raises:
+            StaleIndexError: an id that is not live.
+        """
+        n = check_positive_int("n", n)
+        self._slots(ids)  # checks liveness
+        walked, steps = self.walk(_ids(ids), n)
+        valid = np.arange(n) < steps[:, None]
+        return np.where(valid, walked, -1), valid
+
+    def walk(self, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n - 1`` steps forward in each live item's episode (not checked: the
+        samplers' hot path).
+
+        Returns:
+            ``(walked, steps)``: ``walked[:, j]`` is the item ``j`` steps after ``ids``, or
+            the last valid one where the window ended earlier (``[B, n]`` int64 ids);
+            ``steps`` is the window's length ``k`` (int64).
+        """
+        b, c = ids.shape[0], self._ring.capacity
+        walked = np.empty((b, n), dtype=np.int64)
+        walked[:, 0] = ids
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        cur = ids
+        for j in range(1, n):
+            nxt = self._next[cur % c]
+            alive &= nxt >= 0
+            cur = np.where(alive, nxt, cur)
+            walked[:, j] = cur
+            steps += alive
+        return walked, steps
+
+    def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""
+        return self._term[slots]
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Per-slot arrays of the live slots ``[0, size)`` and per-env state, as CPU
+        tensors (safe for ``torch.load(weights_only=True)``)."""
+        size = self._ring.size
+        return {
+            "num_envs": self.num_envs,
+            "env": torch.from_numpy(self._env[:size].copy()),
+            "prev": torch.from_numpy(self._prev[:size].copy()),
+            "next": torch.from_numpy(self._next[:size].copy()),
+            "start": torch.from_numpy(self._start[:size].copy()),
+            "terminated": torch.from_numpy(self._term[:size].copy()),
+            "truncated": torch.from_numpy(self._trunc[:size].copy()),
+            "last_id": torch.from_numpy(self._last_id.copy()),
+            "last_end": torch.from_numpy(self._last_end.copy()),
+            "cur_start": torch.from_numpy(self._cur_start.copy()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (the ring is loaded first)."""
+        if state["num_envs"] != self.num_envs:
+            raise SpecError(f"episodes: state has num_envs={state['num_envs']}, this buffer {self.num_envs}")
+        size = len(state["env"])
+        for name, arr in (
+            ("env", self._env),
+            ("prev", self._prev),
+            ("next", self._next),
+            ("start", self._start),
+            ("terminated", self._term),
+            ("truncated", self._trunc),
+        ):
+            arr[:size] = _array(state[name], arr.dtype)
+        self._last_id = _array(state["last_id"], np.int64).copy()
+        self._last_end = _array(state["last_end"], bool).copy()
+        self._cur_start = _array(state["cur_start"], np.int64).copy()
+
+    def __repr__(self) -> str:
+        return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
+
+
+def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:
+    if arr.shape[0] >= width:
+        return arr
+    out = np.full(width, fill, dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    """A saved array (a tensor, a NumPy array or a list) as NumPy of ``dtype``."""
+    arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    return arr.astype(dtype, copy=False)
+
+
+def _ids(ids: Any) -> np.ndarray:
+    arr = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    return arr.reshape(-1).astype(np.int64, copy=False)
