@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.collect import Collector, ReplaySink
 from xpbank.errors import (
     BankError,
     BatchTypeError,
@@ -18,6 +19,7 @@ from xpbank.errors import (
     CorruptBankError,
     DeviceError,
     EmptyBufferError,
+    EnvContractError,
     MissingExtraError,
     SpecError,
     StaleIndexError,
@@ -51,4 +53,7 @@ __all__ = [
     "CorruptBankError",
     "DeviceError",
     "MissingExtraError",
+    "EnvContractError",
+    "Collector",
+    "ReplaySink",
 ]
