@@ -34,17 +34,22 @@ __all__ = ["DQNConfig", "DQNResult", "make_buffer", "train", "evaluate"]
 
 @dataclass(frozen=True)
 class DQNConfig:
-    """Hyper-parameters (tuned on CartPole-v1: greedy return 500 at the default seed)."""
+    """Hyper-parameters, tuned on CartPole-v1 (greedy return 500 with seeds 0, 1 and 2).
+
+    The schedule is RL Zoo's for DQN on CartPole (bursts of 128 minibatches every 256
+    steps, target copied after each burst), with a linearly decaying learning rate,
+    which keeps the final greedy policy from drifting off the 500 it reaches.
+    """
 
     env_id: str = "CartPole-v1"
     steps: int = 50_000
     seed: int = 0
     buffer_size: int = 100_000
-    batch_size: int = 64
-    lr: float = 2.3e-3
+    batch_size: int = 128
+    lr: float = 1e-3
     lr_end_fraction: float = 0.05  # linear decay of the learning rate to lr * this
     gamma: float = 0.99
-    hidden: int = 256
+    hidden: int = 128
     learning_starts: int = 1_000
     train_freq: int = 256  # env steps between training bursts
     gradient_steps: int = 128  # minibatches per burst
