@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,12 +79,16 @@ class DQNResult:
         return float(np.mean([r for _, r in self.curve[-10:]])) if self.curve else float("nan")
 
 
-def make_buffer(spec: Spec, config: DQNConfig) -> ReplayBuffer:
+def make_buffer(spec: Spec, config: DQNConfig, num_envs: int = 1) -> ReplayBuffer:
     """The replay buffer the agent learns from (uniform sampling).
 
-    The single place to change to switch to prioritized n-step replay.
+    The single place to change to switch to prioritized n-step replay. ``num_envs``
+    reaches the buffer only where its constructor takes it (the per-env episode index).
     """
-    return ReplayBuffer(config.buffer_size, spec, seed=config.seed)
+    extra: dict[str, Any] = (
+        {"num_envs": num_envs} if "num_envs" in inspect.signature(ReplayBuffer).parameters else {}
+    )
+    return ReplayBuffer(config.buffer_size, spec, seed=config.seed, **extra)
 
 
 def q_network(n_obs: int, n_actions: int, hidden: int) -> nn.Module:
@@ -141,7 +146,7 @@ def train(config: DQNConfig, progress: Callable[[int, float | None], Any] | None
         config.env_id, 1, vectorization_mode="sync", vector_kwargs={"autoreset_mode": "SameStep"}
     )
     n_obs, n_actions = int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)
-    rb = make_buffer(Spec.from_gymnasium(envs.single_observation_space, envs.single_action_space), config)
+    rb = make_buffer(Spec.from_gymnasium(envs.single_observation_space, envs.single_action_space), config, 1)
     q, target = q_network(n_obs, n_actions, config.hidden), q_network(n_obs, n_actions, config.hidden)
     target.load_state_dict(q.state_dict())
     optim = torch.optim.Adam(q.parameters(), lr=config.lr)
