@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import xpbank
+from xpbank.demo.evaluate import evaluate  # mean return of the deterministic policy
 
 log = logging.getLogger("sac_pendulum")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -68,23 +69,6 @@ class Actor(nn.Module):
         y = torch.tanh(u)
         log_prob = normal.log_prob(u) - torch.log(self.scale * (1 - y.pow(2)) + 1e-6)
         return y * self.scale + self.bias, log_prob.sum(-1), torch.tanh(mean) * self.scale + self.bias
-
-
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int) -> float:
-    env = gym.make(env_id)
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=seed + 10_000 + i)
-        done, total = False, 0.0
-        while not done:
-            with torch.no_grad():
-                action = actor(torch.as_tensor(obs).unsqueeze(0))[2][0].numpy()
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns))
 
 
 def train(args: argparse.Namespace) -> dict[str, float | int]:
@@ -171,7 +155,9 @@ def train(args: argparse.Namespace) -> dict[str, float | int]:
         "episodes": len(returns),
         "truncated_episodes": sum(e.truncated for e in collector.episodes),
         "mean_return_last_5": float(np.mean(returns[-5:])) if returns else float("nan"),
-        "eval_return": evaluate(actor, args.env_id, args.eval_episodes, args.seed),
+        "eval_return": evaluate(
+            lambda obs: actor(obs.unsqueeze(0))[2][0].numpy(), args.env_id, args.eval_episodes, args.seed
+        ),
         "buffer_items": len(rb),
     }
 

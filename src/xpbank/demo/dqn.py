@@ -26,11 +26,12 @@ from tensordict import TensorDict
 from torch import nn
 
 from xpbank.collect import Collector
+from xpbank.demo.evaluate import evaluate
 from xpbank.errors import require
 from xpbank.replay import ReplayBuffer
 from xpbank.spec import Spec
 
-__all__ = ["DQNConfig", "DQNResult", "make_buffer", "train", "evaluate"]
+__all__ = ["DQNConfig", "DQNResult", "make_buffer", "train"]
 
 
 @dataclass(frozen=True)
@@ -118,25 +119,6 @@ def epsilon(step: int, config: DQNConfig) -> float:
     return max(config.exploration_final_eps, 1.0 - (1.0 - config.exploration_final_eps) * step / span)
 
 
-def evaluate(q: nn.Module, env_id: str, episodes: int, seed: int) -> float:
-    """Mean greedy return over ``episodes`` episodes seeded ``seed + 10_000 + i``."""
-    gym = require("gymnasium", "gym")
-    env = gym.make(env_id)
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=seed + 10_000 + i)
-        done, total = False, 0.0
-        while not done:
-            with torch.no_grad():
-                action = int(q(torch.as_tensor(obs)).argmax())
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns))
-
-
 def train(config: DQNConfig, progress: Callable[[int, float | None], Any] | None = None) -> DQNResult:
     """Train, then evaluate greedily; ``progress(env_steps, last_return)`` is called per step."""
     gym = require("gymnasium", "gym")
@@ -184,7 +166,9 @@ def train(config: DQNConfig, progress: Callable[[int, float | None], Any] | None
     result.seconds = time.perf_counter() - start
     result.env_steps = collector.transitions
     result.buffer_ops, result.buffer_seconds = timed.calls, timed.seconds
-    result.eval_return = evaluate(q, config.env_id, config.eval_episodes, config.seed)
+    result.eval_return = evaluate(
+        lambda obs: int(q(obs).argmax()), config.env_id, config.eval_episodes, config.seed
+    )
     return result
 
 
@@ -194,16 +178,15 @@ class _TimedBuffer:
     def __init__(self, buffer: ReplayBuffer):
         self.buffer, self.calls, self.seconds = buffer, 0, 0.0
 
-    def extend(self, batch: Any) -> range:
-        t = time.perf_counter()
-        ids = self.buffer.extend(batch)
-        self.seconds += time.perf_counter() - t
+    def _timed(self, method: Callable[[Any], Any], arg: Any) -> Any:
+        start = time.perf_counter()
+        out = method(arg)
+        self.seconds += time.perf_counter() - start
         self.calls += 1
-        return ids
+        return out
+
+    def extend(self, batch: Any) -> range:
+        return self._timed(self.buffer.extend, batch)
 
     def sample(self, batch_size: int) -> TensorDict:
-        t = time.perf_counter()
-        batch = self.buffer.sample(batch_size)
-        self.seconds += time.perf_counter() - t
-        self.calls += 1
-        return batch
+        return self._timed(self.buffer.sample, batch_size)
