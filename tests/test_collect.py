@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -337,3 +338,18 @@ def test_steps_must_be_positive() -> None:
     collector = Collector(make_envs("SameStep"), policy, ReplayBuffer(10))
     with pytest.raises(ValueError, match=re.escape("steps: expected a positive int, got 0")):
         collector.collect(0)
+
+
+def test_readme_collecting_example_runs_and_stores_what_it_says() -> None:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"## Collecting from gymnasium\n\n```python\n(.*?)```", text, re.S)
+    assert match is not None, "README has no 'Collecting from gymnasium' code block"
+    scope: dict[str, Any] = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    rb, collector = scope["rb"], scope["collector"]
+    assert collector.vector_steps == 200 and len(rb) == collector.transitions
+    # NEXT_STEP (the default): each finished episode costs one reset step that is not
+    # stored, except for episodes that ended on the last step (at most one per sub-env)
+    skipped = 200 * 8 - collector.transitions
+    assert len(collector.episodes) - 8 <= skipped <= len(collector.episodes)
+    assert len(collector.episodes) >= 8
