@@ -52,7 +52,7 @@ def run_demo(
         raise ValueError(f"agents: expected some of {list(AGENTS)}, got {list(agents)}")
     tqdm = require("tqdm", "demo").tqdm
     show = sys.stderr.isatty() if progress is None else progress
-    console = require("rich.console", "demo").Console(width=None if sys.stdout.isatty() else 110)
+    console = require("rich.console", "demo").Console(width=None if sys.stdout.isatty() else 160)
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     rows, files = [], []
@@ -75,6 +75,7 @@ def run_demo(
                 env_id=env_id,
                 env_steps=result.env_steps,
                 seconds=result.seconds,
+                cpu_seconds=result.cpu_seconds,
                 buffer_ops=result.buffer_ops,
                 buffer_seconds=result.buffer_seconds,
                 final_return=result.final_return,

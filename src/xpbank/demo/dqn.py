@@ -69,6 +69,7 @@ class DQNResult:
     buffer: ReplayBuffer
     env_steps: int
     seconds: float
+    cpu_seconds: float  # process CPU time of the training loop (the machine may be shared)
     buffer_ops: int  # extend + sample calls
     buffer_seconds: float  # time spent in them
     curve: list[tuple[int, float]] = field(default_factory=list)  # (env step, episode return)
@@ -143,8 +144,8 @@ def train(config: DQNConfig, progress: Callable[[int, float | None], Any] | None
     timed = _TimedBuffer(rb)
     collector = Collector(envs, act, timed)
     collector.reset(seed=config.seed)
-    result = DQNResult(config, q, rb, 0, 0.0, 0, 0.0)
-    start = time.perf_counter()
+    result = DQNResult(config, q, rb, 0, 0.0, 0.0, 0, 0.0)
+    start, cpu_start = time.perf_counter(), time.process_time()
     for step in range(config.steps):
         seen = len(collector.episodes)
         collector.collect(1)
@@ -164,6 +165,7 @@ def train(config: DQNConfig, progress: Callable[[int, float | None], Any] | None
             progress(step + 1, result.curve[-1][1] if result.curve else None)
     envs.close()
     result.seconds = time.perf_counter() - start
+    result.cpu_seconds = time.process_time() - cpu_start
     result.env_steps = collector.transitions
     result.buffer_ops, result.buffer_seconds = timed.calls, timed.seconds
     result.eval_return = evaluate(

@@ -21,6 +21,7 @@ class AgentSummary:
     env_id: str
     env_steps: int
     seconds: float
+    cpu_seconds: float
     buffer_ops: int
     buffer_seconds: float
     final_return: float
@@ -59,6 +60,7 @@ def summary_table(rows: Sequence[AgentSummary], files: Sequence[Path]) -> object
         "agent",
         "env",
         "env steps",
+        "time (CPU)",
         "env steps/s",
         "buffer ops/s",
         "return (last 10 ep.)",
@@ -71,6 +73,7 @@ def summary_table(rows: Sequence[AgentSummary], files: Sequence[Path]) -> object
             r.agent,
             r.env_id,
             f"{r.env_steps:,}",
+            f"{r.seconds:.0f} s ({r.cpu_seconds:.0f} s)",
             f"{r.env_steps_per_s:,.0f}",
             f"{r.buffer_ops_per_s:,.0f}",
             f"{r.final_return:.1f}",
