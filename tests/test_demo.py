@@ -76,9 +76,9 @@ def _load_example(name: str) -> ModuleType:
 
 def test_sac_pendulum_example_runs_a_few_hundred_steps() -> None:
     sac = _load_example("sac_pendulum")
-    args = sac.parse_args(["--steps", "400", "--learning-starts", "200", "--hidden", "32"])
+    args = sac.parse_args(["--steps", "300", "--learning-starts", "220", "--hidden", "32"])
     args.batch_size, args.eval_episodes = 32, 1
     result = sac.train(args)
-    assert result["buffer_items"] == 400
-    assert result["episodes"] == 2 and result["truncated_episodes"] == 2  # 200-step time limit
+    assert result["buffer_items"] == 300
+    assert result["episodes"] == 1 and result["truncated_episodes"] == 1  # 200-step time limit
     assert -2_000.0 < result["eval_return"] <= 0.0  # Pendulum's rewards are in [-16.3, 0]
