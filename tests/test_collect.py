@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xpbank import Collector, EnvContractError, ReplayBuffer, Spec
 from xpbank.collect import Episode, Mode, autoreset_mode
@@ -26,8 +28,8 @@ class ScheduledEnv(gym.Env):
     """obs = [env, episode, t, noise]; episodes end on a schedule, alternately terminated
     and truncated; rewards are drawn from the env's seeded generator."""
 
-    def __init__(self, env_id: int):
-        self.env_id, self.lengths = env_id, SCHEDULE[env_id]
+    def __init__(self, env_id: int, schedule: list[list[int]] = SCHEDULE):
+        self.env_id, self.lengths = env_id, schedule[env_id]
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
         self.action_space = gym.spaces.Discrete(3)
         self.episode = -1
@@ -63,20 +65,22 @@ def value_fn(obs: torch.Tensor) -> torch.Tensor:
     return obs[:, 2] * 0.5 + obs[:, 3]
 
 
-def make_envs(mode: str, num_envs: int = 3, kind: str = "sync") -> Any:
-    fns = [lambda e=e: ScheduledEnv(e) for e in range(num_envs)]
+def make_envs(mode: str, num_envs: int = 3, kind: str = "sync", schedule: list[list[int]] = SCHEDULE) -> Any:
+    fns = [lambda e=e: ScheduledEnv(e, schedule) for e in range(num_envs)]
     if kind == "sync":
         return SyncVectorEnv(fns, autoreset_mode=AutoresetMode(mode))
     return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode(mode), context="fork")
 
 
-def reference(mode: str, num_envs: int, steps: int) -> tuple[list[dict[str, Any]], list[Episode], list[bool]]:
+def reference(
+    mode: str, num_envs: int, steps: int, schedule: list[list[int]] = SCHEDULE
+) -> tuple[list[dict[str, Any]], list[Episode], list[bool]]:
     """A plain loop over single envs, stepped in the vector env's order.
 
     Returns the transitions (vector step major, env minor), the finished episodes and,
     per (step, env), whether that row was a transition.
     """
-    envs = [ScheduledEnv(e) for e in range(num_envs)]
+    envs = [ScheduledEnv(e, schedule) for e in range(num_envs)]
     obs = [env.reset(seed=SEED + e)[0] for e, env in enumerate(envs)]
     pending = [False] * num_envs
     ret, length = [0.0] * num_envs, [0] * num_envs
@@ -259,6 +263,29 @@ def test_on_policy_steps_carry_next_values_from_the_true_final_obs(mode: str) ->
     # at a truncation the bootstrap value is of the final obs (t > 0), not of a reset one
     truncated = [r for r in rows if r["truncated"]]
     assert truncated and all(float(r["next", "obs"][2]) > 0 for r in truncated)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    schedule=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=4), min_size=1, max_size=4),
+    steps=st.integers(1, 16),
+)
+def test_any_schedule_any_mode_matches_the_reference(
+    mode: str, schedule: list[list[int]], steps: int
+) -> None:
+    expected, episodes, valid = reference(mode, len(schedule), steps, schedule)
+    envs = make_envs(mode, len(schedule), schedule=schedule)
+    sink = ListSink()
+    collector = Collector(envs, policy, sink)
+    collector.reset(seed=SEED)
+    collector.collect(steps)
+    assert torch.stack(sink.valid).flatten().tolist() == valid
+    stored = {
+        k: torch.cat([s[k][v] for s, v in zip(sink.steps, sink.valid, strict=True)]) for k in sink.steps[0]
+    }
+    assert_same(stored, expected)
+    assert collector.episodes == episodes and collector.transitions == len(expected)
 
 
 def test_returns_by_env_matches_the_episodes() -> None:
