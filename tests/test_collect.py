@@ -288,14 +288,16 @@ def test_any_schedule_any_mode_matches_the_reference(
     assert collector.episodes == episodes and collector.transitions == len(expected)
 
 
-def test_returns_by_env_matches_the_episodes() -> None:
+def test_episodes_by_env_match_the_schedule() -> None:
     envs = make_envs("SameStep")
     collector = Collector(envs, policy, ReplayBuffer(100))
     collector.reset(seed=SEED)
     collector.collect(10)
-    by_env = collector.returns_by_env()
-    assert by_env == [[ep.ret for ep in collector.episodes if ep.env == e] for e in range(3)]
-    assert [len(r) for r in by_env] == [5, 4, 4]  # lengths 1,2,4,1,2 / 3,2,3,2 in 10 steps
+    by_env = collector.episodes_by_env()
+    assert by_env == [[ep for ep in collector.episodes if ep.env == e] for e in range(3)]
+    # 10 steps of schedules [1, 2, 4], [3, 2], [3, 2], cycled
+    assert [[ep.length for ep in eps] for eps in by_env] == [[1, 2, 4, 1, 2], [3, 2, 3, 2], [3, 2, 3, 2]]
+    assert [[ep.truncated for ep in eps] for eps in by_env][1] == [True, False, True, False]
 
 
 def _undeclared(envs: Any) -> Any:

@@ -175,11 +175,11 @@ class Collector:
         self._ret[:] = 0.0
         self._len[:] = 0
 
-    def returns_by_env(self) -> list[list[float]]:
-        """The returns of finished episodes, per sub-env, oldest first."""
-        out: list[list[float]] = [[] for _ in range(self.num_envs)]
+    def episodes_by_env(self) -> list[list[Episode]]:
+        """The finished episodes (return, length, truncated) of each sub-env, oldest first."""
+        out: list[list[Episode]] = [[] for _ in range(self.num_envs)]
         for episode in self.episodes:
-            out[episode.env].append(episode.ret)
+            out[episode.env].append(episode)
         return out
 
     def collect(self, steps: int) -> None:
