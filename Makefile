@@ -1,5 +1,5 @@
 # Two commands for a newcomer on a fresh clone:
-#   make demo   set up .venv and run the end-to-end off-policy example
+#   make demo   set up .venv and run the demo (xpbank demo: DQN on CartPole-v1)
 #   make test   set up .venv and run ruff, mypy and the test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -11,11 +11,11 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/dqn_cartpole.py
+	$(PY) -m xpbank demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -65,19 +63,19 @@ def test_collected_transitions_read_back_exactly(env_id: str, storage: str) -> N
         assert stored["terminated"].sum() >= 5
 
 
-def _load_demo() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "examples" / "dqn_cartpole.py"
-    spec = importlib.util.spec_from_file_location("dqn_cartpole", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_demo_dqn_trains_through_the_collector_and_resumes_identically(tmp_path: Path) -> None:
+    from xpbank.cli import save_and_reload
+    from xpbank.demo.dqn import DQNConfig, train
 
-
-def test_demo_trains_and_resumes_identically() -> None:
-    demo = _load_demo()
-    result = demo.train(steps=1_600, seed=1)
-    assert result["steps"] == 1_600 and result["buffer_items"] == 1_600
-    assert result["episodes"] >= 10
-    assert result["resume_samples_identical"] is True
-    assert 8.0 <= result["greedy_eval_return"] <= 500.0
+    config = DQNConfig(steps=1_600, seed=1, learning_starts=500, train_freq=100, gradient_steps=8, hidden=64)
+    result = train(config)
+    assert result.env_steps == 1_600 and len(result.buffer) == 1_600
+    assert len(result.curve) >= 10 and [s for s, _ in result.curve] == sorted(s for s, _ in result.curve)
+    assert sum(r for _, r in result.curve) <= 1_600  # CartPole pays 1 per step
+    assert result.buffer_ops == 1_600 + 8 * len(range(500, 1_600, 100))  # one extend per step
+    assert 8.0 <= result.eval_return <= 500.0
+    assert save_and_reload(result.buffer, tmp_path / "replay.pt") > 1_600 * 4 * 8
+    stored = result.buffer.sample_all()
+    done = stored["terminated"] | stored["truncated"]
+    chained = torch.all(stored["next", "obs"][:-1] == stored["obs"][1:], dim=-1)
+    assert bool(chained[~done[:-1]].all()) and not bool(chained[done[:-1]].any())

@@ -605,8 +605,8 @@ def test_update_of_a_lazy_buffer_before_any_write_raises() -> None:
         ({"reward": torch.zeros(3)}, "update: got 2 indices but 3 rows of values"),
         ({"bonus": torch.zeros(2)}, f"batch keys do not match the spec: unknown field(s) ['bonus']; {KNOWN}"),
         (
-            {"reward": torch.zeros(2, dtype=torch.float64)},
-            "field 'reward': expected (*) float32, got (2,) float64",
+            {"action": torch.zeros(2, dtype=torch.float64)},
+            "field 'action': expected (*) int64, got (2,) float64",
         ),
         ({"obs": torch.zeros(2, 4)}, "field 'obs': expected (*, 3) float32, got (2, 4) float32"),
         (
@@ -662,10 +662,10 @@ def test_lazy_spec_from_first_extend(buffer_factory: BufferFactory) -> None:
     rb.extend(make_batch(SPEC, 3))
     assert rb.spec == SPEC
     assert_rows(rb.sample_all(), SPEC, [0, 1, 2])
-    bad = {**make_batch(SPEC, 2), "reward": torch.zeros(2, dtype=torch.float64)}
+    bad = {**make_batch(SPEC, 2), "action": torch.zeros(2, dtype=torch.float64)}
     with (
         unchanged(rb),
-        pytest.raises(SpecError, match=re.escape("field 'reward': expected (*) float32, got (2,) float64")),
+        pytest.raises(SpecError, match=re.escape("field 'action': expected (*) int64, got (2,) float64")),
     ):
         rb.extend(bad)
 
@@ -783,8 +783,8 @@ def test_extend_with_a_bad_batch_raises_and_changes_nothing(
             "field 'obs': expected (3,) float32, got (1, 3) float32",
         ),
         (
-            {**item(SPEC, 9), "action": torch.zeros((), dtype=torch.int32)},
-            "field 'action': expected () int64, got () int32",
+            {**item(SPEC, 9), "action": torch.zeros((), dtype=torch.float32)},
+            "field 'action': expected () int64, got () float32",
         ),
     ],
     ids=["missing", "extra", "shape", "batched", "dtype"],

@@ -237,13 +237,13 @@ class ReplayModel(RuleBasedStateMachine):
     @precondition(lambda self: self.spec_known)
     @rule()
     def mismatched_batch_is_rejected(self) -> None:
-        bad = {**make_batch(SPEC, 2), "reward": torch.zeros(2, dtype=torch.float64)}
+        bad = {**make_batch(SPEC, 2), "action": torch.zeros(2, dtype=torch.float64)}
         try:
             self.buffer.extend(bad)
         except SpecError as exc:
-            assert str(exc) == "field 'reward': expected (*) float32, got (2,) float64"
+            assert str(exc) == "field 'action': expected (*) int64, got (2,) float64"
         else:
-            raise AssertionError("a float64 reward was accepted")
+            raise AssertionError("a float64 action was accepted")
         self.check_all()
 
     # -- invariants ------------------------------------------------------------------

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.collect import Collector, ReplaySink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
@@ -19,6 +20,7 @@ from xpbank.errors import (
     CorruptBankError,
     DeviceError,
     EmptyBufferError,
+    EnvContractError,
     MissingExtraError,
     NotReadyError,
     PriorityError,
@@ -85,4 +87,7 @@ __all__ = [
     "CorruptBankError",
     "DeviceError",
     "MissingExtraError",
+    "EnvContractError",
+    "Collector",
+    "ReplaySink",
 ]

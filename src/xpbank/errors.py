@@ -23,6 +23,7 @@ __all__ = [
     "CorruptBankError",
     "MissingExtraError",
     "DeviceError",
+    "EnvContractError",
 ]
 
 
@@ -72,6 +73,10 @@ class CorruptBankError(BankError):
 
 class DeviceError(XpbankError, ValueError):
     """A device was asked for that this machine does not have (e.g. CUDA)."""
+
+
+class EnvContractError(XpbankError, ValueError):
+    """An environment returned something that contradicts its (declared or assumed) contract."""
 
 
 class MissingExtraError(XpbankError, ImportError):

@@ -98,6 +98,11 @@ class ReplayBuffer:
             the usual names; see :class:`~xpbank.EpisodeKeys`).
         nstep: add n-step returns to every :meth:`sample` (see :class:`~xpbank.NStep`);
             the buffer then keeps an episode index.
+        cast: convert a batch's dtypes to the spec's where nothing that matters is lost
+            (float64 -> float32, int32 -> int64, Python numbers; see
+            :func:`xpbank.cast.is_safe_cast`), after checking the whole batch; a wrong
+            shape or a float for an int field is still a :class:`~xpbank.SpecError`.
+            ``False``: every dtype must match exactly. Costs nothing when dtypes match.
 
     Example:
         >>> import torch
@@ -123,8 +128,12 @@ class ReplayBuffer:
         num_envs: int | None = None,
         episode_keys: EpisodeKeys | None = None,
         nstep: NStep | None = None,
+        cast: bool = True,
     ):
         capacity = check_capacity(capacity)
+        if not isinstance(cast, bool):
+            raise SpecError(f"cast: expected True or False, got {cast!r}")
+        self._cast = cast
         if spec is not None and not isinstance(spec, Spec):
             raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
         given = spec if spec is not None else getattr(storage, "spec", None)
@@ -199,7 +208,7 @@ class ReplayBuffer:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
         flat = flatten(item)
         spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=0))
-        spec.validate(flat, batch_ndim=0)
+        _, flat = self._conform(spec, flat, 0)
         return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
 
     def extend(self, batch: Any) -> range:
@@ -217,8 +226,16 @@ class ReplayBuffer:
         """
         flat = flatten(batch)
         spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=1))
-        (n,) = spec.validate(flat, batch_ndim=1)
+        (n,), flat = self._conform(spec, flat, 1)
         return self._write(flat, n, spec)
+
+    def _conform(
+        self, spec: Spec, flat: dict[NestedKey, torch.Tensor], batch_ndim: int, partial: bool = False
+    ) -> tuple[tuple[int, ...], dict[NestedKey, torch.Tensor]]:
+        """Validate ``flat`` against ``spec`` (converting safe dtypes when ``cast``)."""
+        if self._cast:
+            return spec.conform(flat, batch_ndim, partial)
+        return spec.validate(flat, batch_ndim, partial), flat
 
     def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
         ring = self._ring
@@ -256,7 +273,7 @@ class ReplayBuffer:
             raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
         slots = self._ring.slots_of_ids(indices)
         flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
-        lead = self.spec.validate(flat, batch_ndim=1, partial=True)
+        lead, flat = self._conform(self.spec, flat, 1, partial=True)
         if lead and lead[0] != slots.shape[0]:
             raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
         if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:

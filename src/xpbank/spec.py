@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 
 import torch
 
+from xpbank.cast import is_safe_cast
 from xpbank.errors import SpecError
 
 __all__ = ["Field", "Spec", "NestedKey", "normalize_key", "key_str"]
@@ -188,14 +189,53 @@ class Spec(Mapping[NestedKey, Field]):
                 return (n,)
         return self._validate_fields(batch, batch_ndim)
 
-    def _validate_fields(self, batch: Mapping[NestedKey, torch.Tensor], batch_ndim: int) -> tuple[int, ...]:
+    def conform(
+        self, batch: dict[NestedKey, torch.Tensor], batch_ndim: int = 1, partial: bool = False
+    ) -> tuple[tuple[int, ...], dict[NestedKey, torch.Tensor]]:
+        """:meth:`validate`, converting dtypes that :func:`~xpbank.cast.is_safe_cast` allows.
+
+        The whole batch is checked first; only then are values converted, so an error
+        leaves nothing half done. When every dtype already matches, ``batch`` itself is
+        returned (no copy, no extra pass).
+
+        Returns:
+            The leading (batch) shape, and ``batch`` or a new dict with converted values.
+
+        Raises:
+            SpecError: as :meth:`validate`, for a wrong shape or a dtype that cannot be
+                converted safely (float to int, int to bool, a narrowing int).
+
+        Example:
+            >>> import numpy as np
+            >>> spec = Spec({"obs": Field((2,), torch.float32)})
+            >>> lead, flat = spec.conform({"obs": torch.from_numpy(np.zeros((5, 2)))})
+            >>> lead, flat["obs"].dtype
+            ((5,), torch.float32)
+        """
+        try:
+            return self.validate(batch, batch_ndim, partial), batch
+        except SpecError:
+            if batch.keys() != self._keyset and not (partial and batch.keys() <= self._keyset):
+                raise  # wrong keys: nothing to convert
+            casts: dict[NestedKey, torch.dtype] = {}
+            lead = self._validate_fields(batch, batch_ndim, casts)
+            return lead, {k: v.to(casts[k]) if k in casts else v for k, v in batch.items()}
+
+    def _validate_fields(
+        self,
+        batch: Mapping[NestedKey, torch.Tensor],
+        batch_ndim: int,
+        casts: dict[NestedKey, torch.dtype] | None = None,
+    ) -> tuple[int, ...]:
+        """Check every field; with ``casts`` given, record safe dtype casts there instead of failing."""
         lead: tuple[int, ...] | None = None
         lead_key: NestedKey = ""
         for key, value in batch.items():
             field = self._fields[key]
             shape = value.shape
+            castable = casts is not None and is_safe_cast(value.dtype, field.dtype)
             if (
-                value.dtype != field.dtype
+                (value.dtype != field.dtype and not castable)
                 or len(shape) != batch_ndim + len(field.shape)
                 or shape[batch_ndim:] != field.shape
             ):
@@ -203,6 +243,8 @@ class Spec(Mapping[NestedKey, Field]):
                     f"field {key_str(key)!r}: expected {_expected(field, batch_ndim)}, "
                     f"got {tuple(shape)} {_dtype_name(value.dtype)}"
                 )
+            if casts is not None and value.dtype != field.dtype:
+                casts[key] = field.dtype
             if lead is None:
                 lead, lead_key = tuple(shape[:batch_ndim]), key
             elif tuple(shape[:batch_ndim]) != lead:

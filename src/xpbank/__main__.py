@@ -1,0 +1,8 @@
+"""``python -m xpbank demo``: the same command line as ``xpbank``."""
+
+from __future__ import annotations
+
+from xpbank.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The ``xpbank`` command line (``xpbank demo``; also ``python -m xpbank demo``).
+
+Needs the ``demo`` extra: ``pip install 'xpbank[demo]'`` (typer, rich, tqdm, matplotlib,
+gymnasium). Without it the command fails with that ``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xpbank.errors import MissingExtraError, require
+
+__all__ = ["main", "build_app", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("xpbank-demo")
+AGENTS = ("dqn",)  # "ppo" joins once the RolloutBuffer (issue 7) is merged
+
+
+def run_demo(
+    env_id: str = "CartPole-v1",
+    steps: int | None = None,
+    seed: int = 0,
+    out: Path = DEFAULT_OUT,
+    agents: tuple[str, ...] = AGENTS,
+    progress: bool | None = None,
+) -> list[Any]:
+    """Train the chosen agents, save and reload their replay, print a summary, draw curves.
+
+    Args:
+        env_id: a gymnasium env id with discrete actions.
+        steps: env steps per agent (default: the agent's tuned default).
+        seed: seeds the env, the networks and the buffer.
+        out: where the replay state, the PNG and nothing else go (created).
+        agents: which agents to run.
+        progress: show progress bars; default only when stderr is a terminal.
+
+    Returns:
+        One :class:`~xpbank.demo.report.AgentSummary` per agent.
+    """
+    from xpbank.demo import dqn
+    from xpbank.demo.report import AgentSummary, plot_curves, summary_table
+
+    unknown = sorted(set(agents) - set(AGENTS))
+    if unknown or not agents:
+        raise ValueError(f"agents: expected some of {list(AGENTS)}, got {list(agents)}")
+    tqdm = require("tqdm", "demo").tqdm
+    show = sys.stderr.isatty() if progress is None else progress
+    console = require("rich.console", "demo").Console(width=None if sys.stdout.isatty() else 160)
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, files = [], []
+    for agent in agents:
+        config = dqn.DQNConfig(env_id=env_id, seed=seed, **({"steps": steps} if steps else {}))
+        with tqdm(total=config.steps, desc=agent, unit="step", disable=not show, leave=False) as bar:
+
+            def tick(done: int, last: float | None, bar: Any = bar) -> None:
+                bar.update(1)
+                if last is not None and done % 500 == 0:
+                    bar.set_postfix(last_return=f"{last:.0f}")
+
+            result = dqn.train(config, progress=tick)
+        path = out / f"{agent}_replay.pt"
+        bank_bytes = save_and_reload(result.buffer, path)
+        files.append(path)
+        rows.append(
+            AgentSummary(
+                agent=agent.upper(),
+                env_id=env_id,
+                env_steps=result.env_steps,
+                seconds=result.seconds,
+                cpu_seconds=result.cpu_seconds,
+                buffer_ops=result.buffer_ops,
+                buffer_seconds=result.buffer_seconds,
+                final_return=result.final_return,
+                eval_return=result.eval_return,
+                bank_bytes=bank_bytes,
+                curve=result.curve,
+            )
+        )
+    files.append(plot_curves(rows, out / "learning_curves.png"))
+    console.print(summary_table(rows, files))
+    return rows
+
+
+def save_and_reload(buffer: Any, path: Path) -> int:
+    """Save the buffer's full state to ``path``, load it into a fresh buffer, check that
+    both sample the same items next; returns the file's size in bytes."""
+    from xpbank.replay import ReplayBuffer
+
+    torch.save(buffer.state_dict(), path)
+    fresh = ReplayBuffer(buffer.capacity, buffer.spec)
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
+        raise RuntimeError(f"{path}: the reloaded buffer does not sample what the saved one does")
+    return path.stat().st_size
+
+
+def build_app() -> Any:
+    """The typer application (needs the ``demo`` extra)."""
+    typer = require("typer", "demo")
+    app = typer.Typer(help="xpbank: the experience store for reinforcement learning.", no_args_is_help=True)
+
+    @app.callback()
+    def root() -> None:
+        """xpbank command line."""
+
+    @app.command()
+    def demo(
+        env_id: str = typer.Option("CartPole-v1", "--env-id", help="gymnasium env id (discrete actions)"),
+        steps: int = typer.Option(0, "--steps", help="env steps per agent; 0: the tuned default"),
+        seed: int = typer.Option(0, "--seed", help="seed of envs, networks and buffers"),
+        out: Path = typer.Option(DEFAULT_OUT, "--out", help="output directory"),  # noqa: B008
+        agents: str = typer.Option(",".join(AGENTS), "--agents", help=f"comma list of {', '.join(AGENTS)}"),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="default: on a terminal"),
+    ) -> None:
+        """Train agents on experience stored in xpbank; print a summary; draw learning curves."""
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        names = tuple(a.strip() for a in agents.split(",") if a.strip())
+        try:
+            run_demo(env_id, steps or None, seed, out, names, progress)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``xpbank`` console script."""
+    try:
+        app = build_app()
+    except MissingExtraError as exc:
+        sys.stderr.write(f"{exc}\n")
+        raise SystemExit(2) from exc
+    app(args=argv)

@@ -1,0 +1,84 @@
+"""The ``xpbank demo`` command line and the SAC example, briefly (smoke runs, few hundred steps)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import runpy
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("gymnasium")
+typer_testing = pytest.importorskip("typer.testing")
+pytest.importorskip("rich")
+pytest.importorskip("tqdm")
+pytest.importorskip("matplotlib")
+
+from xpbank import MissingExtraError, cli  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
+    runner = typer_testing.CliRunner()
+    args = ["demo", "--steps", "1100", "--seed", "3", "--out", str(tmp_path / "out"), "--no-progress"]
+    result = runner.invoke(cli.build_app(), args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "dqn_replay.pt").stat().st_size > 1_100 * 4 * 8
+    png = (tmp_path / "out" / "learning_curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    assert "greedy eval" in result.output and "DQN" in result.output and "1,100" in result.output
+
+
+def test_demo_rejects_unknown_agents(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape("agents: expected some of ['dqn'], got ['sac']")):
+        cli.run_demo(agents=("sac",), out=tmp_path)
+    result = typer_testing.CliRunner().invoke(cli.build_app(), ["demo", "--agents", "ppo,dqn"])
+    assert result.exit_code == 2 and "agents: expected some of ['dqn'], got ['ppo', 'dqn']" in result.output
+
+
+def test_python_dash_m_xpbank_shows_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["xpbank", "demo", "--help"])
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("xpbank", run_name="__main__")
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--env-id", "--steps", "--seed", "--out", "--agents", "--no-progress"):
+        assert option in out
+
+
+def test_missing_extra_names_the_pip_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing(module: str, extra: str) -> None:
+        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+
+    monkeypatch.setattr(cli, "require", missing)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo"])
+    assert exc.value.code == 2
+    assert "pip install 'xpbank[demo]'" in capsys.readouterr().err
+
+
+def _load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sac_pendulum_example_runs_a_few_hundred_steps() -> None:
+    sac = _load_example("sac_pendulum")
+    args = sac.parse_args(["--steps", "300", "--learning-starts", "220", "--hidden", "32"])
+    args.batch_size, args.eval_episodes = 32, 1
+    result = sac.train(args)
+    assert result["buffer_items"] == 300
+    assert result["episodes"] == 1 and result["truncated_episodes"] == 1  # 200-step time limit
+    assert -2_000.0 < result["eval_return"] <= 0.0  # Pendulum's rewards are in [-16.3, 0]
