@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.bank import BankSummary, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.errors import (
     BankError,
     BatchTypeError,
@@ -19,6 +20,7 @@ from xpbank.errors import (
     DeviceError,
     EmptyBufferError,
     MissingExtraError,
+    ReadOnlyError,
     SpecError,
     StaleIndexError,
     XpbankError,
@@ -51,4 +53,12 @@ __all__ = [
     "CorruptBankError",
     "DeviceError",
     "MissingExtraError",
+    "ReadOnlyError",
+    "save",
+    "load",
+    "open_bank",
+    "list_banks",
+    "merge",
+    "new_session_id",
+    "BankSummary",
 ]

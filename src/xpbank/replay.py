@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from xpbank.batch import flatten, to_tensordict
 from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.ring import Ring
-from xpbank.sampler import Sampler, UniformSampler, epoch_plan
+from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
@@ -343,17 +343,18 @@ class ReplayBuffer:
             yield self._gather(slots, ids, keys)
 
     # -- state -----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to resume: data, cursor, ids, sampler and RNG state.
 
         Safe to ``torch.save`` and to load with ``torch.load(..., weights_only=True)``.
+        ``data=False`` leaves out the stored items (banks write those themselves).
         """
         return {
             "version": _STATE_VERSION,
             "ring": self._ring.state_dict(),
             "generator": self._generator.get_state(),
             "sampler": self._sampler.state_dict(),
-            "storage": self._storage.state_dict(self._ring.size),
+            "storage": self._storage.state_dict(self._ring.size if data else 0),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -367,6 +368,32 @@ class ReplayBuffer:
         self._ring.load_state_dict(state["ring"])
         self._sampler.load_state_dict(state["sampler"])
         self._generator.set_state(state["generator"])
+
+    def config(self) -> dict[str, Any]:
+        """The JSON-able constructor options a bank rebuilds this buffer from.
+
+        Example:
+            >>> ReplayBuffer(100).config()
+            {'capacity': 100, 'sampler': {'name': 'uniform', 'config': {}}}
+        """
+        return {"capacity": self.capacity, "sampler": sampler_config(self._sampler)}
+
+    def checkpoint(self) -> None:
+        """Commit a bank opened with ``xpbank.open_bank(path, "r+")`` (see
+        :func:`xpbank.bank.checkpoint` for what a crash between checkpoints loses)."""
+        from xpbank.bank import checkpoint
+
+        checkpoint(self)
+
+    def merge_(self, other: Any) -> ReplayBuffer:
+        """Append every item of ``other`` (a buffer or a bank path), oldest first; returns self.
+
+        See :func:`xpbank.merge`. Raises :class:`SpecError` naming the fields that differ.
+        """
+        from xpbank.bank import merge_into
+
+        merge_into(self, other)
+        return self
 
 
 def _keep_last(

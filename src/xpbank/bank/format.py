@@ -1,0 +1,393 @@
+"""The bank format on disk: layout, ``.npy`` files with checksums, manifest, atomic commit.
+
+Everything here is about bytes and files; :mod:`xpbank.bank.bank` builds buffers on top.
+The format is documented for readers in any language in ``docs/bank-format.md``.
+
+A bank is a directory::
+
+    manifest.json          the JSON manifest (see docs/bank-format.md)
+    data/obs.npy           one plain .npy per field; ("next", "obs") -> data/next/obs.npy
+    state/g3_0.npy         arrays of the non-data state (sampler, RNG), per generation
+
+Nothing on the read path unpickles: ``.npy`` headers are parsed by NumPy's literal
+parser, object dtypes are refused, and every manifest entry is type-checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import queue
+import re
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from xpbank.errors import BankError, CorruptBankError, SpecError
+from xpbank.spec import NestedKey
+from xpbank.storage.memmap import field_path
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "ChecksumWriter",
+    "NpyInfo",
+    "bank_file",
+    "commit_dir",
+    "crc32_file",
+    "fsync_dir",
+    "read_manifest",
+    "read_npy_header",
+    "write_json_atomic",
+    "write_npy_header",
+]
+
+FORMAT_NAME = "xpbank-bank"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DATA_DIR = "data"
+STATE_DIR = "state"
+CHUNK_BYTES = 16 << 20  # checksums and copies go chunk by chunk, never a whole file at once
+_STATE_NAME = re.compile(r"^state/g[0-9]+_[0-9]+\.npy$")
+
+
+# -- paths -------------------------------------------------------------------------
+def data_relpath(key: NestedKey) -> str:
+    """``data/next/obs.npy`` for ``("next", "obs")`` (a key part that is not a plain
+    file name raises :class:`SpecError`)."""
+    return field_path(Path(DATA_DIR), key).as_posix()
+
+
+def bank_file(root: Path, rel: str, what: str) -> Path:
+    """``root / rel``, refused when it could leave the bank (``..``, absolute, symlink out).
+
+    Raises:
+        CorruptBankError: naming ``what`` and the offending path.
+    """
+    if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise CorruptBankError(f"{root / MANIFEST}: {what} path {rel!r} escapes the bank directory")
+    path = root / rel
+    real_root = root.resolve()
+    try:
+        inside = path.resolve().is_relative_to(real_root)
+    except OSError as exc:  # a symlink loop
+        raise CorruptBankError(f"{path}: {what} cannot be resolved ({exc})") from exc
+    if not inside:
+        raise CorruptBankError(f"{path}: {what} is a link that leaves the bank directory {root}")
+    return path
+
+
+# -- checksums ---------------------------------------------------------------------
+def checksum_entry(value: int, nbytes: int) -> dict[str, Any]:
+    """The manifest form of a checksum: CRC-32 of the first ``nbytes`` bytes of a file."""
+    return {"algorithm": "crc32", "bytes": nbytes, "value": value}
+
+
+def crc32_file(f: BinaryIO, nbytes: int, into: Any = None, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """CRC-32 of the next ``nbytes`` bytes of ``f``, read in chunks.
+
+    ``into(offset, chunk)`` is called with each chunk (a NumPy ``uint8`` array that is
+    reused: copy it if you keep it); every chunk but the last holds ``chunk_bytes``.
+    Reading and checksumming overlap: a helper thread reads ahead (file reads and
+    ``zlib.crc32`` both release the GIL).
+
+    Raises:
+        CorruptBankError: the file ends before ``nbytes``.
+    """
+    crc, done = 0, 0
+    for chunk in _read_ahead(f, nbytes, chunk_bytes):
+        crc = zlib.crc32(chunk, crc)
+        if into is not None:
+            into(done, np.frombuffer(chunk, np.uint8))
+        done += len(chunk)
+    return crc
+
+
+def _read_ahead(f: BinaryIO, nbytes: int, chunk_bytes: int) -> Iterator[memoryview]:
+    """The next ``nbytes`` of ``f`` in chunks, read one chunk ahead by a thread."""
+    buffers = [bytearray(max(1, min(chunk_bytes, nbytes))) for _ in range(3)]
+    full: queue.Queue[tuple[memoryview | None, BaseException | None]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def reader() -> None:
+        left, i = nbytes, 0
+        try:
+            while left > 0 and not stop.is_set():
+                want = min(left, len(buffers[0]))
+                view = memoryview(buffers[i % 3])[:want]
+                got = 0
+                while got < want:
+                    n = f.readinto(view[got:])  # type: ignore[attr-defined]
+                    if not n:
+                        raise CorruptBankError(f"{getattr(f, 'name', 'file')}: ends {left - got} bytes early")
+                    got += n
+                full.put((view, None))
+                left, i = left - want, i + 1
+            full.put((None, None))
+        except BaseException as exc:  # handed to the consumer
+            full.put((None, exc))
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        while True:
+            chunk, error = full.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        with contextlib.suppress(queue.Empty):
+            full.get_nowait()
+        thread.join()
+
+
+class ChecksumWriter:
+    """Write chunks to a file in a helper thread while the caller checksums the next.
+
+    ``write(array)`` queues a contiguous NumPy array (not modified until written:
+    pass a fresh one per call) and folds it into :attr:`crc`. ``close()`` waits for the
+    writes, fsyncs and closes the file, re-raising a write error (e.g. ``ENOSPC``).
+    """
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.crc = 0
+        self.nbytes = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._error is None:
+                try:
+                    self.f.write(item.data.cast("B"))
+                except BaseException as exc:  # re-raised by write()/close()
+                    self._error = exc
+
+    def write(self, array: np.ndarray) -> None:
+        if self._error is not None:
+            self.close()
+        data = np.ascontiguousarray(array)
+        self._queue.put(data)
+        self.crc = zlib.crc32(data.data.cast("B"), self.crc)
+        self.nbytes += data.nbytes
+
+    def close(self, sync: bool = True) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        try:
+            if self._error is None:
+                self.f.flush()
+                if sync:
+                    os.fsync(self.f.fileno())
+        finally:
+            self.f.close()
+        if self._error is not None:
+            raise self._error
+
+
+# -- .npy headers ------------------------------------------------------------------
+class NpyInfo:
+    """What a ``.npy`` header says: shape, dtype, and where the data starts."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, offset: int):
+        self.shape, self.dtype, self.offset = shape, dtype, offset
+
+    @property
+    def data_bytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.dtype.itemsize
+
+
+def write_npy_header(f: BinaryIO, shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Write a version 1.0 (2.0 if needed) ``.npy`` header; returns the data offset."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    try:
+        np.lib.format.write_array_header_1_0(f, header)
+    except ValueError:  # header too long for version 1.0
+        np.lib.format.write_array_header_2_0(f, header)
+    return f.tell()
+
+
+def read_npy_header(f: BinaryIO, name: str) -> NpyInfo:
+    """Parse a ``.npy`` header (a literal, never evaluated as code).
+
+    Raises:
+        CorruptBankError: not a ``.npy`` file, Fortran order, or an object dtype.
+    """
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        if major == 1:
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif major in (2, 3):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {major}")
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise CorruptBankError(f"{name}: not a valid .npy file ({exc})") from exc
+    if dtype.hasobject:
+        raise CorruptBankError(f"{name}: holds Python objects (dtype {dtype}); banks hold plain arrays only")
+    if fortran:
+        raise CorruptBankError(f"{name}: Fortran-ordered arrays are not part of the bank format")
+    return NpyInfo(tuple(int(d) for d in shape), dtype, f.tell())
+
+
+# -- manifest ----------------------------------------------------------------------
+def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
+    """The manifest of the bank at ``root`` as a dict, after checking its format header.
+
+    The caller checks the other entries field by field (:mod:`xpbank.bank.manifest`).
+
+    Raises:
+        BankError: there is no manifest (``root`` is not a bank).
+        CorruptBankError: not JSON, not an object, or an unknown format/version.
+    """
+    name = root / MANIFEST
+    try:
+        fd = os.open(MANIFEST if dir_fd is not None else name, os.O_RDONLY, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError as exc:
+        raise BankError(f"{root}: not a bank (no {MANIFEST})") from exc
+    except OSError as exc:
+        raise BankError(f"{name}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptBankError(f"{name}: is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CorruptBankError(f"{name}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT_NAME:
+        raise CorruptBankError(f"{name}: 'format' is {data.get('format')!r}, expected {FORMAT_NAME!r}")
+    version = data.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise CorruptBankError(
+            f"{name}: unknown 'format_version' {version!r}; this xpbank reads versions 1..{FORMAT_VERSION}"
+        )
+    return data
+
+
+def write_json_atomic(root: Path, data: dict[str, Any]) -> None:
+    """Replace ``root/manifest.json`` atomically: temp file, fsync, rename, fsync dir."""
+    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
+    raw = json.dumps(data, indent=1, allow_nan=True).encode("utf-8")
+    with open(tmp, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MANIFEST)
+    fsync_dir(root)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- committing a new bank directory -----------------------------------------------
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def commit_dir(tmp: Path, target: Path) -> Path | None:
+    """Put the finished directory ``tmp`` at ``target`` in one atomic step.
+
+    Returns the path now holding the previous bank (to delete), or ``None``. With an
+    existing ``target`` the two are swapped with ``RENAME_EXCHANGE``; where that is not
+    available the old one is renamed aside first (a short window in which ``target``
+    is missing, which :func:`recover` repairs).
+    """
+    parent = target.parent
+    if not target.exists() and not target.is_symlink():
+        os.rename(tmp, target)
+        fsync_dir(parent)
+        return None
+    if not target.is_dir() or target.is_symlink():
+        raise BankError(f"{target}: exists and is not a bank directory; refusing to replace it")
+    if _exchange(tmp, target):
+        fsync_dir(parent)
+        return tmp
+    aside = parent / f".{target.name}.old"
+    os.rename(target, aside)
+    os.rename(tmp, target)
+    fsync_dir(parent)
+    return aside
+
+
+def recover(target: Path) -> None:
+    """Undo a rename-aside interrupted by a crash (only on systems without exchange)."""
+    aside = target.parent / f".{target.name}.old"
+    if not target.exists() and (aside / MANIFEST).exists():
+        os.rename(aside, target)
+
+
+def as_bank_error(exc: OSError, what: str, path: Path) -> BankError:
+    """A :class:`BankError` for an ``OSError`` met while ``what`` at ``path``."""
+    if isinstance(exc, BankError):
+        return exc
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return BankError(f"{what} {path}: {reason} ({getattr(exc, 'filename', None) or path})")
+
+
+def check_spec_key(key: Any, where: str) -> NestedKey:
+    """A manifest key (list of str) as a spec key, or :class:`CorruptBankError`."""
+    if not isinstance(key, list) or not key or not all(isinstance(p, str) for p in key):
+        raise CorruptBankError(f"{where}: a field key must be a non-empty list of strings, got {key!r}")
+    try:
+        data_relpath(tuple(key))
+    except SpecError as exc:
+        raise CorruptBankError(f"{where}: {exc}; the field path would escape the bank directory") from exc
+    return key[0] if len(key) == 1 else tuple(key)
+
+
+def state_relpath(rel: Any, where: str) -> str:
+    """Check a state file name from the manifest (``state/g<gen>_<i>.npy``)."""
+    if not isinstance(rel, str) or not _STATE_NAME.fullmatch(rel):
+        raise CorruptBankError(f"{where}: state file {rel!r} is not named state/g<N>_<i>.npy")
+    return rel
