@@ -49,8 +49,10 @@ def _assert_same_buffer(a: ReplayBuffer, b: ReplayBuffer) -> None:
     ra, rb_ = _all(a), _all(b)
     for key in ra:
         assert ra[key].dtype == rb_[key].dtype
-        assert torch.equal(ra[key].view(torch.uint8) if ra[key].dtype == torch.bfloat16 else ra[key],
-                           rb_[key].view(torch.uint8) if rb_[key].dtype == torch.bfloat16 else rb_[key]), key
+        assert torch.equal(
+            ra[key].view(torch.uint8) if ra[key].dtype == torch.bfloat16 else ra[key],
+            rb_[key].view(torch.uint8) if rb_[key].dtype == torch.bfloat16 else rb_[key],
+        ), key
     assert a.state_dict(data=False)["ring"] == b.state_dict(data=False)["ring"]
 
 
@@ -97,7 +99,8 @@ def test_load_to_another_device_name_and_pathlike(tmp_path: Path) -> None:
     rb = ReplayBuffer(4, seed=0)
     rb.extend({"x": torch.arange(3.0)})
     xpbank.save(rb, str(tmp_path / "s"))  # str
-    assert xpbank.load(os.fspath(tmp_path / "s"), device=torch.device("cpu")).sample_all()["x"].tolist() == [0, 1, 2]
+    back = xpbank.load(os.fspath(tmp_path / "s"), device=torch.device("cpu"))
+    assert back.sample_all()["x"].tolist() == [0, 1, 2]
     with pytest.raises(xpbank.DeviceError, match="CUDA is not available"):
         if torch.cuda.is_available():
             raise xpbank.DeviceError("CUDA is not available (skip)")
@@ -191,7 +194,7 @@ def test_open_r_refuses_writes_and_checkpoint(tmp_path: Path) -> None:
         ro.extend(make_batch(spec, 1, start=5))
     with pytest.raises(ReadOnlyError, match="mode='r'"):
         ro.update([1], {"reward": torch.zeros(1)})
-    with pytest.raises(ReadOnlyError, match="checkpoint: the bank .* was opened with mode='r'"):
+    with pytest.raises(ReadOnlyError, match=r"checkpoint: the bank .* was opened with mode='r'"):
         ro.checkpoint()
     assert len(ro) == 5 and (path / "data" / "action.npy").read_bytes() == before
     assert item_numbers(ro.sample_all()).tolist() == [0, 1, 2, 3, 4]
@@ -234,7 +237,7 @@ def test_checkpoint_needs_an_open_bank(tmp_path: Path) -> None:
     with pytest.raises(BankError, match="not an open bank"):
         xpbank.load(xpbank.save(rb, tmp_path / "b")).checkpoint()
     opened = xpbank.open_bank(tmp_path / "b", "r+")
-    with pytest.raises(BankError, match="is the bank this buffer is open on; call buffer.checkpoint"):
+    with pytest.raises(BankError, match=r"is the bank this buffer is open on; call buffer\.checkpoint"):
         xpbank.save(opened, tmp_path / "b")
 
 

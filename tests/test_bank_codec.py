@@ -78,11 +78,17 @@ def test_encode_refuses_what_it_cannot_store(value: object, match: str) -> None:
 @pytest.mark.parametrize(
     ("tree", "match"),
     [
-        ({"a": {"__array__": 5, "kind": "torch", "dtype": "uint8", "shape": [3]}}, r"state\.a: malformed array"),
+        (
+            {"a": {"__array__": 5, "kind": "torch", "dtype": "uint8", "shape": [3]}},
+            r"state\.a: malformed array",
+        ),
         ({"a": {"__array__": 0, "kind": "pickle", "dtype": "uint8", "shape": [3]}}, r"malformed array"),
         ({"a": {"__array__": 0, "kind": "torch", "dtype": "uint8", "shape": [4]}}, r"has shape \(3,\)"),
         ({"a": {"__array__": 0, "kind": "torch", "dtype": "float32", "shape": [3]}}, r"does not hold torch"),
-        ({"a": {"__array__": 0, "kind": "torch", "dtype": "os.system", "shape": [3]}}, r"does not hold torch"),
+        (
+            {"a": {"__array__": 0, "kind": "torch", "dtype": "os.system", "shape": [3]}},
+            r"does not hold torch",
+        ),
         ({"a": {"__array__": 0, "kind": "numpy", "dtype": "<f8", "shape": [3]}}, r"manifest says <f8"),
         ({"a": {"__tuple__": 3}}, r"state\.a: malformed tuple"),
         ({"a": {"__array__": True, "kind": "torch", "dtype": "uint8", "shape": [3]}}, r"malformed array"),

@@ -88,8 +88,10 @@ def test_manifest_not_json_or_unknown_version(
         (lambda m: _entry(m, "obs").update(shape=[8, 4]), r"spec says \(\*, 3\) float32"),
         (lambda m: _entry(m, "obs").update(shape=[9, 3]), r"first dim must be the capacity 8"),
         (lambda m: _entry(m, "obs").update(checksum="abc"), r"malformed 'checksum'"),
-        (lambda m: m["buffer"].update(sampler={"name": "evil.module", "config": {}}),
-         r"'buffer' cannot be rebuilt: sampler 'evil.module' is not registered"),
+        (
+            lambda m: m["buffer"].update(sampler={"name": "evil.module", "config": {}}),
+            r"'buffer' cannot be rebuilt: sampler 'evil.module' is not registered",
+        ),
         (lambda m: m["state"]["ring"].update(next_id=3), r"'state.ring' disagrees"),
         (lambda m: m.update(state={"ring": 1}), r"'state.ring' disagrees"),
     ],
@@ -122,7 +124,7 @@ def test_data_file_shape_or_dtype_disagrees_with_manifest(bank: Path, opener: Ca
     with pytest.raises(CorruptBankError, match=r"holds \[4, 2\] <f4, the manifest says \[8\] <f4"):
         opener(bank)
     path.write_bytes(b"not an npy file at all")
-    with pytest.raises(CorruptBankError, match="reward.npy: not a valid .npy file"):
+    with pytest.raises(CorruptBankError, match=r"reward\.npy: not a valid \.npy file"):
         opener(bank)
 
 
@@ -192,13 +194,15 @@ def test_field_paths_that_escape_the_bank(
     bank: Path, opener: Callable[[Path], Any], key: list[str], path: str
 ) -> None:
     _edit_manifest(bank, lambda m: _entry(m, "obs").update(key=key, path=path))
-    with pytest.raises(CorruptBankError, match="escape|must be stored at"):
+    with pytest.raises(CorruptBankError, match=r"escape|must be stored at"):
         opener(bank)
 
 
 def test_state_paths_that_escape_the_bank(bank: Path, opener: Callable[[Path], Any]) -> None:
     _edit_manifest(bank, lambda m: m["state_files"][0].update(path="state/../../g0_0.npy"))
-    with pytest.raises(CorruptBankError, match=r"state file 'state/../../g0_0.npy' is not named state/g<N>_<i>"):
+    with pytest.raises(
+        CorruptBankError, match=r"state file 'state/../../g0_0.npy' is not named state/g<N>_<i>"
+    ):
         opener(bank)
 
 

@@ -19,7 +19,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from xpbank.bank.codec import decode
-from xpbank.bank.format import MANIFEST, bank_file, crc32_file, read_manifest, read_npy_header, recover
+from xpbank.bank.format import (
+    MANIFEST,
+    as_bank_error,
+    bank_file,
+    crc32_file,
+    read_manifest,
+    read_npy_header,
+    recover,
+)
 from xpbank.bank.manifest import FileEntry, Manifest
 from xpbank.errors import BankError, CorruptBankError, XpbankError
 
@@ -94,11 +102,15 @@ def snapshot(path: str | os.PathLike[str], use: Callable[[Snapshot], T]) -> T:
             if attempt < 19 and not (root / MANIFEST).exists():
                 continue  # the directory was being replaced
             raise
+        except OSError as exc:
+            raise as_bank_error(exc, "cannot open the bank", root) from exc
         try:
             return use(snap)
-        except (XpbankError, OSError):
+        except (XpbankError, OSError) as exc:
             if attempt < 19 and snap.replaced():
                 continue
+            if not isinstance(exc, XpbankError):
+                raise as_bank_error(exc, "cannot open the bank", root) from exc
             raise
         finally:
             snap.close()
