@@ -113,7 +113,8 @@ def crc32_file(f: BinaryIO, nbytes: int, into: Any = None, chunk_bytes: int = CH
 
 def _read_ahead(f: BinaryIO, nbytes: int, chunk_bytes: int) -> Iterator[memoryview]:
     """The next ``nbytes`` of ``f`` in chunks, read one chunk ahead by a thread."""
-    buffers = [bytearray(max(1, min(chunk_bytes, nbytes))) for _ in range(3)]
+    # np.empty: a bytearray would zero-fill 3 x 16 MB per file (measured: a third of a load)
+    buffers = [memoryview(np.empty(max(1, min(chunk_bytes, nbytes)), np.uint8)) for _ in range(3)]
     full: queue.Queue[tuple[memoryview | None, BaseException | None]] = queue.Queue(maxsize=1)
     stop = threading.Event()
 
@@ -122,7 +123,7 @@ def _read_ahead(f: BinaryIO, nbytes: int, chunk_bytes: int) -> Iterator[memoryvi
         try:
             while left > 0 and not stop.is_set():
                 want = min(left, len(buffers[0]))
-                view = memoryview(buffers[i % 3])[:want]
+                view = buffers[i % 3][:want]
                 got = 0
                 while got < want:
                     n = f.readinto(view[got:])  # type: ignore[attr-defined]
