@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +100,29 @@ def test_encode_refuses_what_it_cannot_store(value: object, match: str) -> None:
 def test_decode_checks_every_reference(tree: object, match: str) -> None:
     with pytest.raises(CorruptBankError, match=match):
         decode(tree, [np.zeros(3, np.uint8)])
+
+
+def test_both_checksum_algorithms_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Banks written with xxh3_64 (xxhash installed) and with CRC-32 (without it) load and
+    detect damage; reading an xxh3 bank without xxhash names the extra to install."""
+    import xpbank
+    import xpbank.bank.checksum as checksum
+
+    rb = xpbank.ReplayBuffer(8, seed=0)
+    rb.extend({"x": torch.arange(5.0)})
+    fast = xpbank.save(rb, tmp_path / "fast")
+    assert json.loads((fast / "manifest.json").read_text())["data"][0]["checksum"]["algorithm"] == "xxh3_64"
+    monkeypatch.setattr(checksum, "new_hasher", checksum._Crc32)
+    slow = xpbank.save(rb, tmp_path / "slow")
+    entry = json.loads((slow / "manifest.json").read_text())["data"][0]["checksum"]
+    assert entry == {"algorithm": "crc32", "bytes": 20, "value": zlib.crc32(np.arange(5.0, dtype=np.float32))}
+    for path in (fast, slow):
+        assert xpbank.load(path).sample_all()["x"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        raw = bytearray((path / "data" / "x.npy").read_bytes())
+        raw[-8 * 4 + 1] ^= 1  # inside row 0
+        (path / "data" / "x.npy").write_bytes(bytes(raw))
+        with pytest.raises(CorruptBankError, match="checksum mismatch"):
+            xpbank.load(path)
+    monkeypatch.setitem(sys.modules, "xxhash", None)  # not installed
+    with pytest.raises(xpbank.MissingExtraError, match=r"pip install 'xpbank\[bank\]'"):
+        xpbank.load(fast)

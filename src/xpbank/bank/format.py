@@ -15,16 +15,11 @@ parser, object dtypes are refused, and every manifest entry is type-checked.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
 import os
-import queue
 import re
-import threading
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,11 +33,9 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST",
-    "ChecksumWriter",
     "NpyInfo",
     "bank_file",
     "commit_dir",
-    "crc32_file",
     "fsync_dir",
     "read_manifest",
     "read_npy_header",
@@ -55,7 +48,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DATA_DIR = "data"
 STATE_DIR = "state"
-CHUNK_BYTES = 16 << 20  # checksums and copies go chunk by chunk, never a whole file at once
 _STATE_NAME = re.compile(r"^state/g[0-9]+_[0-9]+\.npy$")
 
 
@@ -83,125 +75,6 @@ def bank_file(root: Path, rel: str, what: str) -> Path:
     if not inside:
         raise CorruptBankError(f"{path}: {what} is a link that leaves the bank directory {root}")
     return path
-
-
-# -- checksums ---------------------------------------------------------------------
-def checksum_entry(value: int, nbytes: int) -> dict[str, Any]:
-    """The manifest form of a checksum: CRC-32 of the first ``nbytes`` bytes of a file."""
-    return {"algorithm": "crc32", "bytes": nbytes, "value": value}
-
-
-def crc32_file(f: BinaryIO, nbytes: int, into: Any = None, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """CRC-32 of the next ``nbytes`` bytes of ``f``, read in chunks.
-
-    ``into(offset, chunk)`` is called with each chunk (a NumPy ``uint8`` array that is
-    reused: copy it if you keep it); every chunk but the last holds ``chunk_bytes``.
-    Reading and checksumming overlap: a helper thread reads ahead (file reads and
-    ``zlib.crc32`` both release the GIL).
-
-    Raises:
-        CorruptBankError: the file ends before ``nbytes``.
-    """
-    crc, done = 0, 0
-    for chunk in _read_ahead(f, nbytes, chunk_bytes):
-        crc = zlib.crc32(chunk, crc)
-        if into is not None:
-            into(done, np.frombuffer(chunk, np.uint8))
-        done += len(chunk)
-    return crc
-
-
-def _read_ahead(f: BinaryIO, nbytes: int, chunk_bytes: int) -> Iterator[memoryview]:
-    """The next ``nbytes`` of ``f`` in chunks, read one chunk ahead by a thread."""
-    # np.empty: a bytearray would zero-fill 3 x 16 MB per file (measured: a third of a load)
-    buffers = [memoryview(np.empty(max(1, min(chunk_bytes, nbytes)), np.uint8)) for _ in range(3)]
-    full: queue.Queue[tuple[memoryview | None, BaseException | None]] = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def reader() -> None:
-        left, i = nbytes, 0
-        try:
-            while left > 0 and not stop.is_set():
-                want = min(left, len(buffers[0]))
-                view = buffers[i % 3][:want]
-                got = 0
-                while got < want:
-                    n = f.readinto(view[got:])  # type: ignore[attr-defined]
-                    if not n:
-                        raise CorruptBankError(f"{getattr(f, 'name', 'file')}: ends {left - got} bytes early")
-                    got += n
-                full.put((view, None))
-                left, i = left - want, i + 1
-            full.put((None, None))
-        except BaseException as exc:  # handed to the consumer
-            full.put((None, exc))
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    try:
-        while True:
-            chunk, error = full.get()
-            if error is not None:
-                raise error
-            if chunk is None:
-                return
-            yield chunk
-    finally:
-        stop.set()
-        with contextlib.suppress(queue.Empty):
-            full.get_nowait()
-        thread.join()
-
-
-class ChecksumWriter:
-    """Write chunks to a file in a helper thread while the caller checksums the next.
-
-    ``write(array)`` queues a contiguous NumPy array (not modified until written:
-    pass a fresh one per call) and folds it into :attr:`crc`. ``close()`` waits for the
-    writes, fsyncs and closes the file, re-raising a write error (e.g. ``ENOSPC``).
-    """
-
-    def __init__(self, f: BinaryIO):
-        self.f = f
-        self.crc = 0
-        self.nbytes = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self._error is None:
-                try:
-                    self.f.write(item.data.cast("B"))
-                except BaseException as exc:  # re-raised by write()/close()
-                    self._error = exc
-
-    def write(self, array: np.ndarray) -> None:
-        if self._error is not None:
-            self.close()
-        data = np.ascontiguousarray(array)
-        self._queue.put(data)
-        self.crc = zlib.crc32(data.data.cast("B"), self.crc)
-        self.nbytes += data.nbytes
-
-    def close(self, sync: bool = True) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        try:
-            if self._error is None:
-                self.f.flush()
-                if sync:
-                    os.fsync(self.f.fileno())
-        finally:
-            self.f.close()
-        if self._error is not None:
-            raise self._error
 
 
 # -- .npy headers ------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from xpbank.bank.checksum import ALGORITHMS
 from xpbank.bank.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -194,7 +195,7 @@ def _file_entry(raw: Any, where: str) -> tuple[_Getter, tuple[int, ...], np.dtyp
     checksum = raw.get("checksum")
     if checksum is not None and not (
         isinstance(checksum, dict)
-        and checksum.get("algorithm") == "crc32"
+        and checksum.get("algorithm") in ALGORITHMS
         and all(
             isinstance(checksum.get(k), int) and not isinstance(checksum.get(k), bool)
             for k in ("bytes", "value")

@@ -19,13 +19,12 @@ from xpbank.bank.format import (
     DATA_DIR,
     STATE_DIR,
     as_bank_error,
-    crc32_file,
     data_relpath,
     fsync_dir,
     write_json_atomic,
 )
 from xpbank.bank.manifest import FileEntry, Manifest, utc_now
-from xpbank.bank.snapshot import Snapshot, check_crc, read_state, snapshot
+from xpbank.bank.snapshot import Snapshot, read_checked, read_state, snapshot
 from xpbank.errors import BankError, ReadOnlyError
 from xpbank.replay import ReplayBuffer
 from xpbank.storage import MemmapStorage
@@ -104,7 +103,7 @@ def _map(snap: Snapshot, entry: FileEntry, mode: str, verify: bool) -> np.ndarra
     with f:
         if verify:
             nbytes = entry.nbytes - offset
-            check_crc(snap, entry, crc32_file(f, nbytes), nbytes, verify)
+            read_checked(snap, entry, f, nbytes, verify)
         if entry.nbytes == offset:  # a zero-size field: nothing to map
             return np.zeros(entry.shape, entry.dtype)
         return np.memmap(f, dtype=entry.dtype, mode=mode, offset=offset, shape=entry.shape)  # type: ignore[call-overload]

@@ -14,16 +14,16 @@ import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
+from xpbank.bank.checksum import CHUNK_BYTES, checksum_file
 from xpbank.bank.codec import decode
 from xpbank.bank.format import (
     MANIFEST,
     as_bank_error,
     bank_file,
-    crc32_file,
     read_manifest,
     read_npy_header,
     recover,
@@ -31,7 +31,7 @@ from xpbank.bank.format import (
 from xpbank.bank.manifest import FileEntry, Manifest
 from xpbank.errors import BankError, CorruptBankError, XpbankError
 
-__all__ = ["Snapshot", "snapshot", "read_state", "check_crc"]
+__all__ = ["Snapshot", "snapshot", "read_state", "read_checked"]
 
 T = TypeVar("T")
 
@@ -43,7 +43,14 @@ class Snapshot:
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        self.manifest = Manifest.parse(read_manifest(path, self.fd), path)
+        try:
+            self.manifest = Manifest.parse(read_manifest(path, self.fd), path)
+        except BaseException:
+            if self.replaced():  # swapped out and being deleted while we read it
+                os.close(self.fd)
+                raise _Replaced from None
+            os.close(self.fd)
+            raise
 
     def replaced(self) -> bool:
         """Whether ``path`` now names another directory than the one held."""
@@ -87,6 +94,10 @@ class Snapshot:
         os.close(self.fd)
 
 
+class _Replaced(Exception):
+    """The directory was swapped out by a concurrent save while being opened."""
+
+
 def snapshot(path: str | os.PathLike[str], use: Callable[[Snapshot], T]) -> T:
     """Run ``use(snapshot)`` on a consistent view of the bank, retrying while another
     process is swapping a new bank into place."""
@@ -98,10 +109,8 @@ def snapshot(path: str | os.PathLike[str], use: Callable[[Snapshot], T]) -> T:
             snap = Snapshot(root)
         except FileNotFoundError as exc:
             raise BankError(f"{root}: no such bank") from exc
-        except BankError:
-            if attempt < 19 and not (root / MANIFEST).exists():
-                continue  # the directory was being replaced
-            raise
+        except _Replaced:
+            continue
         except OSError as exc:
             raise as_bank_error(exc, "cannot open the bank", root) from exc
         try:
@@ -125,10 +134,7 @@ def read_state(snap: Snapshot) -> dict[str, Any]:
         with f:
             nbytes = entry.nbytes - offset
             out = np.empty(nbytes, np.uint8)
-            crc = crc32_file(
-                f, nbytes, lambda at, chunk, out=out: out.__setitem__(slice(at, at + len(chunk)), chunk)
-            )
-            check_crc(snap, entry, crc, nbytes, verify=True)  # small: always checked
+            read_checked(snap, entry, f, nbytes, True, _copy_into(out))  # small: always checked
         arrays.append(out.view(entry.dtype).reshape(entry.shape))
     state = decode(snap.manifest.state, arrays)
     ring = state.get("ring") if isinstance(state, dict) else None
@@ -138,11 +144,36 @@ def read_state(snap: Snapshot) -> dict[str, Any]:
     return state
 
 
-def check_crc(snap: Snapshot, entry: FileEntry, crc: int, nbytes: int, verify: bool) -> None:
-    if not verify or entry.checksum is None:
+def _copy_into(out: np.ndarray) -> Callable[[int, np.ndarray], None]:
+    def copy(at: int, chunk: np.ndarray) -> None:
+        out[at : at + len(chunk)] = chunk
+
+    return copy
+
+
+def read_checked(
+    snap: Snapshot,
+    entry: FileEntry,
+    f: BinaryIO,
+    nbytes: int,
+    verify: bool,
+    into: Any = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> None:
+    """Read ``nbytes`` data bytes of ``entry`` (passing chunks to ``into``), checking
+    the manifest's checksum when ``verify`` and the file has one.
+
+    Raises:
+        CorruptBankError: a checksum mismatch, naming the file.
+    """
+    algorithm = entry.checksum["algorithm"] if verify and entry.checksum is not None else None
+    if algorithm is None and into is None:
         return
-    if entry.checksum["bytes"] != nbytes or entry.checksum["value"] != crc:
+    value = checksum_file(f, nbytes, algorithm, into, chunk_bytes)
+    if algorithm is None or entry.checksum is None:
+        return
+    if entry.checksum["bytes"] != nbytes or entry.checksum["value"] != value:
         raise CorruptBankError(
-            f"{snap.path / entry.path}: checksum mismatch (crc32 {crc:#010x} over {nbytes} bytes, "
-            f"manifest: {entry.checksum['value']:#010x} over {entry.checksum['bytes']}); the data is damaged"
+            f"{snap.path / entry.path}: checksum mismatch ({algorithm} {value:#x} over {nbytes} bytes, "
+            f"manifest: {entry.checksum['value']:#x} over {entry.checksum['bytes']}); the data is damaged"
         )

@@ -163,6 +163,10 @@ class MemmapStorage(StorageBase):
             key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)
         }
 
+    def host_view(self, key: NestedKey) -> np.ndarray | None:
+        """Every slot of field ``key``: the memmap itself (no copy). For bulk readers (banks)."""
+        return self._arrays.get(key)
+
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
         if self.mode == "r":
