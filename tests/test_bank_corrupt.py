@@ -224,3 +224,11 @@ def test_symlink_inside_the_bank_is_refused_too(bank: Path, opener: Callable[[Pa
     os.symlink("reward_copy.npy", bank / "data" / "reward.npy")
     with pytest.raises(CorruptBankError, match=r"reward.npy: is a symbolic link; banks hold plain files"):
         opener(bank)
+
+
+def test_unknown_buffer_option_is_corrupt_not_passed_blindly(
+    bank: Path, opener: Callable[[Path], Any]
+) -> None:
+    _edit_manifest(bank, lambda m: m["buffer"].update(no_such_option=3))
+    with pytest.raises(CorruptBankError, match=r"'buffer' cannot be rebuilt: .*no_such_option"):
+        opener(bank)

@@ -234,11 +234,20 @@ def write_state(buffer: ReplayBuffer, root: Path, generation: int) -> tuple[list
     return entries, tree
 
 
+# config() keys a bank never passes on: where the data lives is the bank's choice
+_NOT_OPTIONS = frozenset({"capacity", "sampler", "spec", "storage", "storing_device", "device", "seed"})
+
+
 def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
+    """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
+    ``storage``. Every other key of the config (e.g. ``num_envs``) is passed on as a
+    keyword argument, so a new constructor option needs no change here."""
+    config = manifest.buffer
+    options = {k: v for k, v in config.items() if k not in _NOT_OPTIONS}
     try:
-        sampler = make_sampler(manifest.buffer.get("sampler", {}))
-        return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler)
-    except SpecError as exc:
+        sampler = make_sampler(config.get("sampler", {}))
+        return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
+    except (SpecError, TypeError) as exc:
         raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
 
 
