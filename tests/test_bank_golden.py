@@ -56,3 +56,17 @@ def test_golden_v1_manifest_and_files_as_documented() -> None:
     assert torch.equal(torch.from_numpy(logits).view(torch.bfloat16)[0], torch.tensor([6.0, 7.0]).bfloat16())
     listed = xpbank.list_banks(GOLDEN.parent)
     assert [(b.path.name, b.size, b.capacity) for b in listed] == [("bank_v1", 6, 6)]
+
+
+def test_readme_bank_section_runs() -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"## Banks on disk\n.*?```python\n(.*?)```", text, re.S)
+    assert match is not None, "README has no bank example"
+    scope: dict[str, object] = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    back, both, banks = scope["back"], scope["both"], scope["banks"]
+    assert back.sample_by_index(scope["sampled"] - back.sample_by_index(0)["index"])["reward"].sum() == 0
+    assert len(both) == 64 + 16 + 64 and [b.size for b in banks] == [80]
+    del scope
