@@ -185,7 +185,7 @@ def bench_torchrl(rb: xpbank.ReplayBuffer, directory: Path, nbytes: int) -> dict
     return {"save": nbytes / t_save, "load": nbytes / t_load}
 
 
-def bench_small_ops(rb: xpbank.ReplayBuffer, path: Path, repeat: int) -> dict[str, float]:
+def bench_small_ops(path: Path, repeat: int) -> dict[str, float]:
     """Median seconds of open_bank (r) and of append 256 + checkpoint (r+)."""
     drop_cache(path)
     t_open = median_time(lambda: xpbank.open_bank(path, "r"), repeat)
@@ -202,8 +202,14 @@ def bench_small_ops(rb: xpbank.ReplayBuffer, path: Path, repeat: int) -> dict[st
     return {"open": t_open, "checkpoint": statistics.median(times)}
 
 
+def gbs(rate: float) -> str:
+    return f"{rate / 1e9:.2f} GB/s"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a 64 MB bank instead of 1 GB")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
@@ -233,29 +239,54 @@ def main() -> None:
         trl_rates = bench_torchrl(rb, root, nbytes)
         log("open_bank / checkpoint")
         small = xpbank.save(make_buffer(10 * 2**20 // item, seed=1), root / "small")
-        ops = {"10 MB": bench_small_ops(rb, small, args.repeat), f"{big_mb} MB": bench_small_ops(rb, path, args.repeat)}
+        ops = {
+            "10 MB": bench_small_ops(small, args.repeat),
+            f"{big_mb} MB": bench_small_ops(path, args.repeat),
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    gbs = lambda r: f"{r / 1e9:.2f} GB/s"  # noqa: E731
     versions = {"xpbank": xpbank.__version__}
     print(f"Environment: {environment(versions)} · load_average_at_end {load_average():.2f}\n")
     print(f"Bank of {nbytes / 2**20:.0f} MiB ({len(rb):,} items of {item} bytes, 6 fields)\n")
     rows = [
         ["raw write + fsync / raw cold read", gbs(raw_w), gbs(raw_r), "1.00x", "1.00x"],
-        ["xpbank save / load", gbs(save_rate), gbs(load_rate), f"{save_rate / raw_w:.2f}x", f"{load_rate / raw_r:.2f}x"],
-        ["torch.save(state_dict) / torch.load", gbs(torch_rates["save"]), gbs(torch_rates["load"]),
-         f"{torch_rates['save'] / raw_w:.2f}x", f"{torch_rates['load'] / raw_r:.2f}x"],
+        [
+            "xpbank save / load",
+            gbs(save_rate),
+            gbs(load_rate),
+            f"{save_rate / raw_w:.2f}x",
+            f"{load_rate / raw_r:.2f}x",
+        ],
+        [
+            "torch.save(state_dict) / torch.load",
+            gbs(torch_rates["save"]),
+            gbs(torch_rates["load"]),
+            f"{torch_rates['save'] / raw_w:.2f}x",
+            f"{torch_rates['load'] / raw_r:.2f}x",
+        ],
     ]
     if trl_rates:
-        rows.append(["TorchRL dumps / loads", gbs(trl_rates["save"]), gbs(trl_rates["load"]),
-                     f"{trl_rates['save'] / raw_w:.2f}x", f"{trl_rates['load'] / raw_r:.2f}x"])
+        rows.append(
+            [
+                "TorchRL dumps / loads",
+                gbs(trl_rates["save"]),
+                gbs(trl_rates["load"]),
+                f"{trl_rates['save'] / raw_w:.2f}x",
+                f"{trl_rates['load'] / raw_r:.2f}x",
+            ]
+        )
     print(markdown_table(["", "write", "read (cold)", "write / raw", "read / raw"], rows))
     print()
-    print(markdown_table(
-        ["bank", "open_bank (r)", "append 256 + checkpoint"],
-        [[name, f"{o['open'] * 1e3:.2f} ms", f"{o['checkpoint'] * 1e3:.2f} ms"] for name, o in ops.items()],
-    ))
+    print(
+        markdown_table(
+            ["bank", "open_bank (r)", "append 256 + checkpoint"],
+            [
+                [name, f"{o['open'] * 1e3:.2f} ms", f"{o['checkpoint'] * 1e3:.2f} ms"]
+                for name, o in ops.items()
+            ],
+        )
+    )
     sys.stdout.flush()
 
 
