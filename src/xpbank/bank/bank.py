@@ -112,6 +112,7 @@ def save(
     _check_target(target)
     created = origin.manifest.created if origin and origin.manifest.session_id == session else utc_now()
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    _remove_dead_temporaries(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -127,6 +128,23 @@ def save(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _remove_dead_temporaries(target: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>-*`` left by saves to ``target`` whose process is gone
+    (killed mid-save, or after the swap but before deleting the old copy)."""
+    if not target.parent.is_dir():
+        return
+    for tmp in target.parent.glob(f".{target.name}.tmp-*-*"):
+        pid = tmp.name.removeprefix(f".{target.name}.tmp-").split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # alive (another user's): leave it
+            continue
 
 
 def _same_dir(a: Path, b: Path) -> bool:
