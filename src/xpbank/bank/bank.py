@@ -295,6 +295,15 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
         BankError: ``path`` is not a bank.
         CorruptBankError: a malformed manifest, a missing, truncated or altered file,
             a checksum mismatch, naming the file and what is wrong.
+
+    Example:
+        >>> import tempfile, torch, xpbank
+        >>> rb = xpbank.ReplayBuffer(10, seed=0)
+        >>> rb.extend({"x": torch.arange(12.0)})  # wraps: ids 2..11 live
+        range(0, 12)
+        >>> back = xpbank.load(xpbank.save(rb, tempfile.mkdtemp() + "/b"))
+        >>> back.sample_all()["index"][[0, -1]], torch.equal(back.sample(4)["index"], rb.sample(4)["index"])
+        (tensor([ 2, 11]), True)
     """
     root = Path(os.fspath(path))
 

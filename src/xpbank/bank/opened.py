@@ -52,6 +52,17 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool = F
         BankError: not a bank, a bad mode, or another process has it open ``"r+"``.
         CorruptBankError: as for :func:`load` (shapes, sizes, headers; checksums with
             ``verify=True``).
+
+    Example:
+        >>> import tempfile, torch, xpbank
+        >>> rb = xpbank.ReplayBuffer(100)
+        >>> _ = rb.extend({"x": torch.zeros(3)})
+        >>> bank = xpbank.open_bank(xpbank.save(rb, tempfile.mkdtemp() + "/b"), "r+")
+        >>> bank.extend({"x": torch.ones(2)})
+        range(3, 5)
+        >>> bank.checkpoint()  # committed: a crash from here on reopens with 5 items
+        >>> type(bank.storage).__name__, len(bank)
+        ('MemmapStorage', 5)
     """
     if mode not in ("r", "r+"):
         raise BankError(f"open_bank: mode must be 'r' or 'r+', got {mode!r}")
