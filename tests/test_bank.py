@@ -239,6 +239,12 @@ def test_checkpoint_needs_an_open_bank(tmp_path: Path) -> None:
     opened = xpbank.open_bank(tmp_path / "b", "r+")
     with pytest.raises(BankError, match=r"is the bank this buffer is open on; call buffer\.checkpoint"):
         xpbank.save(opened, tmp_path / "b")
+    with pytest.raises(BankError, match=r"b is open with mode='r\+' by a buffer; checkpoint and close it"):
+        xpbank.save(rb, tmp_path / "b")  # another buffer over the open bank
+    assert len(opened) == 1
+    os.rename(tmp_path / "b", tmp_path / "moved")
+    with pytest.raises(BankError, match="is no longer the bank this buffer opened"):
+        opened.checkpoint()
 
 
 def test_crash_between_checkpoints_keeps_the_checkpoint_ring(tmp_path: Path) -> None:

@@ -8,11 +8,14 @@ The format is in :mod:`xpbank.bank.format` and ``docs/bank-format.md``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import os
 import secrets
 import shutil
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,8 @@ def save(
         tmp.mkdir()
         manifest = _write_files(buffer, tmp, session, created)
         write_json_atomic(tmp, manifest.to_json())
-        old = commit_dir(tmp, target)
+        with _not_open_for_writing(target):
+            old = commit_dir(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise as_bank_error(exc, "save: cannot write the bank", target) from exc
@@ -128,6 +132,27 @@ def save(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _not_open_for_writing(target: Path) -> Iterator[None]:
+    """Hold the lock an ``"r+"`` bank takes, so a save never swaps out a bank that a
+    buffer is writing to (its next checkpoint would land in the new bank)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise BankError(
+                f"save: {target} is open with mode='r+' by a buffer; checkpoint and close it first"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
 
 
 def _remove_dead_temporaries(target: Path) -> None:

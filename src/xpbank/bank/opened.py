@@ -97,6 +97,13 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool = F
     return snapshot(root, use)
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def _lock(snap: Snapshot, root: Path) -> int:
     fd = os.dup(snap.fd)
     try:
@@ -156,6 +163,8 @@ def checkpoint(buffer: ReplayBuffer) -> None:
     if origin.mode != "r+":
         raise ReadOnlyError(f"checkpoint: the bank at {origin.path} was opened with mode='r'; use mode='r+'")
     root, old = origin.path, origin.manifest
+    if origin.lock_fd is not None and _inode(root) != os.fstat(origin.lock_fd).st_ino:
+        raise BankError(f"checkpoint: {root} is no longer the bank this buffer opened (replaced or moved)")
     storage = buffer.storage
     try:
         if isinstance(storage, MemmapStorage):
