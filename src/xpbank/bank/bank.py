@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.bank.checksum import CHUNK_BYTES, ChecksumWriter
+from xpbank.bank.checksum import CHUNK_BYTES, ChecksumWriter, ChunkReader
 from xpbank.bank.codec import encode
 from xpbank.bank.format import (
     MANIFEST,
@@ -36,7 +36,7 @@ from xpbank.bank.format import (
     write_npy_header,
 )
 from xpbank.bank.manifest import FileEntry, Manifest, new_session_id, utc_now
-from xpbank.bank.snapshot import Snapshot, read_checked, read_state, snapshot
+from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.replay import ReplayBuffer
 from xpbank.sampler import make_sampler
@@ -337,8 +337,7 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
         buffer = new_buffer(m, root, TensorStorage(m.capacity, m.spec, device=device))
         if m.spec is not None:
             advise_huge_pages(buffer.storage, m.spec)
-        for entry in m.data:
-            _read_rows(snap, entry, buffer, verify)
+        _read_data(snap, buffer, verify)
         restore(buffer, read_state(snap), root)
         ORIGINS[buffer] = Origin(root, "memory", m)
         return buffer
@@ -346,23 +345,51 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
     return snapshot(root, use)
 
 
-def _read_rows(snap: Snapshot, entry: FileEntry, buffer: ReplayBuffer, verify: bool) -> None:
-    """Copy the counted rows of one data file into the buffer's storage, chunk by chunk."""
-    key, field = entry.key, buffer.spec[entry.key]  # type: ignore[index]
-    row = int(np.prod(entry.shape[1:], dtype=np.int64)) * entry.dtype.itemsize
-    nbytes = snap.manifest.size * row
-    storage = buffer.storage
+def _read_data(snap: Snapshot, buffer: ReplayBuffer, verify: bool) -> None:
+    """Copy the counted rows of every data file into the buffer's storage.
 
-    def into(at: int, chunk: np.ndarray) -> None:
-        rows = chunk.view(entry.dtype).reshape(-1, *entry.shape[1:])
-        first = at // row
-        storage.write(slice(first, first + rows.shape[0]), {key: as_torch(rows, field.dtype)})  # type: ignore[dict-item]
-
-    f, _ = snap.open(entry)
-    with f:
-        if row == 0:
-            return
-        read_checked(snap, entry, f, nbytes, verify, into, chunk_bytes=max(1, CHUNK_BYTES // row) * row)
+    All files are read in lockstep, one chunk of rows at a time (each by its own
+    read-ahead thread that also checksums), and written a cache-sized run of whole rows
+    at a time: into a packed storage that is the fast path (rows assembled in cache,
+    then one contiguous copy), where field by field it would be a strided pass over the
+    whole buffer per field (measured 5x slower).
+    """
+    m, spec, storage = snap.manifest, buffer.spec, buffer.storage
+    if spec is None:
+        return
+    row = {e.key: int(np.prod(e.shape[1:], dtype=np.int64)) * e.dtype.itemsize for e in m.data}
+    total = max(1, sum(row.values()))
+    step = max(1, CHUNK_BYTES // total)
+    run = max(1, (1 << 20) // total) if storage.device.type == "cpu" else step
+    with contextlib.ExitStack() as stack:
+        readers: dict[Any, ChunkReader] = {}
+        for entry in m.data:
+            f, _ = snap.open(entry)
+            stack.enter_context(f)
+            if row[entry.key] and m.size:
+                algorithm = algorithm_to_check(entry, verify)
+                reader = ChunkReader(f, m.size * row[entry.key], algorithm, step * row[entry.key])
+                readers[entry.key] = stack.enter_context(reader)
+        first = 0
+        for chunks in zip(*readers.values(), strict=True):
+            n = len(chunks[0]) // row[next(iter(readers))]
+            got = dict(zip(readers, chunks, strict=True))
+            batch = {}
+            for key, field in spec.items():
+                if key in got:
+                    batch[key] = as_torch(
+                        got[key].view(numpy_dtype(field.dtype)).reshape(n, *field.shape), field.dtype
+                    )
+                else:  # a field of zero bytes
+                    batch[key] = torch.empty((n, *field.shape), dtype=field.dtype)
+            for start in range(0, n, run):
+                stop = min(n, start + run)
+                part = batch if (start, stop) == (0, n) else {k: v[start:stop] for k, v in batch.items()}
+                storage.write(slice(first + start, first + stop), part)
+            first += n
+        for entry in m.data:
+            if entry.key in readers:
+                check_value(snap, entry, readers[entry.key].value(), m.size * row[entry.key], verify)
 
 
 def advise_huge_pages(storage: Any, spec: Any) -> None:

@@ -20,13 +20,22 @@ import os
 import queue
 import threading
 import zlib
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from xpbank.errors import CorruptBankError, require
 
-__all__ = ["ALGORITHMS", "ChecksumWriter", "checksum_entry", "checksum_file", "hasher_for", "new_hasher"]
+__all__ = [
+    "ALGORITHMS",
+    "ChecksumWriter",
+    "ChunkReader",
+    "checksum_entry",
+    "checksum_file",
+    "hasher_for",
+    "new_hasher",
+]
 
 ALGORITHMS = ("xxh3_64", "crc32")
 CHUNK_BYTES = 16 << 20  # checksums and copies go chunk by chunk, never a whole file at once
@@ -96,63 +105,87 @@ def checksum_entry(algorithm: str, value: int, nbytes: int) -> dict[str, Any]:
     return {"algorithm": algorithm, "bytes": nbytes, "value": value}
 
 
-def checksum_file(
-    f: BinaryIO, nbytes: int, algorithm: str | None, into: Any = None, chunk_bytes: int = CHUNK_BYTES
-) -> int:
-    """The ``algorithm`` checksum of the next ``nbytes`` bytes of ``f``, read in chunks.
+class ChunkReader:
+    """The next ``nbytes`` of ``f`` as chunks of ``chunk_bytes`` (the last may be
+    shorter), read and hashed one chunk ahead by a helper thread (file reads and both
+    hashes release the GIL). Iterate it, then :meth:`value` is the checksum.
 
-    ``into(offset, chunk)`` is called with each chunk (a NumPy ``uint8`` array that is
-    reused: copy it if you keep it); every chunk but the last holds ``chunk_bytes``.
-    A helper thread reads and checksums one chunk ahead while ``into`` copies the last
-    one (file reads and both hashes release the GIL).
+    A chunk is a NumPy ``uint8`` array that is reused two chunks later: copy it out
+    before then. Always :meth:`close` it (or use it in a ``with`` block).
 
     Raises:
-        CorruptBankError: the file ends before ``nbytes``.
+        CorruptBankError: (while iterating) the file ends before ``nbytes``.
         MissingExtraError: ``xxh3_64`` without the ``xxhash`` package.
     """
-    hasher = hasher_for(algorithm)
-    # np.empty: a bytearray would zero-fill 3 x 16 MB per file (measured: a third of a load)
-    buffers = [np.empty(max(1, min(chunk_bytes, nbytes)), np.uint8).data for _ in range(3)]
-    full: queue.Queue[tuple[memoryview | None, BaseException | None]] = queue.Queue(maxsize=1)
-    stop = threading.Event()
 
-    def reader() -> None:
-        left, i = nbytes, 0
+    def __init__(self, f: BinaryIO, nbytes: int, algorithm: str | None, chunk_bytes: int = CHUNK_BYTES):
+        self._hasher = hasher_for(algorithm)
+        self._f, self._nbytes = f, nbytes
+        # np.empty: a bytearray would zero-fill 3 x 16 MB per file (measured: a third of a load)
+        self._buffers = [np.empty(max(1, min(chunk_bytes, nbytes)), np.uint8) for _ in range(3)]
+        self._full: queue.Queue[tuple[np.ndarray | None, BaseException | None]] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        left, i, size = self._nbytes, 0, len(self._buffers[0])
         try:
-            while left > 0 and not stop.is_set():
-                want = min(left, len(buffers[0]))
-                view = buffers[i % 3][:want]  # 3 buffers: one being read, one queued, one in use
-                got = 0
+            while left > 0 and not self._stop.is_set():
+                want = min(left, size)
+                chunk = self._buffers[i % 3][:want]  # 3 buffers: one read, one queued, one in use
+                view, got = chunk.data, 0
                 while got < want:
-                    n = f.readinto(view[got:])  # type: ignore[attr-defined]
+                    n = self._f.readinto(view[got:])  # type: ignore[attr-defined]
                     if not n:
-                        raise CorruptBankError(f"{getattr(f, 'name', 'file')}: ends {left - got} bytes early")
+                        name = getattr(self._f, "name", "file")
+                        raise CorruptBankError(f"{name}: ends {left - got} bytes early")
                     got += n
-                hasher.update(view)
-                full.put((view, None))
+                self._hasher.update(view)
+                self._full.put((chunk, None))
                 left, i = left - want, i + 1
-            full.put((None, None))
+            self._full.put((None, None))
         except BaseException as exc:  # handed to the consumer
-            full.put((None, exc))
+            self._full.put((None, exc))
 
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    done = 0
-    try:
+    def __iter__(self) -> Iterator[np.ndarray]:
         while True:
-            chunk, error = full.get()
+            chunk, error = self._full.get()
             if error is not None:
                 raise error
             if chunk is None:
-                return hasher.value()
+                return
+            yield chunk
+
+    def value(self) -> int:
+        return int(self._hasher.value())
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._full.get(timeout=0.01)
+        self._thread.join()
+
+    def __enter__(self) -> ChunkReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def checksum_file(
+    f: BinaryIO, nbytes: int, algorithm: str | None, into: Any = None, chunk_bytes: int = CHUNK_BYTES
+) -> int:
+    """The ``algorithm`` checksum of the next ``nbytes`` bytes of ``f``, read in chunks;
+    ``into(offset, chunk)`` gets each chunk (see :class:`ChunkReader`)."""
+    done = 0
+    with ChunkReader(f, nbytes, algorithm, chunk_bytes) as reader:
+        for chunk in reader:
             if into is not None:
-                into(done, np.frombuffer(chunk, np.uint8))
+                into(done, chunk)
             done += len(chunk)
-    finally:
-        stop.set()
-        with contextlib.suppress(queue.Empty):
-            full.get_nowait()
-        thread.join()
+        return reader.value()
 
 
 class ChecksumWriter:

@@ -31,7 +31,7 @@ from xpbank.bank.format import (
 from xpbank.bank.manifest import FileEntry, Manifest
 from xpbank.errors import BankError, CorruptBankError, XpbankError
 
-__all__ = ["Snapshot", "snapshot", "read_state", "read_checked"]
+__all__ = ["Snapshot", "snapshot", "read_state", "read_checked", "algorithm_to_check", "check_value"]
 
 T = TypeVar("T")
 
@@ -166,10 +166,24 @@ def read_checked(
     Raises:
         CorruptBankError: a checksum mismatch, naming the file.
     """
-    algorithm = entry.checksum["algorithm"] if verify and entry.checksum is not None else None
+    algorithm = algorithm_to_check(entry, verify)
     if algorithm is None and into is None:
         return
-    value = checksum_file(f, nbytes, algorithm, into, chunk_bytes)
+    check_value(snap, entry, checksum_file(f, nbytes, algorithm, into, chunk_bytes), nbytes, verify)
+
+
+def algorithm_to_check(entry: FileEntry, verify: bool) -> str | None:
+    """The checksum algorithm to compute while reading ``entry`` (``None``: none)."""
+    return entry.checksum["algorithm"] if verify and entry.checksum is not None else None
+
+
+def check_value(snap: Snapshot, entry: FileEntry, value: int, nbytes: int, verify: bool) -> None:
+    """Compare a computed checksum with the manifest's.
+
+    Raises:
+        CorruptBankError: a checksum mismatch, naming the file.
+    """
+    algorithm = algorithm_to_check(entry, verify)
     if algorithm is None or entry.checksum is None:
         return
     if entry.checksum["bytes"] != nbytes or entry.checksum["value"] != value:
