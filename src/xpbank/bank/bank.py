@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import secrets
 import shutil
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,8 @@ from xpbank.bank.format import (
     commit_dir,
     data_relpath,
     fsync_dir,
+    not_open_for_writing,
+    remove_dead_temporaries,
     write_json_atomic,
     write_npy_header,
 )
@@ -115,13 +115,13 @@ def save(
     _check_target(target)
     created = origin.manifest.created if origin and origin.manifest.session_id == session else utc_now()
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    _remove_dead_temporaries(target)
+    remove_dead_temporaries(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         manifest = _write_files(buffer, tmp, session, created)
         write_json_atomic(tmp, manifest.to_json())
-        with _not_open_for_writing(target):
+        with not_open_for_writing(target):
             old = commit_dir(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,44 +132,6 @@ def save(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
-
-
-@contextlib.contextmanager
-def _not_open_for_writing(target: Path) -> Iterator[None]:
-    """Hold the lock an ``"r+"`` bank takes, so a save never swaps out a bank that a
-    buffer is writing to (its next checkpoint would land in the new bank)."""
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise BankError(
-                f"save: {target} is open with mode='r+' by a buffer; checkpoint and close it first"
-            ) from exc
-        yield
-    finally:
-        os.close(fd)
-
-
-def _remove_dead_temporaries(target: Path) -> None:
-    """Delete ``.<name>.tmp-<pid>-*`` left by saves to ``target`` whose process is gone
-    (killed mid-save, or after the swap but before deleting the old copy)."""
-    if not target.parent.is_dir():
-        return
-    for tmp in target.parent.glob(f".{target.name}.tmp-*-*"):
-        pid = tmp.name.removeprefix(f".{target.name}.tmp-").split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:  # alive (another user's): leave it
-            continue
 
 
 def _same_dir(a: Path, b: Path) -> bool:

@@ -15,11 +15,15 @@ parser, object dtypes are refused, and every manifest entry is type-checked.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,6 +40,8 @@ __all__ = [
     "NpyInfo",
     "bank_file",
     "commit_dir",
+    "not_open_for_writing",
+    "remove_dead_temporaries",
     "fsync_dir",
     "read_manifest",
     "read_npy_header",
@@ -226,6 +232,44 @@ def commit_dir(tmp: Path, target: Path) -> Path | None:
     os.rename(tmp, target)
     fsync_dir(parent)
     return aside
+
+
+@contextlib.contextmanager
+def not_open_for_writing(target: Path) -> Iterator[None]:
+    """Hold the lock an ``"r+"`` bank takes, so a save never swaps out a bank that a
+    buffer is writing to (its next checkpoint would land in the new bank)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise BankError(
+                f"save: {target} is open with mode='r+' by a buffer; checkpoint and close it first"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_dead_temporaries(target: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>-*`` left by saves to ``target`` whose process is gone
+    (killed mid-save, or after the swap but before deleting the old copy)."""
+    if not target.parent.is_dir():
+        return
+    for tmp in target.parent.glob(f".{target.name}.tmp-*-*"):
+        pid = tmp.name.removeprefix(f".{target.name}.tmp-").split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # alive (another user's): leave it
+            continue
 
 
 def recover(target: Path) -> None:
