@@ -17,6 +17,7 @@ pytest.importorskip("rich")
 pytest.importorskip("tqdm")
 pytest.importorskip("matplotlib")
 
+import xpbank  # noqa: E402
 from xpbank import MissingExtraError, cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,8 @@ def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
     args = ["demo", "--steps", "1100", "--seed", "3", "--out", str(tmp_path / "out"), "--no-progress"]
     result = runner.invoke(cli.build_app(), args)
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "out" / "dqn_replay.pt").stat().st_size > 1_100 * 4 * 8
+    bank = xpbank.load(tmp_path / "out" / "dqn_replay_bank")
+    assert len(bank) == 1_100 and bank.spec is not None and ("next", "obs") in bank.spec
     png = (tmp_path / "out" / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert "greedy eval" in result.output and "DQN" in result.output and "1,100" in result.output

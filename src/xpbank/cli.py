@@ -66,7 +66,7 @@ def run_demo(
                     bar.set_postfix(last_return=f"{last:.0f}")
 
             result = dqn.train(config, progress=tick)
-        path = out / f"{agent}_replay.pt"
+        path = out / f"{agent}_replay_bank"
         bank_bytes = save_and_reload(result.buffer, path)
         files.append(path)
         rows.append(
@@ -90,16 +90,15 @@ def run_demo(
 
 
 def save_and_reload(buffer: Any, path: Path) -> int:
-    """Save the buffer's full state to ``path``, load it into a fresh buffer, check that
-    both sample the same items next; returns the file's size in bytes."""
-    from xpbank.replay import ReplayBuffer
+    """Save the buffer as a bank at ``path``, load it back, check that both sample the
+    same items next; returns the bank's size on disk in bytes."""
+    import xpbank
 
-    torch.save(buffer.state_dict(), path)
-    fresh = ReplayBuffer(buffer.capacity, buffer.spec)
-    fresh.load_state_dict(torch.load(path, weights_only=True))
+    xpbank.save(buffer, path)
+    fresh = xpbank.load(path)
     if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
-        raise RuntimeError(f"{path}: the reloaded buffer does not sample what the saved one does")
-    return path.stat().st_size
+        raise RuntimeError(f"{path}: the reloaded bank does not sample what the saved buffer does")
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def build_app() -> Any:
