@@ -26,7 +26,7 @@ from xpbank.errors import (
     XpbankIndexError,
 )
 from xpbank.replay import ReplayBuffer
-from xpbank.sampler import Sampler, UniformSampler
+from xpbank.sampler import Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 
@@ -40,6 +40,7 @@ __all__ = [
     "MemmapStorage",
     "Sampler",
     "UniformSampler",
+    "SequenceSampler",
     "ReplayBuffer",
     "EpisodeIndex",
     "EpisodeKeys",

@@ -124,6 +124,18 @@ class _Plan:
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
 
 
+@dataclass(frozen=True)
+class SlotLinks:
+    """Per-slot views of an :class:`EpisodeIndex` (ids; ``-1``: none)."""
+
+    env: np.ndarray
+    prev: np.ndarray
+    next: np.ndarray
+    start: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
 class EpisodeIndex:
     """Per-slot env, neighbours in the same env, episode ends and starts of a ring.
 
@@ -344,6 +356,20 @@ class EpisodeIndex:
             valid[:, j] = ok
             cur = np.where(ok, nxt, 0) % self._ring.capacity
         return win, valid
+
+    # -- unchecked per-slot reads for samplers and storages (sequences, frames) ----
+    @property
+    def lockstep(self) -> int | None:
+        """``num_envs`` when an env's next item is always ``num_envs`` ids later
+        (lockstep mode, no env field), else ``None``."""
+        if self._resolved is None or self._resolved[2] is not None:
+            return None
+        return self.num_envs
+
+    def links(self) -> SlotLinks:
+        """The per-slot arrays themselves (views, read-only by contract), for hot paths
+        that index them by slot without the liveness checks of the queries above."""
+        return SlotLinks(self._env, self._prev, self._next, self._start, self._term, self._trunc)
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

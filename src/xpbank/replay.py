@@ -280,13 +280,18 @@ class ReplayBuffer:
         keys: list[NestedKey] | None,
         info: dict[str, torch.Tensor] | None = None,
     ) -> TensorDict:
-        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch."""
-        flat = self._storage.gather(slots, keys)
+        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch.
+
+        ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
+        """
+        flat = self._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
+        if slots.ndim > 1:
+            flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
         # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
             flat.update({name: value.to(self._storage.device) for name, value in info.items()})
-        td = to_tensordict(flat, (slots.shape[0],), self._storage.device)
+        td = to_tensordict(flat, tuple(slots.shape), self._storage.device)
         if self._storage.device != self._device:
             td = td.to(self._device, non_blocking=self._device.type == "cuda")
         return td

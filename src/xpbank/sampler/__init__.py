@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from xpbank.sampler.base import Sampler
 from xpbank.sampler.epochs import epoch_plan
+from xpbank.sampler.sequence import SequenceSampler
 from xpbank.sampler.uniform import UniformSampler
 
 __all__ = ["Sampler", "UniformSampler", "epoch_plan"]
+__all__ += ["SequenceSampler"]
