@@ -28,7 +28,7 @@ from xpbank.errors import (
 from xpbank.replay import ReplayBuffer
 from xpbank.sampler import Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
-from xpbank.storage import MemmapStorage, Storage, TensorStorage
+from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,7 @@ __all__ = [
     "Storage",
     "TensorStorage",
     "MemmapStorage",
+    "FrameStorage",
     "Sampler",
     "UniformSampler",
     "SequenceSampler",

@@ -131,8 +131,11 @@ class ReplayBuffer:
         self._ring = Ring(capacity)
         self._num_envs, self._episode_keys = num_envs, episode_keys or EpisodeKeys()
         needed = getattr(self._sampler, "needs_episodes", False)
+        needed = needed or getattr(self._storage, "needs_episodes", False)  # e.g. FrameStorage
         if wants_episodes(given, self._episode_keys, num_envs, needed):
             self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
+        if hasattr(self._storage, "attach"):  # a storage that reads the episode index
+            self._storage.attach(self._ring)
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -219,6 +222,8 @@ class ReplayBuffer:
         plan = ring.episodes.plan(flat, n, spec) if ring.episodes is not None else None
         if self._storage.spec is None:
             self._storage.initialize(spec)
+        if plan is not None and hasattr(self._storage, "prepare_write"):
+            self._storage.prepare_write(flat, n, plan)  # checks the whole batch first
         first = ring.next_id
         for slots, rows in ring.segments(n):
             part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
