@@ -116,6 +116,10 @@ class MemmapStorage(StorageBase):
             key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)
         }
 
+    def nbytes(self) -> int:
+        """Bytes of data the files hold (allocated sparsely: disk use grows as slots fill)."""
+        return int(sum(arr.nbytes for arr in self._arrays.values()))
+
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
         for array in self._arrays.values():
