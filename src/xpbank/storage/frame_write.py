@@ -97,11 +97,11 @@ def plan_frames(
             expected[dst, -1] = obs.index_select(0, dst)[:, -1]
     if stored.any():
         p = plan.prev[stored]
-        stacks = st._read_stacks(p % c, p)
         dst = torch.from_numpy(np.flatnonzero(stored))
         if nxt is not None:
-            expected[dst] = st._read_next(p % c, stacks)
+            expected[dst] = st._read_next(p % c, p)
         else:
+            stacks = st._read_stacks(p % c, p)
             expected[dst, :-1] = stacks[:, 1:]
             expected[dst, -1] = obs.index_select(0, dst)[:, -1]
     check = np.flatnonzero(follow)

@@ -48,6 +48,7 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Slots, StorageBase, check_capacity
+from xpbank.storage.dtypes import as_torch, to_numpy
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_write import plan_frames
 from xpbank.storage.tensor import TensorStorage
@@ -184,39 +185,60 @@ class FrameStorage(StorageBase):
             self._rest.write(slots, rest)
 
     # -- reading ---------------------------------------------------------------
-    def _read_stacks(self, slots: np.ndarray, ids: np.ndarray) -> torch.Tensor:
-        """The stacked observations of live items ``(slots, ids)``."""
+    def _sources(self, slots: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per item, the slots of its stack's frames ``[N, stack]`` (oldest first) and
+        which of them are padding (before the episode's first frame)."""
         links = self._links_ring().episodes.links()  # type: ignore[union-attr]
         c, s = self.capacity, self.stack
-        out = torch.empty((slots.shape[0], s, *self.frame_shape), dtype=self.dtype)
-        torch.index_select(self._frames, 0, torch.from_numpy(slots), out=out[:, s - 1])
+        src = np.empty((slots.shape[0], s), dtype=np.int64)
+        pad = np.zeros((slots.shape[0], s), dtype=bool)
+        src[:, s - 1] = slots
         cur, cur_id = slots, ids
         padded = np.zeros(slots.shape[0], dtype=bool)
         for j in range(s - 2, -1, -1):
-            padded |= links.start[cur] == cur_id
+            padded = padded | (links.start[cur] == cur_id)
             cur_id = np.where(padded, cur_id, links.prev[cur])
             cur = cur_id % c
-            out[:, j] = self._frames.index_select(0, torch.from_numpy(cur))
-            if self.pad == "zero" and padded.any():
-                out[torch.from_numpy(padded), j] = 0
+            src[:, j], pad[:, j] = cur, padded
+        return src, pad
+
+    def _read(self, slots: np.ndarray, ids: np.ndarray, want_obs: bool, want_next: bool) -> list[torch.Tensor]:
+        """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``."""
+        links = self._links_ring().episodes.links()  # type: ignore[union-attr]
+        frames = to_numpy(self._frames)
+        src, pad = self._sources(slots, ids)
         kept = self._stacks.has(slots)
-        if kept.any():
-            rows = torch.from_numpy(np.flatnonzero(kept))
-            out[rows] = self._stacks.get(slots[kept])
+        rows = np.flatnonzero(kept)
+        out = []
+        if want_obs:
+            obs = frames[src]  # NumPy row copies: one call for every frame of the batch
+            if self.pad == "zero":
+                obs[pad] = 0
+            if rows.size:
+                obs[rows] = to_numpy(self._stacks.get(slots[kept]))
+            out.append(as_torch(obs, self.dtype))
+        if want_next:
+            succ = links.next[slots]
+            follows = (succ >= 0) & ~(links.terminated[slots] | links.truncated[slots])
+            nsrc = np.concatenate([src[:, 1:], np.where(follows, succ % self.capacity, slots)[:, None]], axis=1)
+            nxt = frames[nsrc]
+            if self.pad == "zero":
+                nxt[:, :-1][pad[:, 1:]] = 0
+            if rows.size:
+                nxt[rows, :-1] = to_numpy(self._stacks.get(slots[kept]))[:, 1:]
+            aside = np.flatnonzero(~follows)
+            if aside.size:
+                nxt[aside, -1] = to_numpy(self._last.get(slots[aside]))
+            out.append(as_torch(nxt, self.dtype))
         return out
 
-    def _read_next(self, slots: np.ndarray, stacks: torch.Tensor) -> torch.Tensor:
-        links = self._links_ring().episodes.links()  # type: ignore[union-attr]
-        out = torch.empty_like(stacks)
-        out[:, :-1] = stacks[:, 1:]
-        succ = links.next[slots]
-        follows = (succ >= 0) & ~(links.terminated[slots] | links.truncated[slots])
-        src = np.where(follows, succ % self.capacity, slots)
-        torch.index_select(self._frames, 0, torch.from_numpy(src), out=out[:, -1])
-        aside = ~follows
-        if aside.any():
-            out[torch.from_numpy(np.flatnonzero(aside)), -1] = self._last.get(slots[aside])
-        return out
+    def _read_stacks(self, slots: np.ndarray, ids: np.ndarray) -> torch.Tensor:
+        """The stacked observations of live items ``(slots, ids)``."""
+        return self._read(slots, ids, True, False)[0]
+
+    def _read_next(self, slots: np.ndarray, ids: np.ndarray) -> torch.Tensor:
+        """The stacked next observations of live items ``(slots, ids)``."""
+        return self._read(slots, ids, False, True)[0]
 
     def gather(
         self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None
@@ -229,12 +251,10 @@ class FrameStorage(StorageBase):
         if frame_keys:
             s = slots.cpu().numpy()
             ids = self._links_ring().ids_of_slots(torch.from_numpy(s)).numpy()
-            stacks = self._read_stacks(s, ids)
-            unstack = (lambda t: t) if self.stacked else (lambda t: t.squeeze(1))
-            if self.obs_key in frame_keys:
-                out[self.obs_key] = unstack(stacks)
-            if self.next_key is not None and self.next_key in frame_keys:
-                out[self.next_key] = unstack(self._read_next(s, stacks))
+            want_obs = self.obs_key in frame_keys
+            read = self._read(s, ids, want_obs, self.next_key is not None and self.next_key in frame_keys)
+            for key, value in zip([k for k in (self.obs_key, self.next_key) if k in frame_keys], read, strict=True):
+                out[key] = value if self.stacked else value.squeeze(1)
         rest = [k for k in order if k not in (self.obs_key, self.next_key)]
         if rest and self._rest is not None:
             out.update(self._rest.gather(slots, rest))
