@@ -54,7 +54,8 @@ class Frames:
         return np.stack([first] * STACK)
 
     def step(self) -> dict[str, np.ndarray]:
-        nxt = np.concatenate([self.stacks[:, 1:], np.stack([self._frame() for _ in range(self.n)])[:, None]], 1)
+        new = np.stack([self._frame() for _ in range(self.n)])[:, None]
+        nxt = np.concatenate([self.stacks[:, 1:], new], 1)
         self.left -= 1
         end = self.left == 0
         cut = end & (self.rng.random(self.n) < 0.3)
@@ -124,7 +125,8 @@ def build(capacity: int) -> tuple[dict[str, Any], dict[str, Callable[[int], obje
     skipped: dict[str, str] = {}
     raw = Raw(capacity)
     naive = xpbank.ReplayBuffer(capacity, spec(), num_envs=ENVS, seed=0)
-    frames = xpbank.ReplayBuffer(capacity, spec(), storage=xpbank.FrameStorage(capacity), num_envs=ENVS, seed=0)
+    storage = xpbank.FrameStorage(capacity)
+    frames = xpbank.ReplayBuffer(capacity, spec(), storage=storage, num_envs=ENVS, seed=0)
     envs = Frames(ENVS, seed=0)
     t0 = time.perf_counter()
     for _ in range(capacity // ENVS):
@@ -140,7 +142,8 @@ def build(capacity: int) -> tuple[dict[str, Any], dict[str, Callable[[int], obje
     }
     held = {"raw torch": raw.nbytes(), "xpbank naive (TensorStorage)": naive.storage.nbytes()}
     links = frames.episodes.links()  # type: ignore[union-attr]
-    index_bytes = sum(getattr(links, f).nbytes for f in ("env", "prev", "next", "start", "terminated", "truncated"))
+    names = ("env", "prev", "next", "start", "terminated", "truncated")
+    index_bytes = sum(getattr(links, f).nbytes for f in names)
     held["xpbank frames (FrameStorage)"] = frames.storage.nbytes()  # type: ignore[attr-defined]
     try:
         import cpprb
@@ -166,7 +169,9 @@ def build(capacity: int) -> tuple[dict[str, Any], dict[str, Callable[[int], obje
     return info, samplers, skipped
 
 
-def measure(samplers: dict[str, Callable[[int], object]], b: int, rounds: int, calls: int) -> dict[str, float]:
+def measure(
+    samplers: dict[str, Callable[[int], object]], b: int, rounds: int, calls: int
+) -> dict[str, float]:  # noqa: E501
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(rounds):
         for name, fn in samplers.items():
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     out += [f"{capacity:,} transitions, {ENVS} envs, episodes of 100-2000 steps", ""]
     out += [markdown_table(["buffer", "nbytes", "vs naive"], rows), ""]
     out += [
-        f"FrameStorage + episode index: {per_item:,.0f} bytes per transition (naive: {naive / capacity:,.0f}); "
+        f"FrameStorage + episode index: {per_item:,.0f} bytes per transition "
+        f"(naive: {naive / capacity:,.0f}); "
         f"24 GiB holds {int(budget / per_item):,} transitions (naive: {int(budget / (naive / capacity)):,}).",
         "",
     ]

@@ -202,7 +202,9 @@ class FrameStorage(StorageBase):
             src[:, j], pad[:, j] = cur, padded
         return src, pad
 
-    def _read(self, slots: np.ndarray, ids: np.ndarray, want_obs: bool, want_next: bool) -> list[torch.Tensor]:
+    def _read(
+        self, slots: np.ndarray, ids: np.ndarray, want_obs: bool, want_next: bool
+    ) -> list[torch.Tensor]:  # noqa: E501
         """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``."""
         links = self._links_ring().episodes.links()  # type: ignore[union-attr]
         frames = to_numpy(self._frames)
@@ -220,7 +222,8 @@ class FrameStorage(StorageBase):
         if want_next:
             succ = links.next[slots]
             follows = (succ >= 0) & ~(links.terminated[slots] | links.truncated[slots])
-            nsrc = np.concatenate([src[:, 1:], np.where(follows, succ % self.capacity, slots)[:, None]], axis=1)
+            last = np.where(follows, succ % self.capacity, slots)
+            nsrc = np.concatenate([src[:, 1:], last[:, None]], axis=1)
             nxt = frames[nsrc]
             if self.pad == "zero":
                 nxt[:, :-1][pad[:, 1:]] = 0
@@ -253,7 +256,8 @@ class FrameStorage(StorageBase):
             ids = self._links_ring().ids_of_slots(torch.from_numpy(s)).numpy()
             want_obs = self.obs_key in frame_keys
             read = self._read(s, ids, want_obs, self.next_key is not None and self.next_key in frame_keys)
-            for key, value in zip([k for k in (self.obs_key, self.next_key) if k in frame_keys], read, strict=True):
+            asked = [k for k in (self.obs_key, self.next_key) if k in frame_keys]
+            for key, value in zip(asked, read, strict=True):
                 out[key] = value if self.stacked else value.squeeze(1)
         rest = [k for k in order if k not in (self.obs_key, self.next_key)]
         if rest and self._rest is not None:
