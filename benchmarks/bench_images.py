@@ -171,7 +171,7 @@ def build(capacity: int) -> tuple[dict[str, Any], dict[str, Callable[[int], obje
 
 def measure(
     samplers: dict[str, Callable[[int], object]], b: int, rounds: int, calls: int
-) -> dict[str, float]:  # noqa: E501
+) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(rounds):
         for name, fn in samplers.items():

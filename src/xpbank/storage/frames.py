@@ -204,7 +204,7 @@ class FrameStorage(StorageBase):
 
     def _read(
         self, slots: np.ndarray, ids: np.ndarray, want_obs: bool, want_next: bool
-    ) -> list[torch.Tensor]:  # noqa: E501
+    ) -> list[torch.Tensor]:
         """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``."""
         links = self._links_ring().episodes.links()  # type: ignore[union-attr]
         frames = to_numpy(self._frames)
