@@ -17,7 +17,6 @@ interleaved rounds (each round times every buffer once; the table shows the medi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_us, load_average, log, markdown_table
+from _common import environment, fmt_us, load_average, log, markdown_table, report
 
 FRAME = (84, 84)
 STACK = 4
@@ -223,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         out += [markdown_table(["buffer", "per call", "speed vs raw", "speed vs cpprb"], table), ""]
         results[f"sample_{b}"] = t
     out += [f"skipped: {skipped}" if skipped else "skipped: none"]
-    print("\n".join(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return report(out, results, args.json)
 
 
 if __name__ == "__main__":

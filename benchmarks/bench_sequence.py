@@ -13,7 +13,6 @@ same process on the same data. ``--quick``: 10k vs 200k items.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_us, log, markdown_table
+from _common import environment, fmt_us, log, markdown_table, report
 
 ENVS, B, L = 8, 32, 80
 
@@ -130,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if x and t:
         out.append(f"- at {large:,} items TorchRL's SliceSampler takes {t / x:.1f}x xpbank's time")
     out.append(f"skipped: {skipped}" if skipped else "skipped: none")
-    print("\n".join(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return report(out, results, args.json)
 
 
 if __name__ == "__main__":
