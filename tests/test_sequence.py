@@ -329,3 +329,19 @@ class SequenceMachine(RuleBasedStateMachine):
 
 TestSequenceMachine = SequenceMachine.TestCase
 TestSequenceMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_readme_sequence_example_runs() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"## Sequences and images.*?\n```python\n(.*?)```", text, re.S)
+    assert match is not None
+    scope: dict = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    batch = scope["batch"]
+    assert batch.batch_size == torch.Size([32, 10])
+    assert scope["state0"].shape == (32, 16)
+    assert not batch["mask"][:, :2].any() and batch["burn_in_mask"][:, :2].all()
+    assert (batch["index"].diff(dim=1) == 4).all()  # consecutive steps of one env (4 envs)
