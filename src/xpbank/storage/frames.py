@@ -188,8 +188,14 @@ class FrameStorage(StorageBase):
     def _sources(self, slots: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per item, the slots of its stack's frames ``[N, stack]`` (oldest first) and
         which of them are padding (before the episode's first frame)."""
-        links = self._links_ring().episodes.links()  # type: ignore[union-attr]
+        eps = self._links_ring().episodes
+        links = eps.links()  # type: ignore[union-attr]
         c, s = self.capacity, self.stack
+        step = eps.lockstep  # type: ignore[union-attr]
+        if step is not None:  # an env's items are `step` ids apart: no walk needed
+            back = ids[:, None] - step * np.arange(s - 1, -1, -1)
+            first = links.start[slots][:, None]
+            return np.maximum(back, first) % c, back < first
         src = np.empty((slots.shape[0], s), dtype=np.int64)
         pad = np.zeros((slots.shape[0], s), dtype=bool)
         src[:, s - 1] = slots
@@ -223,12 +229,16 @@ class FrameStorage(StorageBase):
             succ = links.next[slots]
             follows = (succ >= 0) & ~(links.terminated[slots] | links.truncated[slots])
             last = np.where(follows, succ % self.capacity, slots)
-            nsrc = np.concatenate([src[:, 1:], last[:, None]], axis=1)
-            nxt = frames[nsrc]
-            if self.pad == "zero":
-                nxt[:, :-1][pad[:, 1:]] = 0
-            if rows.size:
-                nxt[rows, :-1] = to_numpy(self._stacks.get(slots[kept]))[:, 1:]
+            if want_obs:  # the older frames are obs's, still in cache: copy, gather only the newest
+                nxt = np.empty_like(obs)
+                nxt[:, :-1] = obs[:, 1:]
+                nxt[:, -1] = frames[last]
+            else:
+                nxt = frames[np.concatenate([src[:, 1:], last[:, None]], axis=1)]
+                if self.pad == "zero":
+                    nxt[:, :-1][pad[:, 1:]] = 0
+                if rows.size:
+                    nxt[rows, :-1] = to_numpy(self._stacks.get(slots[kept]))[:, 1:]
             aside = np.flatnonzero(~follows)
             if aside.size:
                 nxt[aside, -1] = to_numpy(self._last.get(slots[aside]))
@@ -251,6 +261,9 @@ class FrameStorage(StorageBase):
         order = list(self._spec if keys is None else keys)
         frame_keys = [k for k in order if k in (self.obs_key, self.next_key)]
         out: dict[NestedKey, torch.Tensor] = {}
+        rest = [k for k in order if k not in (self.obs_key, self.next_key)]
+        if rest and self._rest is not None:  # first, while the caches hold its index arrays
+            out.update(self._rest.gather(slots, rest))
         if frame_keys:
             s = slots.cpu().numpy()
             ids = self._links_ring().ids_of_slots(torch.from_numpy(s)).numpy()
@@ -259,9 +272,6 @@ class FrameStorage(StorageBase):
             asked = [k for k in (self.obs_key, self.next_key) if k in frame_keys]
             for key, value in zip(asked, read, strict=True):
                 out[key] = value if self.stacked else value.squeeze(1)
-        rest = [k for k in order if k not in (self.obs_key, self.next_key)]
-        if rest and self._rest is not None:
-            out.update(self._rest.gather(slots, rest))
         return {k: out[k] for k in order}
 
     def nbytes(self) -> int:
