@@ -138,7 +138,7 @@ def test_batch_over_capacity_keeps_tail_and_links() -> None:
 def test_state_dict_round_trip_keeps_index() -> None:
     rb, ref = random_stream(7, capacity=19, num_envs=4, env_field=True, steps=20)
     state = rb.state_dict()
-    assert all(isinstance(v, (np.ndarray, int, type(None))) for v in state["episodes"].values())
+    assert all(isinstance(v, (torch.Tensor, int, type(None))) for v in state["episodes"].values())
     other = ReplayBuffer(19)
     other.load_state_dict(state)
     check(other, ref)
@@ -275,3 +275,12 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
+
+
+def test_loading_a_state_without_index_into_a_buffer_with_one_raises() -> None:
+    plain = ReplayBuffer(8)
+    plain.extend({"obs": torch.zeros(4)})
+    indexed = ReplayBuffer(8, num_envs=2)
+    with pytest.raises(SpecError, match=r"state holds no episode index, but this buffer keeps one"):
+        indexed.load_state_dict(plain.state_dict())
+    assert len(indexed) == 0

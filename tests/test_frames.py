@@ -53,6 +53,7 @@ class StackedEnvs:
             "obs": torch.from_numpy(np.stack(obs)),
             ("next", "obs"): torch.from_numpy(np.stack(nxt)),
             "action": torch.as_tensor(self.rng.integers(0, 6, len(envs))),
+            "reward": torch.as_tensor(self.rng.random(len(envs)), dtype=torch.float32),
             "terminated": torch.tensor(term),
             "truncated": torch.tensor(trunc),
         }
@@ -148,6 +149,7 @@ def test_real_gymnasium_frame_stack_wrapper() -> None:
             "obs": torch.from_numpy(np.stack([r[0] for r in rows])),
             ("next", "obs"): torch.from_numpy(np.stack([r[1] for r in rows])),
             "action": torch.zeros(2, dtype=torch.int64),
+            "reward": torch.zeros(2),
             "terminated": torch.tensor([r[2] for r in rows]),
             "truncated": torch.tensor([r[3] for r in rows]),
         }
@@ -219,3 +221,23 @@ def test_random_runs_round_trip(capacity: int, num_envs: int, stack: int, seed: 
     rb = ReplayBuffer(capacity, storage=FrameStorage(capacity), num_envs=None if env_field else num_envs)
     ref = _fill(rb, envs, 25, env_field, seed=seed)
     _check_everything(rb, ref)
+
+
+def test_with_prioritized_and_nstep_sampling() -> None:
+    from xpbank import NStep, PrioritizedSampler
+
+    envs = StackedEnvs(2, 4, seed=3, lengths=(2, 7))
+    rb = ReplayBuffer(
+        30, storage=FrameStorage(30), num_envs=2, sampler=PrioritizedSampler(), nstep=NStep(3, 0.9), seed=0
+    )
+    ref = _fill(rb, envs, 25, False, seed=0, check=False)
+    batch = rb.sample(64)
+    last_id = rb._ring.next_id - 1
+    for row, i in enumerate(batch["index"].tolist()):
+        assert torch.equal(batch["obs"][row], ref[i]["obs"])
+        cur = i  # lockstep, 2 envs: the same env's next item is 2 ids later
+        for _ in range(2):
+            if ref[cur]["terminated"] or ref[cur]["truncated"] or cur + 2 > last_id:
+                break
+            cur += 2
+        assert torch.equal(batch["next", "obs"][row], ref[cur]["next", "obs"])  # the n-step bootstrap obs

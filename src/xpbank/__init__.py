@@ -20,13 +20,16 @@ from xpbank.errors import (
     DeviceError,
     EmptyBufferError,
     MissingExtraError,
+    PriorityError,
     SpecError,
     StaleIndexError,
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.nstep import NStep
+from xpbank.nstep_returns import nstep_return
 from xpbank.replay import ReplayBuffer
-from xpbank.sampler import Sampler, SequenceSampler, UniformSampler
+from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
 
@@ -41,10 +44,13 @@ __all__ = [
     "FrameStorage",
     "Sampler",
     "UniformSampler",
+    "PrioritizedSampler",
     "SequenceSampler",
     "ReplayBuffer",
     "EpisodeIndex",
     "EpisodeKeys",
+    "NStep",
+    "nstep_return",
     "XpbankError",
     "SpecError",
     "BatchTypeError",
@@ -52,6 +58,7 @@ __all__ = [
     "EmptyBufferError",
     "XpbankIndexError",
     "StaleIndexError",
+    "PriorityError",
     "BankError",
     "CorruptBankError",
     "DeviceError",

@@ -5,8 +5,9 @@ ends its episodes on its own steps. :class:`EpisodeIndex` keeps, per slot, what 
 needed to follow one env's stream through the ring without scanning at sample time:
 
 - ``env``: the env the item came from;
-- ``prev`` / ``next``: the id of the item before / after it in the same env (``-1``:
-  none, or not written yet);
+- ``prev``: the id of the item before it in the same env (``-1``: none);
+- ``next``: the id of the item after it in the same episode (``-1``: the episode ended
+  here, or the next step is not written yet);
 - ``terminated`` / ``truncated`` (and ``is_end``, their or): whether the item ends its
   episode, read from the batch when it is written;
 - ``start``: the id of the first item of its episode.
@@ -19,7 +20,7 @@ neither, the items are one stream (env 0).
 Maintenance is O(1) per item, vectorized per call (a stable sort by env of the batch).
 Only ids are stored, so the ring's id rules tell what is still live: an item's ``prev``
 (or its episode's ``start``) that has been overwritten is below ``ring.first_id``.
-``next`` pointers of live items always point at live items (a successor is newer).
+``next`` of a live item is always live (a successor is newer).
 
 Example:
     >>> import torch
@@ -46,69 +47,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from xpbank.episode_fields import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 
 if TYPE_CHECKING:
     from xpbank.ring import Ring
 
-__all__ = ["EpisodeIndex", "EpisodeKeys"]
-
-MAX_ENV_ID = 1 << 20  # env ids beyond this need num_envs (per-env state is an array)
-
-_TERMINATED = (("next", "terminated"), "terminated")
-_TRUNCATED = (("next", "truncated"), "truncated")
-_DONE = (("next", "done"), "done")
-
-
-@dataclass(frozen=True)
-class EpisodeKeys:
-    """Which fields say an item's env and how its episode ends.
-
-    ``None`` finds the field by its usual names: ``("next", "terminated")`` or
-    ``"terminated"``, ``("next", "truncated")`` or ``"truncated"``; without either, a
-    ``"done"`` (or ``("next", "done")``) field counts as a termination (no bootstrap).
-    A field that is absent under every name means "never ends".
-
-    Example:
-        >>> EpisodeKeys(terminated="term").terminated
-        'term'
-    """
-
-    env: Any = "env_id"
-    terminated: Any = None
-    truncated: Any = None
-    done: Any = None
-
-    def resolve(self, spec: Spec) -> tuple[NestedKey | None, NestedKey | None]:
-        """``(terminated_key, truncated_key)`` found in ``spec`` (``None``: absent).
-
-        Raises:
-            SpecError: a key named explicitly is not in ``spec``.
-        """
-        for name in ("terminated", "truncated", "done"):
-            given = getattr(self, name)
-            if given is not None and normalize_key(given) not in spec:
-                raise SpecError(
-                    f"episode_keys.{name}: field {key_str(normalize_key(given))!r} is not in the "
-                    f"spec; known: {[key_str(k) for k in spec]}"
-                )
-        term = _find(spec, self.terminated, _TERMINATED)
-        trunc = _find(spec, self.truncated, _TRUNCATED)
-        if term is None and trunc is None:
-            term = _find(spec, self.done, _DONE)
-        return term, trunc
-
-
-def _find(spec: Spec, given: Any, names: tuple[NestedKey, ...]) -> NestedKey | None:
-    if given is not None:
-        return normalize_key(given)
-    return next((k for k in names if k in spec), None)
-
-
-def wants_episodes(spec: Spec | None, keys: EpisodeKeys, num_envs: int | None, needed: bool) -> bool:
-    """Whether a buffer keeps an index: asked for, or its items carry an env field."""
-    return needed or num_envs is not None or (spec is not None and normalize_key(keys.env) in spec)
+__all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
 
 
 @dataclass
@@ -122,6 +68,7 @@ class _Plan:
     terminated: np.ndarray
     truncated: np.ndarray
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
+    link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
 
 
 @dataclass(frozen=True)
@@ -163,6 +110,8 @@ class EpisodeIndex:
         self._start = np.full(c, -1, dtype=np.int64)
         self._term = np.zeros(c, dtype=bool)
         self._trunc = np.zeros(c, dtype=bool)
+        self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
+        self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
@@ -186,19 +135,25 @@ class EpisodeIndex:
         env = self._env_ids(flat, n, env_key)
         if n == 0:
             none = np.zeros(0, dtype=np.int64)
-            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state())
-        term = _flag(flat, term_key, n)
-        trunc = _flag(flat, trunc_key, n)
+            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state(), none != 0)
+        term = read_flag(flat, term_key, n)
+        trunc = read_flag(flat, trunc_key, n)
         first = self._ring.next_id
         ids = np.arange(first, first + n, dtype=np.int64)
+        if env_key is None:
+            return self._plan_lockstep(ids, env, term, trunc, self.num_envs or 1)
+        width = int(env.max()) + 1
+        if width > self._last_id.shape[0]:  # new envs start with no history: harmless if the write fails
+            self._last_id, self._last_end, self._cur_start = (
+                _grow(a, width, fill) for a, fill in self._env_arrays()
+            )
         order = np.argsort(env, kind="stable")
         se, sid, send = env[order], ids[order], (term | trunc)[order]
         head = np.ones(n, dtype=bool)
         head[1:] = se[1:] != se[:-1]
         last = np.ones(n, dtype=bool)
         last[:-1] = head[1:]
-        width = max(int(se[-1]) + 1, self._last_id.shape[0])
-        last_id, last_end, cur_start = (_grow(a, width, fill) for a, fill in self._env_arrays())
+        last_id, last_end, cur_start = self._last_id, self._last_end, self._cur_start
         prev_s = np.empty(n, dtype=np.int64)
         prev_s[1:] = sid[:-1]
         prev_s[head] = last_id[se[head]]
@@ -211,9 +166,38 @@ class EpisodeIndex:
         start_s = value[np.maximum.accumulate(mark)]
         prev, start = np.empty_like(prev_s), np.empty_like(start_s)
         prev[order], start[order] = prev_s, start_s
+        link = np.empty(n, dtype=bool)
+        link[order] = ~is_start
         envs = se[last]
         state = (envs, sid[last], send[last], start_s[last])
-        return _Plan(ids, env, prev, start, term, trunc, state)
+        return _Plan(ids, env, prev, start, term, trunc, state, link)
+
+    def _plan_lockstep(
+        self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
+    ) -> _Plan:
+        """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
+        are consecutive steps of one env, so no sort is needed."""
+        k = ids.shape[0] // e
+        if k == 1:  # one step of every env: the common vector-env write
+            prev1 = self._last_id.copy()
+            is_start1 = (prev1 < 0) | self._last_end
+            start1 = np.where(is_start1, ids, self._cur_start)
+            state1 = (self._envs, ids, term | trunc, start1)
+            return _Plan(ids, env, prev1, start1, term, trunc, state1, ~is_start1)
+        ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
+        prev = np.empty((k, e), dtype=np.int64)
+        prev[0], prev[1:] = self._last_id, ids2[:-1]
+        prev_end = np.empty((k, e), dtype=bool)
+        prev_end[0], prev_end[1:] = self._last_end, end[:-1]
+        is_start = (prev < 0) | prev_end
+        if k == 1:
+            start = np.where(is_start, ids2, self._cur_start)
+        else:  # ids grow along time: a running max carries each episode's first id forward
+            start = np.where(is_start, ids2, -1)
+            start[0] = np.where(is_start[0], ids2[0], self._cur_start)
+            start = np.maximum.accumulate(start, axis=0)
+        state = (self._envs, ids2[-1], end[-1], start[-1])
+        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, ~is_start.reshape(-1))
 
     def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         none = np.zeros(0, dtype=np.int64)
@@ -227,21 +211,19 @@ class EpisodeIndex:
         envs, last_id, last_end, start = plan.env_state
         if envs.size == 0:
             return
-        width = max(int(envs.max()) + 1, self._last_id.shape[0])
-        self._last_id, self._last_end, self._cur_start = (
-            _grow(a, width, fill) for a, fill in self._env_arrays()
-        )
         self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
-        c = self._ring.capacity
-        keep = slice(max(0, plan.ids.shape[0] - c), None)  # a batch over capacity keeps its tail
-        slots = plan.ids[keep] % c
+        c, n = self._ring.capacity, plan.ids.shape[0]
+        keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
+        first = int(plan.ids[keep.start]) % c
+        count = n - keep.start
+        slots: Any = slice(first, first + count) if first + count <= c else plan.ids[keep] % c
         self._env[slots] = plan.env[keep]
         self._prev[slots] = plan.prev[keep]
         self._start[slots] = plan.start[keep]
         self._term[slots] = plan.terminated[keep]
         self._trunc[slots] = plan.truncated[keep]
         self._next[slots] = -1
-        live = plan.prev >= self._ring.first_id
+        live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
         self._next[plan.prev[live] % c] = plan.ids[live]
 
     def clear(self) -> None:
@@ -263,21 +245,11 @@ class EpisodeIndex:
                     f"{key_str(normalize_key(self.keys.env))!r} field for items that"
                     " do not arrive in lockstep"
                 )
-            return np.tile(np.arange(self.num_envs, dtype=np.int64), n // self.num_envs)
-        value = flat[key]
-        if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
-            raise SpecError(f"field {key_str(key)!r} (env id): expected an integer dtype, got {value.dtype}")
-        env = value.detach().cpu().reshape(n, -1)
-        if env.shape[1] != 1:
-            raise SpecError(
-                f"field {key_str(key)!r} (env id): expected one id per item, got shape {tuple(value.shape)}"
-            )
-        arr = env.numpy()[:, 0].astype(np.int64)
+            if self._tiled.shape[0] != n:
+                self._tiled = np.tile(self._envs, n // self.num_envs)
+            return self._tiled
         limit = self.num_envs if self.num_envs is not None else MAX_ENV_ID
-        if arr.size and (arr.min() < 0 or arr.max() >= limit):
-            bad = int(arr[(arr < 0) | (arr >= limit)][0])
-            raise SpecError(f"field {key_str(key)!r} (env id): expected ids in [0, {limit}), got {bad}")
-        return arr
+        return read_env_ids(flat[key], key, n, limit)
 
     # -- queries -----------------------------------------------------------------
     def _slots(self, ids: Any, check: bool = True) -> np.ndarray:
@@ -339,23 +311,37 @@ class EpisodeIndex:
             StaleIndexError: an id that is not live.
         """
         n = check_positive_int("n", n)
-        return self.window_of_slots(self._slots(ids), _ids(ids), n)
+        self._slots(ids)  # checks liveness
+        walked, steps = self.walk(_ids(ids), n)
+        valid = np.arange(n) < steps[:, None]
+        return np.where(valid, walked, -1), valid
 
-    def window_of_slots(self, slots: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`window` for live items given as ``(slots, ids)`` (not checked: the
-        sampler's hot path)."""
-        b = ids.shape[0]
-        win = np.full((b, n), -1, dtype=np.int64)
-        valid = np.zeros((b, n), dtype=bool)
-        win[:, 0], valid[:, 0] = ids, True
-        cur, ok = slots, np.ones(b, dtype=bool)
+    def walk(self, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n - 1`` steps forward in each live item's episode (not checked: the
+        samplers' hot path).
+
+        Returns:
+            ``(walked, steps)``: ``walked[:, j]`` is the item ``j`` steps after ``ids``, or
+            the last valid one where the window ended earlier (``[B, n]`` int64 ids);
+            ``steps`` is the window's length ``k`` (int64).
+        """
+        b, c = ids.shape[0], self._ring.capacity
+        walked = np.empty((b, n), dtype=np.int64)
+        walked[:, 0] = ids
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        cur = ids
         for j in range(1, n):
-            nxt = self._next[cur]
-            ok = ok & (nxt >= 0) & ~(self._term[cur] | self._trunc[cur])
-            win[:, j] = np.where(ok, nxt, -1)
-            valid[:, j] = ok
-            cur = np.where(ok, nxt, 0) % self._ring.capacity
-        return win, valid
+            nxt = self._next[cur % c]
+            alive &= nxt >= 0
+            cur = np.where(alive, nxt, cur)
+            walked[:, j] = cur
+            steps += alive
+        return walked, steps
+
+    def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""
+        return self._term[slots]
 
     # -- unchecked per-slot reads for samplers and storages (sequences, frames) ----
     @property
@@ -373,19 +359,20 @@ class EpisodeIndex:
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Per-slot arrays of the live slots ``[0, size)`` and per-env state (NumPy)."""
+        """Per-slot arrays of the live slots ``[0, size)`` and per-env state, as CPU
+        tensors (safe for ``torch.load(weights_only=True)``)."""
         size = self._ring.size
         return {
             "num_envs": self.num_envs,
-            "env": self._env[:size].copy(),
-            "prev": self._prev[:size].copy(),
-            "next": self._next[:size].copy(),
-            "start": self._start[:size].copy(),
-            "terminated": self._term[:size].copy(),
-            "truncated": self._trunc[:size].copy(),
-            "last_id": self._last_id.copy(),
-            "last_end": self._last_end.copy(),
-            "cur_start": self._cur_start.copy(),
+            "env": torch.from_numpy(self._env[:size].copy()),
+            "prev": torch.from_numpy(self._prev[:size].copy()),
+            "next": torch.from_numpy(self._next[:size].copy()),
+            "start": torch.from_numpy(self._start[:size].copy()),
+            "terminated": torch.from_numpy(self._term[:size].copy()),
+            "truncated": torch.from_numpy(self._trunc[:size].copy()),
+            "last_id": torch.from_numpy(self._last_id.copy()),
+            "last_end": torch.from_numpy(self._last_end.copy()),
+            "cur_start": torch.from_numpy(self._cur_start.copy()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -398,13 +385,13 @@ class EpisodeIndex:
             ("prev", self._prev),
             ("next", self._next),
             ("start", self._start),
+            ("terminated", self._term),
+            ("truncated", self._trunc),
         ):
-            arr[:size] = np.asarray(state[name], dtype=np.int64)
-        self._term[:size] = np.asarray(state["terminated"], dtype=bool)
-        self._trunc[:size] = np.asarray(state["truncated"], dtype=bool)
-        self._last_id = np.array(state["last_id"], dtype=np.int64)
-        self._last_end = np.array(state["last_end"], dtype=bool)
-        self._cur_start = np.array(state["cur_start"], dtype=np.int64)
+            arr[:size] = _array(state[name], arr.dtype)
+        self._last_id = _array(state["last_id"], np.int64).copy()
+        self._last_end = _array(state["last_end"], bool).copy()
+        self._cur_start = _array(state["cur_start"], np.int64).copy()
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
@@ -418,15 +405,10 @@ def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:
     return out
 
 
-def _flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int) -> np.ndarray:
-    if key is None:
-        return np.zeros(n, dtype=bool)
-    value = flat[key].detach().cpu().reshape(n, -1)
-    if value.shape[1] != 1:
-        raise SpecError(
-            f"field {key_str(key)!r}: expected one episode-end flag per item, got {value.shape[1]}"
-        )
-    return value.numpy()[:, 0] != 0
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    """A saved array (a tensor, a NumPy array or a list) as NumPy of ``dtype``."""
+    arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    return arr.astype(dtype, copy=False)
 
 
 def _ids(ids: Any) -> np.ndarray:

@@ -17,6 +17,7 @@ __all__ = [
     "EmptyBufferError",
     "XpbankIndexError",
     "StaleIndexError",
+    "PriorityError",
     "BankError",
     "CorruptBankError",
     "MissingExtraError",
@@ -50,6 +51,10 @@ class XpbankIndexError(XpbankError, IndexError):
 
 class StaleIndexError(XpbankIndexError):
     """An index names an item that has since been overwritten or cleared."""
+
+
+class PriorityError(XpbankError, ValueError):
+    """Priorities or prioritized-sampling settings that cannot be used (NaN, negative ...)."""
 
 
 class BankError(XpbankError, OSError):

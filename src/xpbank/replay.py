@@ -26,9 +26,11 @@ from tensordict import TensorDict
 
 from xpbank.batch import flatten, to_tensordict
 from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
-from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
+from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
+from xpbank.nstep import NStep
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan
+from xpbank.sampler.priorities import check_update
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
@@ -94,6 +96,8 @@ class ReplayBuffer:
             items carry an ``env_id`` field.
         episode_keys: which fields hold the env id and episode ends (default: found by
             the usual names; see :class:`~xpbank.EpisodeKeys`).
+        nstep: add n-step returns to every :meth:`sample` (see :class:`~xpbank.NStep`);
+            the buffer then keeps an episode index.
 
     Example:
         >>> import torch
@@ -118,6 +122,7 @@ class ReplayBuffer:
         seed: int | None = None,
         num_envs: int | None = None,
         episode_keys: EpisodeKeys | None = None,
+        nstep: NStep | None = None,
     ):
         capacity = check_capacity(capacity)
         if spec is not None and not isinstance(spec, Spec):
@@ -130,7 +135,10 @@ class ReplayBuffer:
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
         self._num_envs, self._episode_keys = num_envs, episode_keys or EpisodeKeys()
-        needed = getattr(self._sampler, "needs_episodes", False)
+        if nstep is not None and not isinstance(nstep, NStep):
+            raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
+        self._nstep = nstep
+        needed = nstep is not None or getattr(self._sampler, "needs_episodes", False)
         needed = needed or getattr(self._storage, "needs_episodes", False)  # e.g. FrameStorage
         if wants_episodes(given, self._episode_keys, num_envs, needed):
             self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
@@ -260,6 +268,29 @@ class ReplayBuffer:
             slots, flat = _keep_last(slots, flat)
         self._storage.write(slots, flat)
 
+    def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
+        """Set the priorities of stored items, by the ids a sample returned.
+
+        Args:
+            indices: ids, e.g. ``batch["index"]``; a repeated id keeps its last priority.
+            priorities: one number >= 0 per id, e.g. ``td_error.abs()``.
+            stale: ``"raise"``: an id overwritten (or cleared) since it was sampled raises
+                and nothing is written; ``"skip"``: such ids are dropped, the rest written.
+
+        Raises:
+            PriorityError: the sampler keeps no priorities; NaN, infinite or negative
+                priorities; not one priority per id. Nothing is written.
+            XpbankIndexError: an id that was never issued.
+            StaleIndexError: (``stale="raise"``) an overwritten or cleared id.
+        """
+        update = getattr(self._sampler, "update_priority", None)
+        if update is None:
+            raise PriorityError(
+                f"update_priority: {self._sampler!r} keeps no priorities; build the buffer "
+                "with sampler=PrioritizedSampler()"
+            )
+        update(*check_update(self._ring, indices, priorities, stale))
+
     def clear(self) -> None:
         """Drop every item. Ids handed out before become stale. Memory is kept."""
         self._ring.clear()
@@ -332,7 +363,10 @@ class ReplayBuffer:
             )
         keys = self._fields(fields)  # checked before any randomness is drawn
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
-        return self._gather(slots, self._ring.ids_of_slots(slots), keys, info)
+        ids = self._ring.ids_of_slots(slots)
+        if self._nstep is not None:
+            info = {**info, **self._nstep.entries(self._storage, self._ring, slots, ids, keys)}
+        return self._gather(slots, ids, keys, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.
@@ -397,6 +431,11 @@ class ReplayBuffer:
         capacity = int(state["ring"]["capacity"])
         if capacity != self.capacity:
             raise CapacityError(f"state is of a buffer of capacity {capacity}, this one has {self.capacity}")
+        if self._ring.episodes is not None and "episodes" not in state and int(state["ring"]["size"]):
+            raise SpecError(
+                "state holds no episode index, but this buffer keeps one (num_envs, an env field or "
+                "nstep): its items' envs and episode ends cannot be recovered; build it without them"
+            )
         self._storage.load_state_dict(state["storage"])
         self._ring.load_state_dict(state["ring"])
         self._sampler.load_state_dict(state["sampler"])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from xpbank.sampler.base import Sampler
 from xpbank.sampler.epochs import epoch_plan
+from xpbank.sampler.prioritized import PrioritizedSampler
 from xpbank.sampler.sequence import SequenceSampler
 from xpbank.sampler.uniform import UniformSampler
 
-__all__ = ["Sampler", "UniformSampler", "epoch_plan"]
+__all__ = ["PrioritizedSampler", "Sampler", "UniformSampler", "epoch_plan"]
 __all__ += ["SequenceSampler"]

@@ -19,7 +19,7 @@ that is drawn from directly, so a sample never scans the buffer:
   ring's write cursor.
 
 The starts live in a :class:`~xpbank.sampler.draw.SlotSet` (uniform: one random
-position, O(1)) or a :class:`~xpbank.sampler.draw.SumTree` (prioritized: O(log C)).
+position, O(1)) or the sum-tree of :mod:`xpbank.sampler.sumtree` (prioritized: O(log C)).
 The ids of a drawn window are ``start + j * num_envs`` in lockstep mode, or followed
 through the index's ``next`` links otherwise: O(B * L) per sample either way.
 
@@ -37,8 +37,9 @@ import torch
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.ring import Ring
-from xpbank.sampler.draw import SlotSet, SumTree
+from xpbank.sampler.draw import SlotSet
 from xpbank.sampler.sequence_index import EnvStreams, new_starts, window_priority
+from xpbank.sampler.sumtree import find_prefix_sum, new_tree, set_leaves, set_range
 from xpbank.storage.base import Slots
 
 __all__ = ["SequenceSampler"]
@@ -123,7 +124,7 @@ class SequenceSampler:
         self._capacity, self._ring = c, ring
         self._span = np.zeros(c, dtype=np.int64)  # real items of the window starting here
         self._starts = SlotSet(c)
-        self._tree = SumTree(c) if self.prioritized else None
+        self._tree = new_tree(c, np.add) if self.prioritized else None
         self._max_priority = 1.0
         self._streams = EnvStreams(2 * self.window)
         self._synced = ring.next_id
@@ -163,12 +164,12 @@ class SequenceSampler:
         self._span[slots] = spans
         self._starts.add(slots)
         if self._tree is not None:
-            self._tree.set(slots, np.full(slots.shape[0], self._max_priority**self.alpha))
+            set_leaves(self._tree, slots, np.full(slots.shape[0], self._max_priority**self.alpha), np.add)
 
     def _drop(self, slots: np.ndarray) -> None:
         self._starts.remove(slots)
         if self._tree is not None:
-            self._tree.set(slots, np.zeros(slots.shape[0]))
+            set_leaves(self._tree, slots, np.zeros(slots.shape[0]), np.add)
 
     def on_write(self, slots: Slots, ring: Ring) -> None:
         """Index earlier writes, then forget the starts about to be overwritten."""
@@ -182,7 +183,7 @@ class SequenceSampler:
         if self._ring is not None:
             self._starts.clear()
             if self._tree is not None:
-                self._tree.clear()
+                set_range(self._tree, 0, self._capacity, 0.0, np.add)
             self._streams.clear()
             self._synced = self._ring.next_id
 
@@ -222,10 +223,9 @@ class SequenceSampler:
         else:
             if not replace:
                 raise CapacityError("sample: replace=False is not supported with prioritized windows")
-            total = self._tree.total
-            mass = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * total
-            start = self._tree.find(mass)
-            prob = self._tree.get(start) / total
+            fractions = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
+            start, total = find_prefix_sum(self._tree, fractions)
+            prob = self._tree[0][start] / total
             w = (n * prob) ** -self.beta
             info["weight"] = torch.from_numpy((w / w.max()).astype(np.float32)).unsqueeze(1)
         slots, real = self._window_slots(ring, start)
@@ -281,12 +281,12 @@ class SequenceSampler:
         start = ids[:, 0]
         prio = window_priority(err, keep, self.eta) + self.eps
         slot = start % self._capacity
-        live = (start >= self._ring.first_id) & (start < self._ring.next_id) & (self._tree.get(slot) > 0)
+        live = (start >= self._ring.first_id) & (start < self._ring.next_id) & (self._tree[0][slot] > 0)
         slot, prio = slot[live], prio[live]
         _, last = np.unique(slot[::-1], return_index=True)  # a repeated window keeps its last row
         pick = slot.shape[0] - 1 - last
         if pick.shape[0]:
-            self._tree.set(slot[pick], prio[pick] ** self.alpha)
+            set_leaves(self._tree, slot[pick], prio[pick] ** self.alpha, np.add)
             self._max_priority = max(self._max_priority, float(prio.max()))
         return int(pick.shape[0])
 
@@ -300,7 +300,7 @@ class SequenceSampler:
             "synced": self._synced,
             "starts": starts,
             "spans": self._span[starts].copy(),
-            "weights": self._tree.get(starts).copy() if self._tree is not None else np.zeros(0),
+            "weights": self._tree[0][starts].copy() if self._tree is not None else np.zeros(0),
             "max_priority": self._max_priority,
             "streams": self._streams.state_dict(),
         }
@@ -324,7 +324,7 @@ class SequenceSampler:
         self._span[starts] = np.asarray(state["spans"], dtype=np.int64)
         self._starts.add(starts)
         if self._tree is not None:
-            self._tree.set(starts, np.asarray(state["weights"], dtype=np.float64))
+            set_leaves(self._tree, starts, np.asarray(state["weights"], dtype=np.float64), np.add)
         self._max_priority = float(state["max_priority"])
         self._streams.load_state_dict(state["streams"])
 

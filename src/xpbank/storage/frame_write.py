@@ -143,8 +143,8 @@ def plan_frames(
     dying = np.arange(ring.first_id, min(new_first, first_new), dtype=np.int64)
     rescue_old = np.zeros(0, dtype=np.int64)
     if s > 1 and dying.size:
-        win, valid = ring.episodes.window_of_slots(dying % c, dying, s)  # type: ignore[union-attr]
-        after = win[:, 1:][valid[:, 1:]]
+        win, steps = ring.episodes.walk(dying, s)  # type: ignore[union-attr]
+        after = win[:, 1:][np.arange(1, s) < steps[:, None]]
         after = np.unique(after[(after >= new_first) & (after < first_new)])
         rescue_old = after[~st._stacks.has(after % c)]
     overwritten = ids[kept] % c

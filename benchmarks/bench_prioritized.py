@@ -1,0 +1,288 @@
+"""Prioritized replay and n-step sampling: xpbank against cpprb, TorchRL and SB3 in one run.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_prioritized.py --threads 1 [--quick] [--json out.json]
+
+Part 1, prioritized replay: 1M items (obs float32[64], reward), batch 256. One timed call
+is ``sample(256)`` then an update of the 256 sampled items' priorities (precomputed
+random values), for xpbank's PrioritizedSampler, cpprb's PrioritizedReplayBuffer and
+TorchRL's PrioritizedSampler (where its compiled extension loads). Also xpbank's sample
+and update alone, and a plain uniform sample of the same batch.
+
+Part 2, n-step: 1M items from 8 envs (obs/next_obs float32[64], reward, terminated,
+truncated; random episode ends), batch 256: xpbank's uniform sample with ``NStep(3,
+0.99)`` against the same buffer's plain uniform sample, and SB3's NStepReplayBuffer
+(n_steps=3) against SB3's plain ReplayBuffer. Also extend with and without the episode
+index (one [8] step, and [256]).
+
+Every number is the fastest of ``--chunks`` timed blocks (the machine may be shared);
+per-call time in µs. No timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+import xpbank
+from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from xpbank import NStep, PrioritizedSampler, ReplayBuffer
+
+BATCH = 256
+OBS = 64
+NUM_ENVS = 8
+
+
+def best_of(fn: Callable[[int], object], calls: int, chunks: int) -> float:
+    """Seconds per call: the fastest of ``chunks`` blocks of ``calls`` calls (warmed up)."""
+    for i in range(min(calls, 20)):
+        fn(i)
+    best = float("inf")
+    for _ in range(chunks):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def priorities(k: int = 16) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.exponential(size=BATCH) for _ in range(k)]
+
+
+def per_data(capacity: int, chunk: int = 100_000) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [
+        {"obs": rng.standard_normal((min(chunk, capacity - s), OBS), dtype=np.float32),
+         "reward": rng.standard_normal(min(chunk, capacity - s), dtype=np.float32)}
+        for s in range(0, capacity, chunk)
+    ]  # fmt: skip
+
+
+# -- part 1: prioritized replay ----------------------------------------------------------
+def bench_xpbank_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    rb = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha=0.6, beta=0.4), seed=0)
+    for part in per_data(capacity):
+        rb.extend({k: torch.from_numpy(v) for k, v in part.items()})
+    prios = [torch.from_numpy(p) for p in priorities()]
+    batch = rb.sample(BATCH)
+    assert batch["obs"].shape == (BATCH, OBS) and batch["weight"].shape == (BATCH,)
+
+    def step(i: int) -> None:
+        b = rb.sample(BATCH)
+        rb.update_priority(b["index"], prios[i % len(prios)])
+
+    out = {"sample + update": best_of(step, calls, chunks)}
+    out["sample"] = best_of(lambda i: rb.sample(BATCH), calls, chunks)
+    ids = rb.sample(BATCH)["index"]
+    out["update"] = best_of(lambda i: rb.update_priority(ids, prios[i % len(prios)]), calls, chunks)
+    return out
+
+
+def bench_xpbank_uniform(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    uniform = ReplayBuffer(capacity, seed=0)
+    for part in per_data(capacity):
+        uniform.extend({k: torch.from_numpy(v) for k, v in part.items()})
+    return {"uniform sample": best_of(lambda i: uniform.sample(BATCH), calls, chunks)}
+
+
+def bench_cpprb_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    from cpprb import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(capacity, {"obs": {"shape": OBS}, "rew": {}}, alpha=0.6)
+    for part in per_data(capacity):
+        rb.add(obs=part["obs"], rew=part["reward"])
+    prios = priorities()
+    sample = rb.sample(BATCH, beta=0.4)
+    assert sample["obs"].shape == (BATCH, OBS) and sample["weights"].shape == (BATCH,)
+
+    def step(i: int) -> None:
+        s = rb.sample(BATCH, beta=0.4)
+        rb.update_priorities(s["indexes"], prios[i % len(prios)])
+
+    return {"sample + update": best_of(step, calls, chunks)}
+
+
+def bench_torchrl_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler as TorchRLPrioritized
+
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
+    sampler = TorchRLPrioritized(capacity, alpha=0.6, beta=0.4)  # needs torchrl._torchrl (C++)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=BATCH)
+    for part in per_data(capacity):
+        n = part["reward"].shape[0]
+        rb.extend(TensorDict({k: torch.from_numpy(v) for k, v in part.items()}, batch_size=[n]))
+    prios = [torch.from_numpy(p) for p in priorities()]
+
+    def step(i: int) -> None:
+        b = rb.sample()
+        rb.update_priority(b["index"], prios[i % len(prios)])
+
+    step(0)
+    return {"sample + update": best_of(step, calls, chunks)}
+
+
+# -- part 2: n-step ------------------------------------------------------------------------
+def nstep_steps(capacity: int, chunk_steps: int = 10_000) -> list[dict[str, np.ndarray]]:
+    """``capacity // NUM_ENVS`` env steps as [T * E] time-major chunks."""
+    rng = np.random.default_rng(2)
+    out, steps = [], capacity // NUM_ENVS
+    for s in range(0, steps, chunk_steps):
+        n = min(chunk_steps, steps - s) * NUM_ENVS
+        end = rng.random(n) < 1 / 200
+        trunc = end & (rng.random(n) < 0.3)
+        out.append({
+            "obs": rng.standard_normal((n, OBS), dtype=np.float32),
+            "next_obs": rng.standard_normal((n, OBS), dtype=np.float32),
+            "reward": rng.standard_normal(n, dtype=np.float32),
+            "terminated": end & ~trunc,
+            "truncated": trunc,
+        })  # fmt: skip
+    return out
+
+
+def bench_xpbank_nstep(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    data = [{k: torch.from_numpy(v) for k, v in part.items()} for part in nstep_steps(capacity)]
+    step8 = [{k: v[j * NUM_ENVS : (j + 1) * NUM_ENVS] for k, v in data[0].items()} for j in range(64)]
+    step256 = [{k: v[j * BATCH : (j + 1) * BATCH] for k, v in data[0].items()} for j in range(16)]
+    out: dict[str, float] = {}
+    for label, kwargs in (("plain", {}), ("nstep", {"num_envs": NUM_ENVS, "nstep": NStep(3, 0.99)})):
+        rb = ReplayBuffer(capacity, seed=0, **kwargs)  # type: ignore[arg-type]
+        for part in data:
+            rb.extend(part)
+        if label == "nstep":
+            assert rb.sample(BATCH)["nstep_return"].shape == (BATCH,)
+        out[f"sample ({label})"] = best_of(lambda i, rb=rb: rb.sample(BATCH), calls, chunks)
+        out[f"extend [8] ({label})"] = best_of(lambda i, rb=rb: rb.extend(step8[i % 64]), calls, chunks)
+        out[f"extend [256] ({label})"] = best_of(lambda i, rb=rb: rb.extend(step256[i % 16]), calls, chunks)
+        rb = None
+        gc.collect()
+    return out
+
+
+def bench_sb3_nstep(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import NStepReplayBuffer
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3Replay
+
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
+    act_space = spaces.Box(-1, 1, (1,), np.float32)
+    out = {}
+    for label, cls, kw in (
+        ("plain", SB3Replay, {}),
+        ("nstep", NStepReplayBuffer, {"n_steps": 3, "gamma": 0.99}),
+    ):
+        rb = cls(capacity, obs_space, act_space, device="cpu", n_envs=NUM_ENVS, **kw)  # capacity // 8 steps
+        t = 0
+        for part in nstep_steps(capacity):  # written straight into SB3's [T, E] arrays
+            n = part["reward"].shape[0] // NUM_ENVS
+            rb.observations[t : t + n] = part["obs"].reshape(n, NUM_ENVS, OBS)
+            rb.next_observations[t : t + n] = part["next_obs"].reshape(n, NUM_ENVS, OBS)
+            rb.rewards[t : t + n] = part["reward"].reshape(n, NUM_ENVS)
+            rb.dones[t : t + n] = (part["terminated"] | part["truncated"]).reshape(n, NUM_ENVS)
+            rb.timeouts[t : t + n] = part["truncated"].reshape(n, NUM_ENVS)
+            t += n
+        rb.full, rb.pos = True, 0
+        assert rb.sample(BATCH).rewards.shape == (BATCH, 1)
+        out[f"sample ({label})"] = best_of(lambda i, rb=rb: rb.sample(BATCH), calls, chunks)
+        del rb
+        gc.collect()
+    return out
+
+
+def attempt(name: str, fn: Callable[[], dict[str, float]], skipped: dict[str, str]) -> dict[str, float]:
+    log(f"running {name} ...")
+    try:
+        return fn()
+    except Exception as exc:  # a peer library that cannot run here is reported, not fatal
+        skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        log(f"skipped {name}: {skipped[name]}")
+        return {}
+
+
+def report(results: dict[str, dict[str, float]], capacity: int, skipped: dict[str, str]) -> str:
+    xp, cp, tr = results["xpbank PER"], results["cpprb PER"], results["torchrl PER"]
+    lines = [f"## Prioritized replay: {capacity:,} items (obs float32[64], reward), batch {BATCH}", ""]
+    rows = []
+    base = xp.get("sample + update")
+    for name, res in (("xpbank", xp), ("cpprb", cp), ("torchrl", tr)):
+        if "sample + update" in res:
+            t = res["sample + update"]
+            rows.append([name, fmt_us(t), fmt_ratio(t / base if base else None)])
+    lines.append(markdown_table(["library", "sample + update_priority", "time vs xpbank"], rows))
+    if xp:
+        alone = {**xp, **results["xpbank uniform"]}
+        lines += ["", "xpbank alone: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in alone.items())]
+    xn, sb = results["xpbank n-step"], results["sb3 n-step"]
+    lines += ["", f"## N-step (n=3): {capacity:,} items from {NUM_ENVS} envs, batch {BATCH}", ""]
+    rows = []
+    if xn:
+        rows.append(["xpbank", fmt_us(xn["sample (plain)"]), fmt_us(xn["sample (nstep)"]),
+                     fmt_ratio(xn["sample (nstep)"] / xn["sample (plain)"])])  # fmt: skip
+    if sb:
+        rows.append(["sb3", fmt_us(sb["sample (plain)"]), fmt_us(sb["sample (nstep)"]),
+                     fmt_ratio(sb["sample (nstep)"] / sb["sample (plain)"])])  # fmt: skip
+    lines.append(markdown_table(["library", "uniform sample", "n-step sample", "n-step / uniform"], rows))
+    if xn:
+        extends = ", ".join(f"{k} {fmt_us(v)}" for k, v in xn.items() if k.startswith("extend"))
+        lines += ["", f"xpbank extend, plain vs with the episode index (num_envs=8, nstep): {extends}"]
+    lines += [f"\nSkipped {name}: {why}" for name, why in skipped.items()]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="100k items and few calls (seconds)")
+    p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 300; quick 50)")
+    p.add_argument("--chunks", type=int, default=5, help="timed blocks; the fastest is reported")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    if args.calls is None:
+        args.calls = 50 if args.quick else 300
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    capacity = 100_000 if args.quick else 1_000_000
+    freeze_heap()
+    env = environment({"xpbank": xpbank.__version__})
+    print("# xpbank prioritized / n-step benchmark\n\n" + " · ".join(f"{k} {v}" for k, v in env.items()))
+    skipped: dict[str, str] = {}
+    c, k = args.calls, args.chunks
+    results = {
+        "xpbank PER": attempt("xpbank PER", lambda: bench_xpbank_per(capacity, c, k), skipped),
+        "xpbank uniform": attempt("xpbank uniform", lambda: bench_xpbank_uniform(capacity, c, k), skipped),
+        "cpprb PER": attempt("cpprb PER", lambda: bench_cpprb_per(capacity, c, k), skipped),
+        "torchrl PER": attempt("torchrl PER", lambda: bench_torchrl_per(capacity, c, k), skipped),
+        "xpbank n-step": attempt("xpbank n-step", lambda: bench_xpbank_nstep(capacity, c, k), skipped),
+        "sb3 n-step": attempt("sb3 n-step", lambda: bench_sb3_nstep(capacity, c, k), skipped),
+    }
+    print("\n" + report(results, capacity, skipped), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"environment": env, "args": vars(args), "results": results, "skipped": skipped}, f, indent=2
+            )
+    return 1 if "xpbank PER" in skipped or "xpbank n-step" in skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

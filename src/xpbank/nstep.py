@@ -1,0 +1,171 @@
+"""N-step targets for sampled items, read through the episode index: ``NStep(n, gamma)``.
+
+Give it to the buffer, ``ReplayBuffer(..., nstep=NStep(3, 0.99))``, and every
+:meth:`~xpbank.ReplayBuffer.sample` (uniform or prioritized: the sampler still picks
+items ``t``, and priorities stay per item) also returns, for each item ``t``:
+
+- ``"nstep_return"``: ``sum_{j<k} gamma**j * r_{t+j}`` (float32);
+- ``"nstep_discount"``: ``gamma**k``, or 0 when step ``t+k-1`` terminated (float32);
+- ``"nstep_steps"``: ``k`` (int64) and ``"nstep_terminated"`` (bool);
+- the next-step fields (the observation after step ``t+k-1``, its ``terminated`` ...)
+  taken from item ``t+k-1`` instead of ``t``: with TorchRL keys every ``("next", ...)``
+  field but the reward; with flat keys every ``next_*`` field and ``terminated``,
+  ``truncated``, ``done``.
+
+The window holds ``t`` and the items after it in the same env (from the buffer's
+:class:`~xpbank.EpisodeIndex`), at most ``n``: it stops after the item that ends the
+episode (terminated or truncated; a truncated item's next observation is the true final
+one, so the bootstrap stays) and at the newest item written, so the newest items get a
+shorter window and bootstrap from the newest step's next observation. No slot of an item
+newer than the window is ever read.
+
+Example:
+    >>> import torch
+    >>> from xpbank import NStep, ReplayBuffer
+    >>> rb = ReplayBuffer(100, num_envs=1, nstep=NStep(3, 0.5), seed=0)
+    >>> rb.extend({"obs": torch.arange(4.0), "next_obs": torch.arange(1.0, 5.0),
+    ...            "reward": torch.ones(4), "terminated": torch.tensor([0, 0, 0, 1])})
+    range(0, 4)
+    >>> batch = rb.sample(64)
+    >>> sorted(set(zip(batch["index"].tolist(), batch["nstep_return"].tolist(),
+    ...                batch["next_obs"].tolist(), batch["nstep_discount"].tolist())))
+    [(0, 1.75, 3.0, 0.125), (1, 1.75, 4.0, 0.0), (2, 1.5, 4.0, 0.0), (3, 1.0, 4.0, 0.0)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.errors import SpecError, check_positive_int
+from xpbank.nstep_returns import nstep_return
+from xpbank.ring import Ring
+from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.storage.base import Storage
+
+__all__ = ["NStep"]
+
+_REWARD = (("next", "reward"), "reward")
+_FLAT_NEXT = ("terminated", "truncated", "done")
+
+
+@dataclass(frozen=True)
+class NStep:
+    """N-step returns for every sampled item (a buffer option).
+
+    Args:
+        n: the most steps in a window (1: one-step targets in the same layout).
+        gamma: the discount per step, in ``[0, 1]``.
+        reward_key: the reward field; default ``("next", "reward")`` or ``"reward"``.
+        next_keys: the fields taken from the window's last item; default as described
+            in the module docstring.
+    """
+
+    n: int
+    gamma: float
+    reward_key: Any = None
+    next_keys: Any = None
+    _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _columns: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_positive_int("n", self.n)
+        object.__setattr__(self, "_columns", np.arange(self.n))
+        if isinstance(self.reward_key, list):  # from config(): JSON has no tuples
+            object.__setattr__(self, "reward_key", tuple(self.reward_key))
+        if self.next_keys is not None:
+            nexts = tuple(tuple(k) if isinstance(k, list) else k for k in self.next_keys)
+            object.__setattr__(self, "next_keys", nexts)
+        if isinstance(self.gamma, bool) or not (
+            isinstance(self.gamma, (int, float)) and 0 <= self.gamma <= 1
+        ):
+            raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-able (nested keys as lists, which the
+        constructor turns back into tuples): ``NStep(**option.config()) == option``."""
+
+        def plain(key: Any) -> Any:
+            return list(key) if isinstance(key, tuple) else key
+
+        nexts = None if self.next_keys is None else [plain(k) for k in self.next_keys]
+        return {
+            "n": self.n,
+            "gamma": float(self.gamma),
+            "reward_key": plain(self.reward_key),
+            "next_keys": nexts,
+        }
+
+    def keys(self, spec: Spec) -> tuple[NestedKey, list[NestedKey]]:
+        """``(reward_key, next_keys)`` for ``spec``.
+
+        Raises:
+            SpecError: no reward field, or a named field that is not in the spec.
+        """
+        if self._cache and self._cache[0] is spec:
+            return self._cache[1]
+        names = [key_str(k) for k in spec]
+        if self.reward_key is not None:
+            reward = normalize_key(self.reward_key)
+        else:
+            found = [k for k in _REWARD if k in spec]
+            if not found:
+                raise SpecError(
+                    f"nstep: no reward field ('next.reward' or 'reward') in the spec; known: {names}"
+                )
+            reward = found[0]
+        if self.next_keys is not None:
+            nexts = [normalize_key(k) for k in self.next_keys]
+        else:
+            nexts = [k for k in spec if k != reward and _is_next(k)]
+        for key in [reward, *nexts]:
+            if key not in spec:
+                raise SpecError(f"nstep: field {key_str(key)!r} is not in the spec; known: {names}")
+        if spec[reward].numel != 1:
+            raise SpecError(
+                f"nstep: field {key_str(reward)!r} (reward): expected one number per item, got {spec[reward]}"
+            )
+        self._cache[:] = [spec, (reward, nexts)]
+        return reward, nexts
+
+    def entries(
+        self,
+        storage: Storage,
+        ring: Ring,
+        slots: torch.Tensor,
+        ids: torch.Tensor,
+        keys: list[NestedKey] | None,
+    ) -> dict[Any, torch.Tensor]:
+        """The n-step entries of live items ``ids`` (in ``slots``), to merge into their batch."""
+        episodes = ring.episodes
+        if episodes is None or storage.spec is None:
+            raise RuntimeError("NStep.entries needs the buffer's episode index")
+        reward_key, next_keys = self.keys(storage.spec)
+        if keys is not None:
+            next_keys = [k for k in next_keys if k in keys]
+        b, c, n = ids.shape[0], ring.capacity, self.n
+        walked, steps = episodes.walk(ids.cpu().numpy(), n)
+        last_slots = walked[:, -1] % c
+        reward = storage.gather(torch.from_numpy((walked % c).reshape(-1)), [reward_key])[reward_key]
+        if reward.dtype == torch.bfloat16:  # NumPy has no bfloat16
+            reward = reward.float()
+        valid = self._columns[:n] < steps[:, None]
+        terminated = episodes.terminated_of_slots(last_slots)
+        ret, disc, k = nstep_return(reward.reshape(b, n).cpu().numpy(), valid, terminated, float(self.gamma))
+        out: dict[Any, torch.Tensor] = {}
+        if next_keys:
+            out.update(storage.gather(torch.from_numpy(last_slots), next_keys))
+        out["nstep_return"] = torch.from_numpy(ret)
+        out["nstep_discount"] = torch.from_numpy(disc)
+        out["nstep_steps"] = torch.from_numpy(k)
+        out["nstep_terminated"] = torch.from_numpy(terminated)
+        return out
+
+
+def _is_next(key: NestedKey) -> bool:
+    if isinstance(key, tuple):
+        return key[0] == "next"
+    return key.startswith("next_") or key in _FLAT_NEXT

@@ -1,0 +1,105 @@
+"""The math and the input checks of prioritized replay, as pure functions.
+
+Proportional prioritization (Schaul et al. 2016): an item of priority ``p`` (a TD error
+magnitude plus ``eps``) is stored as ``p ** alpha`` and drawn with probability
+``P(i) = p_i ** alpha / sum_k p_k ** alpha``. Its importance weight is
+``(N * P(i)) ** -beta``, normalized by the largest weight of any stored item (that of
+the smallest ``P``) so that weights only scale updates down.
+
+Example:
+    >>> import numpy as np
+    >>> importance_weights(np.array([1.0, 4.0]), total=5.0, smallest=1.0, n=2, beta=1.0).tolist()
+    [1.0, 0.25]
+    >>> importance_weights(np.array([1.0, 4.0]), 5.0, 1.0, 2, 1.0, normalize=False).tolist()
+    [2.5, 0.625]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
+from xpbank.ring import Ring, _as_index_array
+
+__all__ = ["beta_at", "check_update", "importance_weights"]
+
+
+def importance_weights(
+    stored: np.ndarray, total: float, smallest: float, n: int, beta: float, normalize: bool = True
+) -> np.ndarray:
+    """``(n * P(i)) ** -beta`` for items of stored priority ``stored`` (``p ** alpha``).
+
+    Args:
+        stored: the drawn items' stored priorities.
+        total: the sum of every stored priority (``P(i) = stored / total``).
+        smallest: the smallest stored priority of any live item.
+        n: the number of live items.
+        beta: the correction exponent (0: no correction, 1: full).
+        normalize: divide by the largest weight, ``(n * smallest / total) ** -beta``.
+    """
+    if normalize:
+        return (stored / smallest) ** -beta
+    return (n * stored / total) ** -beta
+
+
+def beta_at(beta0: float, steps: int | None, done: int) -> float:
+    """A linear schedule from ``beta0`` to 1 over ``steps`` samples (constant without ``steps``)."""
+    if steps is None:
+        return beta0
+    return beta0 + (1.0 - beta0) * min(1.0, done / steps)
+
+
+def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple[np.ndarray, np.ndarray]:
+    """The slots and priorities of a priority update, every input checked first.
+
+    Returns:
+        ``(slots, priorities)`` of the live ids (``stale="skip"`` drops the others),
+        priorities as float64.
+
+    Raises:
+        PriorityError: ``stale`` is not ``"raise"``/``"skip"``; priorities that are NaN,
+            infinite or negative, or not one per index.
+        XpbankIndexError: an id that was never issued (negative, or not written yet).
+        StaleIndexError: with ``stale="raise"``, an id whose item has been overwritten
+            or cleared.
+    """
+    if stale not in ("raise", "skip"):
+        raise PriorityError(f"stale: expected 'raise' or 'skip', got {stale!r}")
+    ids = _as_index_array(indices, "indices")
+    values = (
+        priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
+    )
+    if values.dtype == bool or not np.issubdtype(values.dtype, np.number):
+        raise PriorityError(f"priorities: expected numbers, got dtype {values.dtype}")
+    values = values.astype(np.float64).reshape(-1) if values.ndim <= 1 or values.shape[1:] == (1,) else values
+    if values.ndim != 1 or values.shape[0] != ids.shape[0]:
+        raise PriorityError(
+            f"priorities: expected one per index ({ids.shape[0]}), got shape {tuple(np.shape(priorities))}"
+        )
+    if values.size == 0:
+        return ids % ring.capacity, values
+    if not (values.min() >= 0 and values.max() < np.inf):  # one pass each; NaN fails both
+        i = int(np.argmax(~np.isfinite(values) | (values < 0)))
+        raise PriorityError(
+            f"priorities: expected finite values >= 0, got {values[i]} at position {i}; nothing was updated"
+        )
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= ring.next_id:
+        never = ids[(ids < 0) | (ids >= ring.next_id)][0]
+        raise XpbankIndexError(
+            f"indices: item {int(never)} was never issued (ids so far: 0 .. {ring.next_id - 1}); "
+            "nothing was updated"
+        )
+    if low < ring.first_id:
+        live = ids >= ring.first_id
+        if stale == "raise":
+            raise StaleIndexError(
+                f"indices: item {int(ids[~live][0])} has been overwritten or cleared (live items: "
+                f"{ring.first_id} .. {ring.next_id - 1}); nothing was updated. Pass stale='skip' "
+                "to drop such updates and write the rest."
+            )
+        ids, values = ids[live], values[live]
+    return ids % ring.capacity, values

@@ -1,0 +1,205 @@
+"""Proportional prioritized sampling (Schaul et al. 2016) over a sum-tree and a min-tree.
+
+Both trees are NumPy arrays on the CPU, whatever device the data lives on (slots go to
+the storage's device for the gather). A batch is drawn with stratified segments: the
+total priority is cut into ``batch_size`` equal segments and one point is drawn
+uniformly in each, then the whole batch descends the sum-tree level by level. Priority
+updates write the leaves and recompute their ancestors level by level. Neither loops
+over items: O(B log N) in a few NumPy calls per level.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.errors import PriorityError, check_positive_int
+from xpbank.ring import Ring
+from xpbank.sampler import sumtree
+from xpbank.sampler.priorities import beta_at, importance_weights
+from xpbank.storage.base import Slots
+
+__all__ = ["PrioritizedSampler"]
+
+
+def _check_number(name: str, value: Any, low: float, strict: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or (strict and number == low):
+        sign = ">" if strict else ">="
+        raise PriorityError(f"{name}: expected a finite number {sign} {low}, got {value!r}")
+    return number
+
+
+class PrioritizedSampler:
+    """Draw items with probability proportional to ``priority ** alpha``.
+
+    New items get the largest priority seen so far (at least ``max_priority``), so each
+    is likely to be drawn once before its TD error is known. Send new priorities back
+    with ``rb.update_priority(batch["index"], td_error.abs())``.
+
+    Each sampled batch carries ``"weight"`` (float32): the importance weights
+    ``(N * P(i)) ** -beta``, divided by the largest weight of any stored item that can
+    be drawn (``P > 0``) unless ``normalize_weights=False``.
+
+    Args:
+        alpha: how strongly priorities shape sampling (0: uniform).
+        beta: the importance-correction exponent, or its start value with ``beta_steps``.
+        eps: added to every priority so that no item becomes impossible to draw.
+        max_priority: the priority of the first items written.
+        beta_steps: anneal ``beta`` linearly to 1 over this many ``sample`` calls.
+        normalize_weights: divide weights by the largest possible one.
+
+    Example:
+        >>> import torch
+        >>> from xpbank import PrioritizedSampler, ReplayBuffer
+        >>> rb = ReplayBuffer(1000, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=0)
+        >>> rb.extend({"obs": torch.randn(4, 3)})
+        range(0, 4)
+        >>> rb.update_priority([0, 1, 2, 3], [1.0, 1.0, 1.0, 5.0])
+        >>> batch = rb.sample(8)
+        >>> batch["weight"].dtype, round(float(batch["weight"].min()), 2)
+        (torch.float32, 0.2)
+    """
+
+    needs_episodes = False
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        max_priority: float = 1.0,
+        *,
+        beta_steps: int | None = None,
+        normalize_weights: bool = True,
+    ):
+        self.alpha = _check_number("alpha", alpha, 0.0)
+        self.beta0 = _check_number("beta", beta, 0.0)
+        self.eps = _check_number("eps", eps, 0.0)
+        self.max_priority = _check_number("max_priority", max_priority, 0.0, strict=True)
+        self.beta_steps = None if beta_steps is None else check_positive_int("beta_steps", beta_steps)
+        self.normalize_weights = bool(normalize_weights)
+        self._initial_max = self.max_priority
+        self._samples = 0  # sample() calls so far: the schedule's position
+        self._filled = 0  # slots [0, filled) have been written since the last clear
+        self._sum: sumtree.Tree = []
+        self._min: sumtree.Tree = []
+
+    @property
+    def beta(self) -> float:
+        """The ``beta`` the next sample uses."""
+        return beta_at(self.beta0, self.beta_steps, self._samples)
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-able: ``PrioritizedSampler(**s.config())``."""
+        return {
+            "alpha": self.alpha,
+            "beta": self.beta0,
+            "eps": self.eps,
+            "max_priority": self._initial_max,
+            "beta_steps": self.beta_steps,
+            "normalize_weights": self.normalize_weights,
+        }
+
+    def _allocate(self, capacity: int) -> None:
+        self._sum = sumtree.new_tree(capacity, np.add)
+        self._min = sumtree.new_tree(capacity, np.minimum)
+
+    # -- the Sampler protocol ------------------------------------------------------
+    def sample(
+        self, ring: Ring, batch_size: int, generator: torch.Generator, replace: bool = True
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if not replace:
+            raise PriorityError(
+                "replace=False: prioritized sampling draws with replacement (one stratified "
+                "point per segment of the total priority); sample with replace=True"
+            )
+        if not self._sum[-1].any():
+            raise PriorityError(
+                f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
+                "can be drawn; use eps > 0 or give some item a positive priority"
+            )
+        draws = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
+        slots, total = sumtree.find_prefix_sum(self._sum, (np.arange(batch_size) + draws) / batch_size)
+        stored = self._sum[0][slots]
+        smallest = sumtree.top_reduce(self._min, np.minimum)
+        weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
+        self._samples += 1
+        return torch.from_numpy(slots), {"weight": torch.from_numpy(weights.astype(np.float32))}
+
+    def on_write(self, slots: Slots, ring: Ring) -> None:
+        """New items start at the largest priority so far."""
+        if not self._sum:
+            self._allocate(ring.capacity)
+        value = self.max_priority**self.alpha
+        if isinstance(slots, slice):
+            stop = slots.stop
+            sumtree.set_range(self._sum, slots.start, stop, value, np.add)
+            sumtree.set_range(self._min, slots.start, stop, value, np.minimum)
+        else:
+            s = slots.cpu().numpy()
+            sumtree.set_leaves(self._sum, s, np.full(s.shape, value), np.add)
+            sumtree.set_leaves(self._min, s, np.full(s.shape, value), np.minimum)
+            stop = int(s.max()) + 1 if s.size else 0
+        self._filled = max(self._filled, stop)
+
+    def on_clear(self) -> None:
+        if self._sum:
+            self._allocate(self._sum[0].shape[0])
+        self._filled = 0
+
+    def update_priority(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Set the priorities of live ``slots`` (a repeated slot keeps its last value).
+
+        Inputs are checked by the buffer (:func:`~xpbank.sampler.priorities.check_update`).
+        """
+        if slots.size == 0:
+            return
+        p = priorities + self.eps
+        self.max_priority = max(self.max_priority, float(p.max()))
+        stored = p**self.alpha
+        sumtree.set_leaves(self._sum, slots, stored, np.add)
+        # the min-tree holds the smallest priority an item can be drawn with: 0 is left out
+        sumtree.set_leaves(self._min, slots, np.where(stored > 0, stored, np.inf), np.minimum)
+
+    def priority(self, slots: Any) -> np.ndarray:
+        """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        return self._sum[0][slots] if self._sum else np.zeros(slots.shape)
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The stored priorities of the written slots, the largest priority, the schedule."""
+        leaves = torch.from_numpy(self._sum[0][: self._filled].copy() if self._sum else np.zeros(0))
+        return {
+            "capacity": self._sum[0].shape[0] if self._sum else 0,  # leaves, padded
+            "priorities": leaves,
+            "max_priority": self.max_priority,
+            "samples": self._samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`; both trees are rebuilt from the leaves."""
+        saved = state["priorities"]
+        leaves = (saved.numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)).astype(np.float64)
+        if int(state["capacity"]):
+            self._allocate(int(state["capacity"]))
+            self._sum[0][: leaves.shape[0]] = leaves
+            self._min[0][: leaves.shape[0]] = np.where(leaves > 0, leaves, np.inf)
+            sumtree.rebuild(self._sum, np.add)
+            sumtree.rebuild(self._min, np.minimum)
+        self._filled = leaves.shape[0]
+        self.max_priority = float(state["max_priority"])
+        self._samples = int(state["samples"])
+
+    def __repr__(self) -> str:
+        return (
+            f"PrioritizedSampler(alpha={self.alpha}, beta={self.beta:.3g}, eps={self.eps}, "
+            f"max_priority={self.max_priority:.3g})"
+        )
