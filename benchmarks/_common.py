@@ -108,3 +108,14 @@ def environment(versions: dict[str, str]) -> dict[str, Any]:
 def log(msg: str) -> None:
     """Progress goes to stderr so stdout holds only the report."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def report(lines: Sequence[str], results: dict[str, Any], json_path: str | None) -> int:
+    """Print the markdown report (stdout) and write ``results`` as JSON when asked."""
+    print("\n".join(lines))
+    if json_path:
+        import json
+
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0

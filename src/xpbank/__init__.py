@@ -46,9 +46,9 @@ from xpbank.rollout import (
     unpad,
     vtrace,
 )
-from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler
+from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
-from xpbank.storage import MemmapStorage, Storage, TensorStorage
+from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
 
 __version__ = "0.1.0"
 
@@ -58,9 +58,11 @@ __all__ = [
     "Storage",
     "TensorStorage",
     "MemmapStorage",
+    "FrameStorage",
     "Sampler",
     "UniformSampler",
     "PrioritizedSampler",
+    "SequenceSampler",
     "ReplayBuffer",
     "RolloutBuffer",
     "RolloutKeys",

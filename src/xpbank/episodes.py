@@ -71,6 +71,18 @@ class _Plan:
     link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
 
 
+@dataclass(frozen=True)
+class SlotLinks:
+    """Per-slot views of an :class:`EpisodeIndex` (ids; ``-1``: none)."""
+
+    env: np.ndarray
+    prev: np.ndarray
+    next: np.ndarray
+    start: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
 class EpisodeIndex:
     """Per-slot env, neighbours in the same env, episode ends and starts of a ring.
 
@@ -330,6 +342,20 @@ class EpisodeIndex:
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""
         return self._term[slots]
+
+    # -- unchecked per-slot reads for samplers and storages (sequences, frames) ----
+    @property
+    def lockstep(self) -> int | None:
+        """``num_envs`` when an env's next item is always ``num_envs`` ids later
+        (lockstep mode, no env field), else ``None``."""
+        if self._resolved is None or self._resolved[2] is not None:
+            return None
+        return self.num_envs
+
+    def links(self) -> SlotLinks:
+        """The per-slot arrays themselves (views, read-only by contract), for hot paths
+        that index them by slot without the liveness checks of the queries above."""
+        return SlotLinks(self._env, self._prev, self._next, self._start, self._term, self._trunc)
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

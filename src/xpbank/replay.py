@@ -153,8 +153,11 @@ class ReplayBuffer:
             raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
         self._nstep = nstep
         needed = nstep is not None or getattr(self._sampler, "needs_episodes", False)
+        needed = needed or getattr(self._storage, "needs_episodes", False)  # e.g. FrameStorage
         if wants_episodes(given, self._episode_keys, num_envs, needed):
             self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
+        if hasattr(self._storage, "attach"):  # a storage that reads the episode index
+            self._storage.attach(self._ring)
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -249,6 +252,8 @@ class ReplayBuffer:
         plan = ring.episodes.plan(flat, n, spec) if ring.episodes is not None else None
         if self._storage.spec is None:
             self._storage.initialize(spec)
+        if plan is not None and hasattr(self._storage, "prepare_write"):
+            self._storage.prepare_write(flat, n, plan)  # checks the whole batch first
         first = ring.next_id
         for slots, rows in ring.segments(n):
             part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
@@ -333,13 +338,18 @@ class ReplayBuffer:
         keys: list[NestedKey] | None,
         info: dict[str, torch.Tensor] | None = None,
     ) -> TensorDict:
-        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch."""
-        flat = self._storage.gather(slots, keys)
+        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch.
+
+        ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
+        """
+        flat = self._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
+        if slots.ndim > 1:
+            flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
         # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
             flat.update({name: value.to(self._storage.device) for name, value in info.items()})
-        td = to_tensordict(flat, (slots.shape[0],), self._storage.device)
+        td = to_tensordict(flat, tuple(slots.shape), self._storage.device)
         if self._storage.device != self._device:
             td = td.to(self._device, non_blocking=self._device.type == "cuda")
         return td
@@ -426,14 +436,22 @@ class ReplayBuffer:
         """Everything needed to resume: data, cursor, ids, sampler and RNG state.
 
         Safe to ``torch.save`` and to load with ``torch.load(..., weights_only=True)``.
-        ``data=False`` leaves out the stored items (banks write those themselves).
+        ``data=False`` leaves out the stored items and the storage's own layout (banks
+        write every field as a plain array and load it into a memory or memmap storage,
+        so a :class:`~xpbank.FrameStorage` buffer saves its fields whole).
         """
+        spec = self._storage.spec
+        storage = (
+            self._storage.state_dict(self._ring.size)
+            if data
+            else {"spec": None if spec is None else spec.to_dict(), "data": []}
+        )
         return {
             "version": _STATE_VERSION,
             "ring": self._ring.state_dict(),
             "generator": self._generator.get_state(),
             "sampler": self._sampler.state_dict(),
-            "storage": self._storage.state_dict(self._ring.size if data else 0),
+            "storage": storage,
             **({"episodes": self._ring.episodes.state_dict()} if self._ring.episodes is not None else {}),
         }
 

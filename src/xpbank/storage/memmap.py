@@ -167,6 +167,10 @@ class MemmapStorage(StorageBase):
         """Every slot of field ``key``: the memmap itself (no copy). For bulk readers (banks)."""
         return self._arrays.get(key)
 
+    def nbytes(self) -> int:
+        """Bytes of data the files hold (allocated sparsely: disk use grows as slots fill)."""
+        return int(sum(arr.nbytes for arr in self._arrays.values()))
+
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
         if self.mode == "r":

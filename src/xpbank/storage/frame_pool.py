@@ -1,0 +1,89 @@
+"""A small side store keyed by slot: at most one tensor per slot, for a few slots.
+
+:class:`~xpbank.storage.frames.FrameStorage` keeps most frames once, in a ring; a few
+items need more: the true final observation of an episode, the next observation of each
+env's newest item (its successor is not written yet), the whole stack of an item whose
+older frames were overwritten. Those go here: ``index[slot]`` is the entry of a slot
+(``-1``: none), entries are reused through a free list, and the store doubles when full.
+
+Example:
+    >>> import numpy as np, torch
+    >>> pool = SlotPool(10, (2,), torch.uint8)
+    >>> pool.put(np.array([3, 7]), torch.tensor([[1, 2], [3, 4]], dtype=torch.uint8))
+    >>> pool.get(np.array([7])).tolist(), len(pool)
+    ([[3, 4]], 2)
+    >>> pool.drop(np.array([3, 5]))
+    >>> len(pool), pool.has(np.array([3, 7])).tolist()
+    (1, [False, True])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SlotPool"]
+
+
+class SlotPool:
+    """One ``shape``/``dtype`` tensor for any slot of ``[0, capacity)`` that has one."""
+
+    def __init__(self, capacity: int, shape: tuple[int, ...], dtype: torch.dtype):
+        self.shape, self.dtype = shape, dtype
+        self.index = np.full(capacity, -1, dtype=np.int64)
+        self.data = torch.empty((0, *shape), dtype=dtype)
+        self._free = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0] - self._free.shape[0])
+
+    def has(self, slots: np.ndarray) -> np.ndarray:
+        return self.index[slots] >= 0
+
+    def get(self, slots: np.ndarray) -> torch.Tensor:
+        """The tensors of ``slots`` (each must have one)."""
+        return self.data.index_select(0, torch.from_numpy(self.index[slots]))
+
+    def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
+        """Store ``values`` for distinct ``slots`` (replacing what they had)."""
+        self.drop(slots)
+        k = slots.shape[0]
+        if k == 0:
+            return
+        if self._free.shape[0] < k:
+            old = self.data.shape[0]
+            grow = max(k - self._free.shape[0], old // 2, 8)
+            data = torch.empty((old + grow, *self.shape), dtype=self.dtype)
+            data[:old] = self.data
+            self.data = data
+            self._free = np.concatenate([self._free, np.arange(old, old + grow, dtype=np.int64)])
+        entries, self._free = self._free[-k:], self._free[:-k]
+        self.index[slots] = entries
+        self.data[torch.from_numpy(entries)] = values
+
+    def drop(self, slots: np.ndarray) -> None:
+        """Forget the tensors of ``slots`` (slots without one are skipped)."""
+        entries = self.index[slots]
+        had = entries >= 0
+        if had.any():
+            self._free = np.concatenate([self._free, np.unique(entries[had])])
+            self.index[slots] = -1
+
+    def clear(self) -> None:
+        self.index[:] = -1
+        self._free = np.arange(self.data.shape[0], dtype=np.int64)
+
+    def nbytes(self) -> int:
+        return int(self.data.numel() * self.data.element_size() + self.index.nbytes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The slots that have a tensor and those tensors (compact, no free entries)."""
+        slots = np.flatnonzero(self.index >= 0)
+        return {"slots": slots, "data": self.get(slots).clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clear()
+        slots = np.asarray(state["slots"], dtype=np.int64)
+        self.put(slots, torch.as_tensor(state["data"]).to(self.dtype).reshape(-1, *self.shape))

@@ -1,0 +1,151 @@
+"""What one write does to a FrameStorage: the checks, and the side-store changes.
+
+Pure planning over the batch, the episode plan of the write and the index of what is
+stored: it decides, before anything is written, whether the batch obeys the frame-stack
+rules, and which items need a frame or a whole stack kept aside. See
+:mod:`xpbank.storage.frames` for the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from xpbank.errors import SpecError
+from xpbank.spec import NestedKey, key_str
+
+if TYPE_CHECKING:
+    from xpbank.episodes import _Plan
+    from xpbank.ring import Ring
+    from xpbank.storage.frames import FrameStorage
+
+__all__ = ["FrameWrite", "plan_frames"]
+
+
+@dataclass
+class FrameWrite:
+    """The side-store changes of one write (ids are item ids, rows batch rows)."""
+
+    ids: np.ndarray  # the batch's ids
+    overwritten: np.ndarray  # slots the batch overwrites
+    resolved: np.ndarray  # stored items whose successor arrives now (their next frame is no longer aside)
+    last_rows: np.ndarray  # rows whose next frame goes aside: episode ends, each env's newest
+    rescue_rows: np.ndarray  # rows whose stack reaches frames that will not be stored
+    rescue_old: np.ndarray  # stored items whose stack reaches frames this write overwrites
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    """Per row: whether ``a`` and ``b`` differ anywhere."""
+    if a.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    return (a != b).reshape(a.shape[0], -1).any(dim=1).numpy()
+
+
+def _fail(st: FrameStorage, key: NestedKey | None, row: int, env: int, what: str) -> SpecError:
+    return SpecError(
+        f"field {key_str(key or '?')!r} (FrameStorage): item {row} of the batch (env {env}) {what}; "
+        "each frame is stored once, so it could not be returned bit-for-bit. Nothing was written."
+    )
+
+
+def plan_frames(
+    st: FrameStorage, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
+) -> FrameWrite:
+    """Check the batch (``obs``/``nxt`` as ``[n, stack, *frame]``) and plan the write.
+
+    Raises:
+        SpecError: the batch breaks a frame-stack rule (nothing has been changed).
+    """
+    links = ring.episodes.links()  # type: ignore[union-attr]
+    c, s = st.capacity, st.stack
+    first_new = ring.next_id
+    new_first = first_new + n - min(ring.size + n, c)  # oldest live id after the write
+    ids = plan.ids
+    rows = np.arange(n)
+    start = plan.start == ids
+
+    if nxt is not None and s > 1:  # next obs = obs shifted by one frame
+        bad = _differs(nxt[:, :-1], obs[:, 1:])
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise _fail(st, st.next_key, r, int(plan.env[r]), "is not its observation shifted by one frame")
+    if s > 1 and start.any():  # an episode's first stack: padding, then its first frame
+        first = torch.from_numpy(np.flatnonzero(start))
+        head = obs.index_select(0, first)
+        pad = head[:, -1:].expand_as(head[:, :-1]) if st.pad == "repeat" else torch.zeros_like(head[:, :-1])
+        bad = _differs(head[:, :-1], pad)
+        if bad.any():
+            r = int(first[int(np.flatnonzero(bad)[0])])
+            raise _fail(
+                st, st.obs_key, r, int(plan.env[r]), f"starts an episode but is not {st.pad!r}-padded"
+            )
+    # a step's observation is the previous step's next observation (same env and episode)
+    follow = ~start & (plan.prev >= ring.first_id)
+    in_batch = follow & (plan.prev >= first_new)
+    stored = follow & ~in_batch
+    expected = torch.empty((n, *obs.shape[1:]), dtype=obs.dtype)
+    if in_batch.any():
+        src = torch.from_numpy(plan.prev[in_batch] - first_new)
+        dst = torch.from_numpy(np.flatnonzero(in_batch))
+        if nxt is not None:
+            expected[dst] = nxt.index_select(0, src)
+        else:
+            expected[dst, :-1] = obs.index_select(0, src)[:, 1:]
+            expected[dst, -1] = obs.index_select(0, dst)[:, -1]
+    if stored.any():
+        p = plan.prev[stored]
+        dst = torch.from_numpy(np.flatnonzero(stored))
+        if nxt is not None:
+            expected[dst] = st._read_next(p % c, p)
+        else:
+            stacks = st._read_stacks(p % c, p)
+            expected[dst, :-1] = stacks[:, 1:]
+            expected[dst, -1] = obs.index_select(0, dst)[:, -1]
+    check = np.flatnonzero(follow)
+    bad = _differs(
+        obs.index_select(0, torch.from_numpy(check)), expected.index_select(0, torch.from_numpy(check))
+    )
+    if bad.any():
+        r = int(check[int(np.flatnonzero(bad)[0])])
+        raise _fail(
+            st, st.obs_key, r, int(plan.env[r]), "is not the next observation of its env's previous step"
+        )
+
+    kept = rows >= n - min(n, c)
+    ends = plan.terminated | plan.truncated
+    newest = np.zeros(n, dtype=bool)
+    newest[plan.env_state[1] - first_new] = True
+    last_rows = np.flatnonzero(kept & (ends | newest))
+    resolved = plan.prev[~start & (plan.prev >= new_first) & (plan.prev < first_new)]
+
+    def prev_of(x: np.ndarray) -> np.ndarray:
+        here = x >= first_new
+        return np.where(here, plan.prev[np.clip(x - first_new, 0, n - 1)], links.prev[x % c])
+
+    def start_of(x: np.ndarray) -> np.ndarray:
+        here = x >= first_new
+        return np.where(here, plan.start[np.clip(x - first_new, 0, n - 1)], links.start[x % c])
+
+    # new items whose stack reaches an item that will not be stored after this write
+    cur, active = ids.copy(), kept.copy()
+    rescue = np.zeros(n, dtype=bool)
+    for _ in range(s - 1):
+        at_start = start_of(cur) == cur
+        p = prev_of(cur)
+        dead = active & ~at_start & (p < new_first)
+        rescue |= dead
+        active &= ~at_start & ~dead
+        cur = np.where(active, p, cur)
+    # stored items that survive this write but whose stack reaches items it overwrites
+    dying = np.arange(ring.first_id, min(new_first, first_new), dtype=np.int64)
+    rescue_old = np.zeros(0, dtype=np.int64)
+    if s > 1 and dying.size:
+        win, steps = ring.episodes.walk(dying, s)  # type: ignore[union-attr]
+        after = win[:, 1:][np.arange(1, s) < steps[:, None]]
+        after = np.unique(after[(after >= new_first) & (after < first_new)])
+        rescue_old = after[~st._stacks.has(after % c)]
+    overwritten = ids[kept] % c
+    return FrameWrite(ids, overwritten, resolved, last_rows, np.flatnonzero(rescue), rescue_old)
