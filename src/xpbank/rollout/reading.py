@@ -104,15 +104,19 @@ class RolloutReader:
         shuffle: bool = True,
         drop_last: bool = False,
         normalize_advantages: bool = False,
+        reuse_order: bool = False,
     ) -> Iterator[TensorDict]:
         """Flat minibatches over all ``T * E`` steps, a fresh permutation every epoch.
 
         Each is a TensorDict ``[B]`` of the stored fields, ``"advantage"``/``"return"``
         when computed, and ``"index"`` for :meth:`update`. ``normalize_advantages``
         normalizes ``"advantage"`` within each minibatch (the stored values are kept).
+        ``reuse_order``: rsl_rl's order instead (see :func:`~xpbank.rollout.minibatch.flat_plan`).
         """
         self._layout.require_ready("minibatches")
-        plan = flat_plan(self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator)
+        plan = flat_plan(
+            self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator, reuse_order
+        )
         return self._flat(plan, normalize_advantages, self._generation)
 
     def _flat(self, plan: Iterator[torch.Tensor], normalize: bool, generation: int) -> Iterator[TensorDict]:
@@ -131,12 +135,14 @@ class RolloutReader:
         shuffle: bool = True,
         hidden_keys: Sequence[Any] = (),
         pad_to: int | None = None,
+        drop_last: bool = False,
     ) -> Iterator[RecurrentBatch]:
         """Trajectories split at episode ends (``terminated | truncated``), padded.
 
         ``by="env"``: rsl_rl's way, every trajectory of ``num_envs / num_minibatches``
-        envs per minibatch (sizes differ by one where it does not divide; envs permuted
-        each epoch when ``shuffle``, in order if not).
+        envs per minibatch (sizes differ by one where it does not divide, or, with
+        ``drop_last``, ``num_envs // num_minibatches`` each and the rest left out, as
+        rsl_rl does; envs permuted each epoch when ``shuffle``, in order if not).
         ``by="trajectory"``: all trajectories shuffled and cut in ``num_minibatches``.
         Each :class:`RecurrentBatch` has ``data [P, N]`` (time, trajectory), padded to
         the longest trajectory of the minibatch (or ``pad_to``), ``data["mask"]``, and
@@ -152,7 +158,9 @@ class RolloutReader:
             ends.append(self.keys.truncated)
         term = torch.stack([g != 0 for g in self._field_grids(ends)]).any(0)
         traj = split_trajectories(term)
-        plan = trajectory_plan(traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator)
+        plan = trajectory_plan(
+            traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator, drop_last
+        )
         return self._recurrent(plan, traj, hidden, pad_to, self._generation)
 
     def _recurrent(
