@@ -1,0 +1,484 @@
+"""rsl_rl's ``RolloutStorage`` (rsl-rl-lib 5.x) on an xpbank :class:`~xpbank.RolloutBuffer`.
+
+Switch with one import line; rsl_rl's own ``PPO`` and ``Distillation`` take it as their
+``storage``::
+
+    from xpbank.compat.rsl_rl import RolloutStorage  # was: from rsl_rl.storage import RolloutStorage
+
+The steps live in one ``[T, E]`` :class:`~xpbank.RolloutBuffer` (slot ``t * E + e``);
+``observations``, ``actions``, ``rewards``, ``dones``, ``values``, ``returns``,
+``advantages`` ... are views into it, so ``storage.returns[t] = ...`` and
+``storage.advantages = ...`` (what rsl_rl's ``PPO.compute_returns`` does) write the
+buffer, and the generators are the buffer's minibatch readers. Deliberate differences
+(``docs/compat/rsl_rl.md``): a fresh permutation every epoch and no step left out, unless
+``parity=True`` (rsl_rl's exact order from torch's global RNG, bit for bit) or
+``drop_last=True``; :meth:`RolloutStorage.compute_returns` bootstraps time-outs from the
+value of the true final observation, ``V(s_{t+1})``, where rsl_rl's PPO adds
+``gamma * V(s_t)`` to the reward; errors are xpbank errors, raised before anything is
+written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import flatten, to_tensordict
+from xpbank.errors import NotReadyError, SpecError, check_positive_int
+from xpbank.rollout import RolloutBuffer, RolloutKeys, unpad
+from xpbank.spec import Field, NestedKey, Spec, key_str
+
+__all__ = ["RolloutStorage", "Transition", "Batch"]
+
+KEYS = RolloutKeys(
+    reward="rewards",
+    value="values",
+    log_prob="actions_log_prob",
+    action="actions",
+    terminated="terminated",
+    truncated="time_outs",
+    final_value="final_values",
+)
+_TYPES = ("rl", "distillation")
+
+
+class Transition:
+    """One step of every env, filled in by the algorithm and passed to ``add_transition``.
+
+    rsl_rl's fields, plus two optional ones for time-outs bootstrapped right:
+    ``time_outs`` (``[E]`` bool, the episode was cut by a time limit; ``dones`` is set
+    there too) and ``final_values`` (``[E]``, the critic's value of the true final
+    observation, read where ``time_outs``). rsl_rl's own ``Transition`` works as well.
+
+    Example:
+        >>> t = Transition(); t.values is None and t.hidden_states == (None, None)
+        True
+    """
+
+    def __init__(self) -> None:
+        self.observations: TensorDict | None = None
+        self.actions: torch.Tensor | None = None
+        self.rewards: torch.Tensor | None = None
+        self.dones: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.actions_log_prob: torch.Tensor | None = None
+        self.distribution_params: tuple[torch.Tensor, ...] | None = None
+        self.privileged_actions: torch.Tensor | None = None
+        self.hidden_states: tuple[Any, Any] = (None, None)
+        self.time_outs: torch.Tensor | None = None
+        self.final_values: torch.Tensor | None = None
+
+    def clear(self) -> None:
+        """Reset all fields to ``None``."""
+        self.__init__()  # type: ignore[misc]
+
+
+class Batch:
+    """A minibatch as rsl_rl's generators yield it (fields ``None`` where not used).
+
+    Example:
+        >>> Batch(actions=None).masks is None
+        True
+    """
+
+    def __init__(
+        self,
+        observations: TensorDict | None = None,
+        actions: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
+        old_actions_log_prob: torch.Tensor | None = None,
+        old_distribution_params: tuple[torch.Tensor, ...] | None = None,
+        hidden_states: tuple[Any, Any] = (None, None),
+        masks: torch.Tensor | None = None,
+        privileged_actions: torch.Tensor | None = None,
+        dones: torch.Tensor | None = None,
+    ) -> None:
+        self.observations = observations
+        self.actions = actions
+        self.values = values
+        self.advantages = advantages
+        self.returns = returns
+        self.old_actions_log_prob = old_actions_log_prob
+        self.old_distribution_params = old_distribution_params
+        self.hidden_states = hidden_states
+        self.masks = masks
+        self.privileged_actions = privileged_actions
+        self.dones = dones
+
+
+class RolloutStorage:
+    """rsl_rl's rollout storage over a ``[T, E]`` :class:`~xpbank.RolloutBuffer`.
+
+    Args:
+        training_type: ``"rl"`` (PPO) or ``"distillation"``.
+        num_envs: envs per step (``E``).
+        num_transitions_per_env: steps per rollout (``T``).
+        obs: an observation of every env (a TensorDict ``[E]`` of groups): its layout.
+        actions_shape: the shape of one env's action.
+        device: where the steps live and minibatches are delivered.
+        parity: rsl_rl's exact minibatches: one permutation from torch's global RNG
+            reused every epoch, the remainder dropped, recurrent envs in fixed groups
+            (bit for bit the same as rsl_rl after the same ``torch.manual_seed``, CPU).
+        drop_last: drop the remainder (``T * E % num_mini_batches`` steps, or envs
+            of recurrent minibatches) instead of spreading it over the minibatches.
+        seed: seeds the storage's own generator (ignored with ``parity``).
+
+    The buffer's layout (distribution parameters, hidden states) is fixed at the first
+    ``add_transition``; the tensor attributes exist from then on. What is copied:
+    ``add_transition`` copies in; the attributes are views (writes go into the
+    buffer); minibatches are fresh memory.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> obs = TensorDict({"policy": torch.zeros(2, 3)}, batch_size=[2])
+        >>> st = RolloutStorage("rl", 2, 4, obs, [1])
+        >>> t = Transition()
+        >>> for _ in range(4):
+        ...     t.observations, t.actions, t.rewards = obs, torch.zeros(2, 1), torch.ones(2)
+        ...     t.dones, t.values = torch.zeros(2), torch.zeros(2, 1)
+        ...     t.actions_log_prob, t.distribution_params = torch.zeros(2), (torch.zeros(2, 1),)
+        ...     st.add_transition(t)
+        >>> st.compute_returns(torch.zeros(2, 1), gamma=0.5, lam=1.0, normalize_advantages=False)
+        >>> st.returns[:, 0, 0].tolist()
+        [1.875, 1.75, 1.5, 1.0]
+        >>> [b.observations["policy"].shape for b in st.mini_batch_generator(2, num_epochs=1)]
+        [torch.Size([4, 3]), torch.Size([4, 3])]
+    """
+
+    Transition = Transition
+    Batch = Batch
+
+    def __init__(
+        self,
+        training_type: str,
+        num_envs: int,
+        num_transitions_per_env: int,
+        obs: TensorDict,
+        actions_shape: tuple[int, ...] | list[int],
+        device: str = "cpu",
+        *,
+        parity: bool = False,
+        drop_last: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        if training_type not in _TYPES:
+            raise SpecError(f"training_type: expected one of {list(_TYPES)}, got {training_type!r}")
+        self.training_type = training_type
+        self.num_envs = check_positive_int("num_envs", num_envs)
+        self.num_transitions_per_env = check_positive_int("num_transitions_per_env", num_transitions_per_env)
+        self.actions_shape = actions_shape
+        self.device = device
+        self.parity, self.drop_last = parity, drop_last or parity
+        self._declared = Spec(
+            {
+                **{
+                    ("obs", *_tuple(k)): Field(v.shape[1:], v.dtype)
+                    for k, v in _obs_fields(obs, num_envs).items()
+                },
+                "actions": Field(tuple(actions_shape)),
+                **(
+                    {"privileged_actions": Field(tuple(actions_shape))}
+                    if training_type == "distillation"
+                    else {}
+                ),
+            }
+        )
+        self._seed = seed
+        self._rb: RolloutBuffer | None = None
+        self._hidden: dict[str, list[NestedKey]] = {"a": [], "c": []}
+        self._num_params = 0
+
+    # -- writing ---------------------------------------------------------------
+    def add_transition(self, transition: Any) -> None:
+        """Copy one step of every env in at the current step (the whole step is checked
+        first: nothing is written when a field is missing or has the wrong shape).
+
+        Raises:
+            SpecError: a field is missing, or its shape differs from the layout.
+            CapacityError: the rollout already holds ``num_transitions_per_env`` steps.
+        """
+        step = self._step(transition)
+        if self._rb is None:
+            spec = Spec.merge(
+                self._declared,
+                Spec.from_batch(step, batch_ndim=1),
+                names=["the constructor's obs/actions_shape", "the first transition"],
+            )
+            self._rb = RolloutBuffer(
+                self.num_envs,
+                self.num_transitions_per_env,
+                spec,
+                device=self.device,
+                keys=KEYS,
+                seed=self._seed,
+            )
+            for key in spec:  # rsl_rl's tensors start at zero
+                self._rb.view(key).zero_()
+        self._rb.add(step)
+
+    def _step(self, tr: Any) -> dict[NestedKey, torch.Tensor]:
+        e = self.num_envs
+        step: dict[NestedKey, torch.Tensor] = {
+            ("obs", *_tuple(k)): v for k, v in _obs_fields(_need(tr, "observations"), e).items()
+        }
+        step["actions"] = _need(tr, "actions").float()
+        step["rewards"] = _need(tr, "rewards").float().reshape(-1, 1)
+        dones = _need(tr, "dones").reshape(-1, 1)
+        step["dones"] = dones.to(torch.uint8)
+        if self.training_type == "distillation":
+            step["privileged_actions"] = _need(tr, "privileged_actions").float()
+        else:
+            step["values"] = _need(tr, "values").float().reshape(-1, 1)
+            step["actions_log_prob"] = _need(tr, "actions_log_prob").float().reshape(-1, 1)
+            params = tuple(_need(tr, "distribution_params"))
+            if self._rb is not None and len(params) != self._num_params:
+                raise SpecError(
+                    f"transition.distribution_params: expected {self._num_params} tensors, got {len(params)}"
+                )
+            self._num_params = len(params)
+            step.update({("distribution_params", str(i)): p.float() for i, p in enumerate(params)})
+            step.update(self._time_outs(tr, dones != 0))
+        for part, state in zip("ac", getattr(tr, "hidden_states", (None, None)), strict=True):
+            if state is None:
+                continue
+            states = state if isinstance(state, tuple) else (state,)
+            keys: list[NestedKey] = [(f"hidden_{part}", str(i)) for i in range(len(states))]
+            self._hidden[part] = keys
+            step.update({k: h.transpose(0, 1) for k, h in zip(keys, states, strict=True)})  # [E, layers, H]
+        return step
+
+    def _time_outs(self, tr: Any, dones: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
+        raw = getattr(tr, "time_outs", None)
+        time_outs = dones & (raw.reshape(-1, 1) != 0) if raw is not None else torch.zeros_like(dones)
+        final = getattr(tr, "final_values", None)
+        if final is None:
+            if bool(time_outs.any()):
+                raise SpecError(
+                    "transition.final_values: some envs timed out (time_outs) but no value of their true "
+                    "final observation was given; bootstrapping them needs it (rsl_rl's V(s_t) is not used)"
+                )
+            final = torch.zeros(dones.shape)
+        return {
+            "time_outs": time_outs,
+            "terminated": dones & ~time_outs,
+            "final_values": final.float().reshape(-1, 1),
+        }
+
+    def clear(self) -> None:
+        """Start the next rollout (the write cursor goes back to step 0)."""
+        if self._rb is not None:
+            self._rb.clear()
+
+    def compute_returns(
+        self,
+        last_values: torch.Tensor,
+        gamma: float = 0.99,
+        lam: float = 0.95,
+        normalize_advantages: bool = True,
+    ) -> None:
+        """GAE (:func:`xpbank.gae`) into ``returns`` and ``advantages``; time-outs bootstrap
+        from the transitions' ``final_values`` (``V`` of the true final observation).
+
+        ``last_values``: ``[E, 1]`` values after the last step. ``normalize_advantages``
+        normalizes over the whole rollout, as rsl_rl's PPO does unless it normalizes per
+        minibatch. Use it instead of rsl_rl's ``PPO.compute_returns`` (and do not add
+        ``time_outs`` bootstraps to the rewards) to get time-outs right.
+        """
+        self._buffer("compute_returns").compute_returns(
+            last_values.reshape(-1), gamma, lam, normalize=normalize_advantages
+        )
+
+    # -- views -----------------------------------------------------------------
+    def _buffer(self, what: str) -> RolloutBuffer:
+        if self._rb is None:
+            raise NotReadyError(
+                f"{what}: no transition stored yet; the layout is fixed by the first add_transition"
+            )
+        return self._rb
+
+    @property
+    def step(self) -> int:
+        """Steps stored in this rollout."""
+        return 0 if self._rb is None else len(self._rb) // self.num_envs
+
+    @property
+    def observations(self) -> TensorDict:
+        rb = self._buffer("observations")
+        obs = {
+            k[1:] if len(k) > 2 else k[1]: rb.view(k)
+            for k in rb.spec or ()
+            if isinstance(k, tuple) and k[0] == "obs"
+        }
+        return to_tensordict(obs, tuple(rb.shape), rb.device)
+
+    def _view(self, key: str) -> torch.Tensor:
+        return self._buffer(key).view(key)
+
+    actions = property(lambda self: self._view("actions"), doc="``[T, E, *actions_shape]`` (a view).")
+    rewards = property(lambda self: self._view("rewards"), doc="``[T, E, 1]`` (a view).")
+    dones = property(lambda self: self._view("dones"), doc="``[T, E, 1]`` uint8 (a view).")
+    values = property(lambda self: self._view("values"), doc="``[T, E, 1]`` (a view).")
+    actions_log_prob = property(lambda self: self._view("actions_log_prob"), doc="``[T, E, 1]`` (a view).")
+    privileged_actions = property(
+        lambda self: self._view("privileged_actions"), doc="``[T, E, ...]`` (a view)."
+    )
+    time_outs = property(lambda self: self._view("time_outs"), doc="``[T, E, 1]`` bool (a view).")
+
+    @property
+    def distribution_params(self) -> tuple[torch.Tensor, ...] | None:
+        if self._rb is None:
+            return None
+        return tuple(self._rb.view(("distribution_params", str(i))) for i in range(self._num_params))
+
+    def _target(self, key: str) -> torch.Tensor:
+        return self._buffer(key).view(key).unsqueeze(-1)
+
+    def _set_target(self, key: str, value: torch.Tensor) -> None:
+        view = self._target(key)
+        if tuple(value.shape) != tuple(view.shape):
+            raise SpecError(f"{key}s: expected shape {list(view.shape)}, got {list(value.shape)}")
+        view.copy_(value)
+
+    returns = property(
+        lambda self: self._target("return"),
+        lambda self, v: self._set_target("return", v),
+        doc="``[T, E, 1]`` (a view; assigning copies into the buffer).",
+    )
+    advantages = property(
+        lambda self: self._target("advantage"),
+        lambda self, v: self._set_target("advantage", v),
+        doc="``[T, E, 1]`` (a view; assigning copies into the buffer).",
+    )
+
+    def _saved_hidden(self, part: str) -> list[torch.Tensor] | None:
+        keys = self._hidden[part]
+        if self._rb is None or not keys:
+            return None
+        return [self._rb.view(k).permute(0, 2, 1, 3) for k in keys]  # [T, layers, E, H]
+
+    saved_hidden_state_a = property(lambda self: self._saved_hidden("a"), doc="Actor hidden states (views).")
+    saved_hidden_state_c = property(lambda self: self._saved_hidden("c"), doc="Critic hidden states (views).")
+
+    # -- reading ---------------------------------------------------------------
+    def _require(self, training_type: str) -> RolloutBuffer:
+        if self.training_type != training_type:
+            what = "reinforcement learning" if training_type == "rl" else "distillation"
+            raise SpecError(
+                f"This function is only available for {what} training (training_type={self.training_type!r})."
+            )
+        return self._buffer("generator")
+
+    def generator(self) -> Iterator[Batch]:
+        """Per-step batches ``[E]`` in time order (distillation)."""
+        for td in self._require("distillation").steps():
+            yield Batch(
+                observations=td["obs"], privileged_actions=td["privileged_actions"], dones=td["dones"]
+            )
+
+    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[Batch]:
+        """Flat minibatches over all ``T * E`` steps, ``num_epochs`` passes (a fresh
+        permutation each, unless ``parity``)."""
+        rb = self._require("rl")
+        with _global_rng(rb, self.parity):
+            tds = rb.minibatches(
+                num_mini_batches, num_epochs, drop_last=self.drop_last, reuse_order=self.parity
+            )
+            first = next(tds, None)  # draws the order (from the global RNG under parity)
+        if first is None:
+            return
+        yield self._rl_batch(first)
+        for td in tds:
+            yield self._rl_batch(td)
+
+    def _rl_batch(self, td: TensorDict, observations: TensorDict | None = None) -> Batch:
+        if "advantage" not in td:
+            raise NotReadyError(
+                "minibatches: no advantages/returns yet; compute them (PPO.compute_returns) first"
+            )
+        return Batch(
+            observations=td["obs"] if observations is None else observations,
+            actions=td["actions"],
+            values=td["values"],
+            advantages=td["advantage"].unsqueeze(-1),
+            returns=td["return"].unsqueeze(-1),
+            old_actions_log_prob=td["actions_log_prob"],
+            old_distribution_params=tuple(td["distribution_params", str(i)] for i in range(self._num_params)),
+        )
+
+    def recurrent_mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[Batch]:
+        """Trajectories of groups of envs: padded observations ``[T, N]`` with ``masks``,
+        the other fields ``[T, envs]``, hidden states at each trajectory's start."""
+        rb = self._require("rl")
+        hidden = self._hidden["a"] + self._hidden["c"]
+        batches = rb.recurrent_minibatches(
+            num_mini_batches, num_epochs, by="env", shuffle=not self.parity, hidden_keys=hidden,
+            pad_to=self.num_transitions_per_env, drop_last=self.drop_last,
+        )  # fmt: skip
+        for data, start in batches:
+            mask = data["mask"]
+            flat = data.exclude("obs", "mask", "index")
+            steps = unpad(flat, mask)  # env by env, each env's T steps in order
+            steps = steps.view(-1, self.num_transitions_per_env).transpose(0, 1)  # [T, envs]
+            batch = self._rl_batch(steps, _zero_padding(data["obs"], mask))
+            batch.masks = mask
+            batch.hidden_states = (self._start(start, "a"), self._start(start, "c"))
+            yield batch
+
+    def _start(self, start: TensorDict, part: str) -> Any:
+        states = [start[k].transpose(0, 1).contiguous() for k in self._hidden[part]]  # [layers, N, H]
+        if not states:
+            return None
+        return states[0] if len(states) == 1 else tuple(states)
+
+
+class _global_rng:
+    """Under ``parity``, draw from torch's global RNG (as rsl_rl does) and advance it."""
+
+    def __init__(self, rb: RolloutBuffer, active: bool):
+        self.rb, self.active = rb, active
+
+    def __enter__(self) -> None:
+        if self.active:
+            self.rb.generator.set_state(torch.default_generator.get_state())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            torch.default_generator.set_state(self.rb.generator.get_state())
+
+
+def _zero_padding(td: TensorDict, mask: torch.Tensor) -> TensorDict:
+    """rsl_rl pads trajectories with zeros (xpbank repeats the last real step)."""
+
+    def fill(x: torch.Tensor) -> torch.Tensor:
+        keep = mask.reshape(*mask.shape, *([1] * (x.dim() - mask.dim())))
+        return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    return td.apply(fill)
+
+
+def _tuple(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _need(transition: Any, name: str) -> Any:
+    value = getattr(transition, name, None)
+    if value is None:
+        raise SpecError(f"transition.{name}: this training type stores it, got None")
+    return value
+
+
+def _obs_fields(obs: Any, num_envs: int) -> dict[NestedKey, torch.Tensor]:
+    fields = flatten(obs)
+    for key, value in fields.items():
+        if value.dim() == 0 or value.shape[0] != num_envs:
+            raise SpecError(
+                f"observations[{key_str(key)!r}]: expected a leading dim of num_envs={num_envs}, "
+                f"got shape {list(value.shape)}"
+            )
+    return fields
