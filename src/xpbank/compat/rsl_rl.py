@@ -27,6 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.batch import flatten, to_tensordict
+from xpbank.compat._rsl_rl_types import Batch, Transition
 from xpbank.errors import NotReadyError, SpecError, check_positive_int
 from xpbank.rollout import RolloutBuffer, RolloutKeys, unpad
 from xpbank.spec import Field, NestedKey, Spec, key_str
@@ -45,70 +46,7 @@ KEYS = RolloutKeys(
 _TYPES = ("rl", "distillation")
 
 
-class Transition:
-    """One step of every env, filled in by the algorithm and passed to ``add_transition``.
-
-    rsl_rl's fields, plus two optional ones for time-outs bootstrapped right:
-    ``time_outs`` (``[E]`` bool, the episode was cut by a time limit; ``dones`` is set
-    there too) and ``final_values`` (``[E]``, the critic's value of the true final
-    observation, read where ``time_outs``). rsl_rl's own ``Transition`` works as well.
-
-    Example:
-        >>> t = Transition(); t.values is None and t.hidden_states == (None, None)
-        True
-    """
-
-    def __init__(self) -> None:
-        self.observations: TensorDict | None = None
-        self.actions: torch.Tensor | None = None
-        self.rewards: torch.Tensor | None = None
-        self.dones: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.actions_log_prob: torch.Tensor | None = None
-        self.distribution_params: tuple[torch.Tensor, ...] | None = None
-        self.privileged_actions: torch.Tensor | None = None
-        self.hidden_states: tuple[Any, Any] = (None, None)
-        self.time_outs: torch.Tensor | None = None
-        self.final_values: torch.Tensor | None = None
-
-    def clear(self) -> None:
-        """Reset all fields to ``None``."""
-        self.__init__()  # type: ignore[misc]
-
-
-class Batch:
-    """A minibatch as rsl_rl's generators yield it (fields ``None`` where not used).
-
-    Example:
-        >>> Batch(actions=None).masks is None
-        True
-    """
-
-    def __init__(
-        self,
-        observations: TensorDict | None = None,
-        actions: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        advantages: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-        old_actions_log_prob: torch.Tensor | None = None,
-        old_distribution_params: tuple[torch.Tensor, ...] | None = None,
-        hidden_states: tuple[Any, Any] = (None, None),
-        masks: torch.Tensor | None = None,
-        privileged_actions: torch.Tensor | None = None,
-        dones: torch.Tensor | None = None,
-    ) -> None:
-        self.observations = observations
-        self.actions = actions
-        self.values = values
-        self.advantages = advantages
-        self.returns = returns
-        self.old_actions_log_prob = old_actions_log_prob
-        self.old_distribution_params = old_distribution_params
-        self.hidden_states = hidden_states
-        self.masks = masks
-        self.privileged_actions = privileged_actions
-        self.dones = dones
+_Batch = Batch  # the annotations' name (``Batch`` in the class body is the attribute)
 
 
 class RolloutStorage:
@@ -374,14 +312,14 @@ class RolloutStorage:
             )
         return self._buffer("generator")
 
-    def generator(self) -> Iterator[Batch]:
+    def generator(self) -> Iterator[_Batch]:
         """Per-step batches ``[E]`` in time order (distillation)."""
         for td in self._require("distillation").steps():
             yield Batch(
                 observations=td["obs"], privileged_actions=td["privileged_actions"], dones=td["dones"]
             )
 
-    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[Batch]:
+    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[_Batch]:
         """Flat minibatches over all ``T * E`` steps, ``num_epochs`` passes (a fresh
         permutation each, unless ``parity``)."""
         rb = self._require("rl")
@@ -396,7 +334,7 @@ class RolloutStorage:
         for td in tds:
             yield self._rl_batch(td)
 
-    def _rl_batch(self, td: TensorDict, observations: TensorDict | None = None) -> Batch:
+    def _rl_batch(self, td: TensorDict, observations: TensorDict | None = None) -> _Batch:
         if "advantage" not in td:
             raise NotReadyError(
                 "minibatches: no advantages/returns yet; compute them (PPO.compute_returns) first"
@@ -411,7 +349,7 @@ class RolloutStorage:
             old_distribution_params=tuple(td["distribution_params", str(i)] for i in range(self._num_params)),
         )
 
-    def recurrent_mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[Batch]:
+    def recurrent_mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[_Batch]:
         """Trajectories of groups of envs: padded observations ``[T, N]`` with ``masks``,
         the other fields ``[T, envs]``, hidden states at each trajectory's start."""
         rb = self._require("rl")
