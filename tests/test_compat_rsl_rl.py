@@ -89,7 +89,7 @@ def _same_layout(a, b) -> None:
 
 
 def _same_bits(a, b) -> None:
-    for key in a.observations:
+    for key in a.observations.keys(include_nested=True, leaves_only=True):
         assert torch.equal(a.observations[key], b.observations[key]), key
     for name in [*FIELDS[1:], "privileged_actions"]:
         x, y = getattr(a, name), getattr(b, name)
