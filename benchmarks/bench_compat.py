@@ -3,9 +3,9 @@
 - rsl_rl: ``xpbank.compat.rsl_rl.RolloutStorage`` against rsl_rl's own storage, in one
   process, on identical transitions: ``E`` envs x ``T`` steps (4096 x 24; ``--quick``:
   256 x 8), obs float32[48], actions float32[12], two distribution parameters. Phases:
-  ``add_transition`` (per call), returns (rsl_rl's PPO loop over its storage vs
-  :meth:`RolloutStorage.compute_returns`), ``mini_batch_generator`` (5 epochs x 4,
-  every field touched).
+  ``add_transition`` (per call), returns (rsl_rl's ``PPO.compute_returns`` loop over
+  each storage's tensors, and xpbank's ``RolloutStorage.compute_returns``),
+  ``mini_batch_generator`` (5 epochs x 4, every field touched).
 - metta: ``xpbank.compat.metta.Experience`` against a raw TensorDict ``[segments,
   bptt]`` written as metta does (``update_at_`` at the slice's row and time index):
   ``store`` of every agent (per call) and reading every minibatch of segments
@@ -90,10 +90,8 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
 
         fill()
         add = _best(fill, 3, repeats) / t
-        if cls is Ref:
-            ret = _best(lambda st=st: _rsl_returns(st, last), 3, repeats)
-        else:
-            ret = _best(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
+        ppo_ret = _best(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
+        ret = None if cls is Ref else _best(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
 
         def read(st=st) -> None:
             for b in st.mini_batch_generator(MINIBATCHES, EPOCHS):
@@ -108,11 +106,20 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
                     x.sum()
 
         mb = _best(read, 1, repeats) / (EPOCHS * MINIBATCHES)
-        timings[name] = (add, ret, mb)
+        timings[name] = (add, ppo_ret, ret, mb)
     base = timings["rsl_rl RolloutStorage"]
-    for name, (add, ret, mb) in timings.items():
+    for name, (add, ppo_ret, ret, mb) in timings.items():
+        own = "n/a" if ret is None else fmt_us(ret)
         rows.append(
-            [name, fmt_us(add), fmt_us(ret), fmt_us(mb), fmt_ratio(base[0] / add), fmt_ratio(base[2] / mb)]
+            [
+                name,
+                fmt_us(add),
+                fmt_us(ppo_ret),
+                own,
+                fmt_us(mb),
+                fmt_ratio(base[0] / add),
+                fmt_ratio(base[3] / mb),
+            ]
         )
     return rows
 
@@ -184,7 +191,15 @@ def main() -> None:
     log(f"metta: {agents} agents, bptt {bptt}")
     metta = bench_metta(agents, bptt, repeats)
     print(f"## rsl_rl storage, {e} envs x {t} steps (best of {repeats})\n")
-    head = ["storage", "add_transition", "returns", "minibatch", "add speed-up", "minibatch speed-up"]
+    head = [
+        "storage",
+        "add_transition",
+        "returns (rsl_rl PPO loop)",
+        "returns (compute_returns)",
+        "minibatch",
+        "add speed-up",
+        "minibatch speed-up",
+    ]
     print(markdown_table(head, rsl))
     print(f"\n## metta Experience, {agents} agents, {2 * agents} segments x {bptt} (best of {repeats})\n")
     print(

@@ -44,6 +44,7 @@ KEYS = RolloutKeys(
     final_value="final_values",
 )
 _TYPES = ("rl", "distillation")
+_RETURNS_INPUTS = ("rewards", "values", "terminated", "time_outs", "final_values")
 
 
 _Batch = Batch  # the annotations' name (``Batch`` in the class body is the attribute)
@@ -143,11 +144,14 @@ class RolloutStorage:
         """
         step = self._step(transition)
         if self._rb is None:
-            spec = Spec.merge(
+            merged = Spec.merge(
                 self._declared,
                 Spec.from_batch(step, batch_ndim=1),
                 names=["the constructor's obs/actions_shape", "the first transition"],
             )
+            # the returns' inputs side by side in each packed row: read in one narrow pass
+            first = [k for k in _RETURNS_INPUTS if k in merged]
+            spec = Spec({k: merged[k] for k in [*first, *(k for k in merged if k not in first)]})
             self._rb = RolloutBuffer(
                 self.num_envs,
                 self.num_transitions_per_env,
@@ -202,9 +206,9 @@ class RolloutStorage:
                     "final observation was given; bootstrapping them needs it (rsl_rl's V(s_t) is not used)"
                 )
             final = torch.zeros(dones.shape)
-        return {
-            "time_outs": time_outs,
-            "terminated": dones & ~time_outs,
+        return {  # float32 flags: packed next to rewards and values (see add_transition)
+            "time_outs": time_outs.float(),
+            "terminated": (dones & ~time_outs).float(),
             "final_values": final.float().reshape(-1, 1),
         }
 
@@ -266,7 +270,7 @@ class RolloutStorage:
     privileged_actions = property(
         lambda self: self._view("privileged_actions"), doc="``[T, E, ...]`` (a view)."
     )
-    time_outs = property(lambda self: self._view("time_outs"), doc="``[T, E, 1]`` bool (a view).")
+    time_outs = property(lambda self: self._view("time_outs"), doc="``[T, E, 1]`` 0/1 float32 (a view).")
 
     @property
     def distribution_params(self) -> tuple[torch.Tensor, ...] | None:
