@@ -18,28 +18,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, settle, time_repeat
+from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import Field, Spec
 from xpbank.compat.metta import Experience
 from xpbank.compat.rsl_rl import RolloutStorage
 
 GAMMA, LAM, EPOCHS, MINIBATCHES = 0.99, 0.95, 5, 4
-
-
-def _best(fn: Callable[[], object], n: int, repeats: int) -> float:
-    """Best of ``repeats`` runs of ``n`` calls, seconds per call."""
-    out = []
-    for _ in range(repeats):
-        settle()
-        out.append(time_repeat(fn, n) / n)
-    return min(out)
 
 
 def _transitions(e: int, t: int) -> list:
@@ -89,9 +79,9 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
                 st.add_transition(tr)
 
         fill()
-        add = _best(fill, 3, repeats) / t
-        ppo_ret = _best(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
-        ret = None if cls is Ref else _best(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
+        add = best_of(fill, 3, repeats) / t
+        ppo_ret = best_of(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
+        ret = None if cls is Ref else best_of(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
 
         def read(st=st) -> None:
             for b in st.mini_batch_generator(MINIBATCHES, EPOCHS):
@@ -105,7 +95,7 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
                 ):
                     x.sum()
 
-        mb = _best(read, 1, repeats) / (EPOCHS * MINIBATCHES)
+        mb = best_of(read, 1, repeats) / (EPOCHS * MINIBATCHES)
         timings[name] = (add, ppo_ret, ret, mb)
     base = timings["rsl_rl RolloutStorage"]
     for name, (add, ppo_ret, ret, mb) in timings.items():
@@ -158,11 +148,11 @@ def bench_metta(agents: int, bptt: int, repeats: int) -> list[list[str]]:
 
     fill()
     idx = [torch.randperm(segments, generator=g)[:mb_segments] for _ in range(segments // mb_segments)]
-    store_raw = _best(raw_fill, 3, repeats) / len(steps)
-    store = _best(fill, 3, repeats) / len(steps)
-    read_raw = _best(lambda: [raw[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_view = _best(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_mb = _best(
+    store_raw = best_of(raw_fill, 3, repeats) / len(steps)
+    store = best_of(fill, 3, repeats) / len(steps)
+    read_raw = best_of(lambda: [raw[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
+    read_view = best_of(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
+    read_mb = best_of(
         lambda: [td["rewards"].sum() for td in exp.rollout.segment_minibatches()], 3, repeats
     ) / len(idx)
     return [
