@@ -331,7 +331,7 @@ def test_rsl_rl_ppo_learns_with_our_storage(true_final):
         env = make_env(num_envs=16, seed=0)
         ppo = make_ppo(env, RolloutStorage, steps=64, seed=0)
         assert isinstance(ppo.storage, RolloutStorage)
-        lengths = train(ppo, env, iterations=20, steps=64, true_final=true_final)
+        lengths = train(ppo, env, iterations=15, steps=64, true_final=true_final)
     finally:
         torch.set_num_threads(threads)
     # a random policy keeps CartPole up ~22 steps; learning reaches the time limit

@@ -205,7 +205,7 @@ class RolloutStorage:
                     "transition.final_values: some envs timed out (time_outs) but no value of their true "
                     "final observation was given; bootstrapping them needs it (rsl_rl's V(s_t) is not used)"
                 )
-            final = torch.zeros(dones.shape)
+            final = torch.zeros(dones.shape, device=dones.device)
         return {  # float32 flags: packed next to rewards and values (see add_transition)
             "time_outs": time_outs.float(),
             "terminated": (dones & ~time_outs).float(),
