@@ -15,6 +15,15 @@ Ref = rsl_storage.RolloutStorage
 T, E, A = 6, 5, 2
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny networks: more torch threads only contend (on a loaded machine, 10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _obs(g: torch.Generator | None = None) -> TensorDict:
     make = (lambda *s: torch.randn(*s, generator=g)) if g is not None else torch.zeros
     return TensorDict({"policy": make(E, 3), "critic": make(E, 4)}, batch_size=[E])
@@ -320,20 +329,50 @@ def test_own_transition_and_batch_classes():
 # -- rsl_rl's real PPO learns with our storage in place of its own --------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("true_final", [False, True])
-def test_rsl_rl_ppo_learns_with_our_storage(true_final):
+def test_rsl_rl_ppo_learns_with_our_storage(true_final, one_thread):
     pytest.importorskip("gymnasium")
     from rsl_rl_task import TIME_LIMIT, make_env, make_ppo, train
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny networks: more threads only contend
-    try:
-        torch.manual_seed(0)
-        env = make_env(num_envs=16, seed=0)
-        ppo = make_ppo(env, RolloutStorage, steps=64, seed=0)
-        assert isinstance(ppo.storage, RolloutStorage)
-        lengths = train(ppo, env, iterations=15, steps=64, true_final=true_final)
-    finally:
-        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    env = make_env(num_envs=16, seed=0)
+    ppo = make_ppo(env, RolloutStorage, steps=64, seed=0)
+    assert isinstance(ppo.storage, RolloutStorage)
+    lengths = train(ppo, env, iterations=15, steps=64, true_final=true_final)
     # a random policy keeps CartPole up ~22 steps; learning reaches the time limit
     assert lengths[0] < 30
     assert sum(lengths[-3:]) / 3 > 0.6 * TIME_LIMIT
+
+
+def _recurrent_run(storage_class, **kwargs):
+    from rsl_rl.algorithms import PPO
+    from rsl_rl.models import RNNModel
+    from rsl_rl.modules.distribution import GaussianDistribution
+
+    from rsl_rl_task import make_env, train
+
+    torch.manual_seed(0)
+    env = make_env(num_envs=8, seed=0)
+    obs = env.get_observations()
+    groups = {"actor": ["policy"], "critic": ["policy"]}
+    dist = {"class_name": GaussianDistribution}
+    actor = RNNModel(obs, groups, "actor", 1, hidden_dims=[16], distribution_cfg=dist, rnn_hidden_dim=8)
+    critic = RNNModel(obs, groups, "critic", 1, hidden_dims=[16], rnn_type="gru", rnn_hidden_dim=8)
+    storage = storage_class("rl", 8, 16, obs, [1], **kwargs)
+    ppo = PPO(actor, critic, storage, num_learning_epochs=2, num_mini_batches=2)
+    train(ppo, env, iterations=2, steps=16, true_final=False)
+    return [p.detach().clone() for p in actor.parameters()], storage
+
+
+def test_recurrent_rsl_rl_ppo_runs_on_our_storage_as_on_its_own(one_thread):
+    """An LSTM actor and a GRU critic: the first step has no hidden state yet (rsl_rl
+    saves zeros there), the rest do; with ``parity`` the training matches rsl_rl's own
+    storage up to float rounding (reductions over strided views)."""
+    pytest.importorskip("gymnasium")
+    theirs, ref = _recurrent_run(Ref)
+    ours, st = _recurrent_run(RolloutStorage, parity=True)
+    for a, b in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ref.saved_hidden_state_a, st.saved_hidden_state_a, strict=True):
+        assert a.shape == b.shape == (16, 1, 8, 8)
+        assert (b[0] == 0).all() == (a[0] == 0).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -151,18 +151,40 @@ class RolloutStorage:
             )
             # the returns' inputs side by side in each packed row: read in one narrow pass
             first = [k for k in _RETURNS_INPUTS if k in merged]
-            spec = Spec({k: merged[k] for k in [*first, *(k for k in merged if k not in first)]})
-            self._rb = RolloutBuffer(
-                self.num_envs,
-                self.num_transitions_per_env,
-                spec,
-                device=self.device,
-                keys=KEYS,
-                seed=self._seed,
+            self._rb = self._new_buffer(
+                Spec({k: merged[k] for k in [*first, *(k for k in merged if k not in first)]})
             )
-            for key in spec:  # rsl_rl's tensors start at zero
-                self._rb.view(key).zero_()
+        else:
+            spec = self._rb.spec or Spec()
+            if any(_is_hidden(k) and k not in spec for k in step):
+                self._grow(step)  # a recurrent model's first step has no hidden state yet
+            for key in self._rb.spec or ():
+                if _is_hidden(key) and key not in step:  # rsl_rl: the saved state stays zero
+                    field = spec[key]
+                    step[key] = torch.zeros(
+                        (self.num_envs, *field.shape), dtype=field.dtype, device=self.device
+                    )
         self._rb.add(step)
+
+    def _new_buffer(self, spec: Spec) -> RolloutBuffer:
+        rb = RolloutBuffer(
+            self.num_envs, self.num_transitions_per_env, spec, device=self.device, keys=KEYS, seed=self._seed
+        )
+        for key in spec:  # rsl_rl's tensors start at zero
+            rb.view(key).zero_()
+        return rb
+
+    def _grow(self, step: dict[NestedKey, torch.Tensor]) -> None:
+        """Add the hidden-state fields that appeared in ``step``: a new buffer with them
+        (zero for the steps stored so far), the stored steps copied over (once per storage)."""
+        old = self._rb
+        assert old is not None and old.spec is not None  # called once a step is stored
+        extra = Spec.from_batch({k: v for k, v in step.items() if _is_hidden(k) and k not in old.spec})
+        new = self._new_buffer(Spec({**dict(old.spec.items()), **dict(extra.items())}))
+        for t in range(self.step):
+            row = {k: old.view(k)[t] for k in old.spec}
+            new.add({**row, **{k: torch.zeros_like(step[k]) for k in extra}})
+        self._rb = new
 
     def _step(self, tr: Any) -> dict[NestedKey, torch.Tensor]:
         e = self.num_envs
@@ -402,6 +424,10 @@ def _zero_padding(td: TensorDict, mask: torch.Tensor) -> TensorDict:
         return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
     return td.apply(fill)
+
+
+def _is_hidden(key: NestedKey) -> bool:
+    return isinstance(key, tuple) and key[0] in ("hidden_a", "hidden_c")
 
 
 def _tuple(key: NestedKey) -> tuple[str, ...]:
