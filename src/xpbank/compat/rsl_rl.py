@@ -26,11 +26,12 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten, to_tensordict
+from xpbank.batch import to_tensordict
+from xpbank.compat._rsl_rl_steps import is_hidden, obs_fields, transition_step
 from xpbank.compat._rsl_rl_types import Batch, Transition
 from xpbank.errors import NotReadyError, SpecError, check_positive_int
 from xpbank.rollout import RolloutBuffer, RolloutKeys, unpad
-from xpbank.spec import Field, NestedKey, Spec, key_str
+from xpbank.spec import Field, NestedKey, Spec
 
 __all__ = ["RolloutStorage", "Transition", "Batch"]
 
@@ -117,8 +118,8 @@ class RolloutStorage:
         self._declared = Spec(
             {
                 **{
-                    ("obs", *_tuple(k)): Field(v.shape[1:], v.dtype)
-                    for k, v in _obs_fields(obs, num_envs).items()
+                    ("obs", *((k,) if isinstance(k, str) else k)): Field(v.shape[1:], v.dtype)
+                    for k, v in obs_fields(obs, num_envs).items()
                 },
                 "actions": Field(tuple(actions_shape)),
                 **(
@@ -142,7 +143,7 @@ class RolloutStorage:
             SpecError: a field is missing, or its shape differs from the layout.
             CapacityError: the rollout already holds ``num_transitions_per_env`` steps.
         """
-        step = self._step(transition)
+        step = transition_step(transition, self.training_type, self.num_envs)
         if self._rb is None:
             merged = Spec.merge(
                 self._declared,
@@ -155,16 +156,17 @@ class RolloutStorage:
                 Spec({k: merged[k] for k in [*first, *(k for k in merged if k not in first)]})
             )
         else:
-            spec = self._rb.spec or Spec()
-            if any(_is_hidden(k) and k not in spec for k in step):
+            if any(is_hidden(k) and k not in (self._rb.spec or ()) for k in step):
                 self._grow(step)  # a recurrent model's first step has no hidden state yet
-            for key in self._rb.spec or ():
-                if _is_hidden(key) and key not in step:  # rsl_rl: the saved state stays zero
+            spec = self._rb.spec or Spec()
+            for key in spec:
+                if is_hidden(key) and key not in step:  # rsl_rl: the saved state stays zero
                     field = spec[key]
                     step[key] = torch.zeros(
                         (self.num_envs, *field.shape), dtype=field.dtype, device=self.device
                     )
         self._rb.add(step)
+        self._track(step)
 
     def _new_buffer(self, spec: Spec) -> RolloutBuffer:
         rb = RolloutBuffer(
@@ -179,60 +181,19 @@ class RolloutStorage:
         (zero for the steps stored so far), the stored steps copied over (once per storage)."""
         old = self._rb
         assert old is not None and old.spec is not None  # called once a step is stored
-        extra = Spec.from_batch({k: v for k, v in step.items() if _is_hidden(k) and k not in old.spec})
+        extra = Spec.from_batch({k: v for k, v in step.items() if is_hidden(k) and k not in old.spec})
         new = self._new_buffer(Spec({**dict(old.spec.items()), **dict(extra.items())}))
         for t in range(self.step):
             row = {k: old.view(k)[t] for k in old.spec}
             new.add({**row, **{k: torch.zeros_like(step[k]) for k in extra}})
         self._rb = new
 
-    def _step(self, tr: Any) -> dict[NestedKey, torch.Tensor]:
-        e = self.num_envs
-        step: dict[NestedKey, torch.Tensor] = {
-            ("obs", *_tuple(k)): v for k, v in _obs_fields(_need(tr, "observations"), e).items()
-        }
-        step["actions"] = _need(tr, "actions").float()
-        step["rewards"] = _need(tr, "rewards").float().reshape(-1, 1)
-        dones = _need(tr, "dones").reshape(-1, 1)
-        step["dones"] = dones.to(torch.uint8)
-        if self.training_type == "distillation":
-            step["privileged_actions"] = _need(tr, "privileged_actions").float()
-        else:
-            step["values"] = _need(tr, "values").float().reshape(-1, 1)
-            step["actions_log_prob"] = _need(tr, "actions_log_prob").float().reshape(-1, 1)
-            params = tuple(_need(tr, "distribution_params"))
-            if self._rb is not None and len(params) != self._num_params:
-                raise SpecError(
-                    f"transition.distribution_params: expected {self._num_params} tensors, got {len(params)}"
-                )
-            self._num_params = len(params)
-            step.update({("distribution_params", str(i)): p.float() for i, p in enumerate(params)})
-            step.update(self._time_outs(tr, dones != 0))
-        for part, state in zip("ac", getattr(tr, "hidden_states", (None, None)), strict=True):
-            if state is None:
-                continue
-            states = state if isinstance(state, tuple) else (state,)
-            keys: list[NestedKey] = [(f"hidden_{part}", str(i)) for i in range(len(states))]
-            self._hidden[part] = keys
-            step.update({k: h.transpose(0, 1) for k, h in zip(keys, states, strict=True)})  # [E, layers, H]
-        return step
-
-    def _time_outs(self, tr: Any, dones: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
-        raw = getattr(tr, "time_outs", None)
-        time_outs = dones & (raw.reshape(-1, 1) != 0) if raw is not None else torch.zeros_like(dones)
-        final = getattr(tr, "final_values", None)
-        if final is None:
-            if bool(time_outs.any()):
-                raise SpecError(
-                    "transition.final_values: some envs timed out (time_outs) but no value of their true "
-                    "final observation was given; bootstrapping them needs it (rsl_rl's V(s_t) is not used)"
-                )
-            final = torch.zeros(dones.shape, device=dones.device)
-        return {  # float32 flags: packed next to rewards and values (see add_transition)
-            "time_outs": time_outs.float(),
-            "terminated": (dones & ~time_outs).float(),
-            "final_values": final.float().reshape(-1, 1),
-        }
+    def _track(self, step: dict[NestedKey, torch.Tensor]) -> None:
+        """After a successful write: how many distribution parameters, which hidden states."""
+        self._num_params = sum(1 for k in step if isinstance(k, tuple) and k[0] == "distribution_params")
+        for part in "ac":
+            keys: list[NestedKey] = [k for k in step if isinstance(k, tuple) and k[0] == f"hidden_{part}"]
+            self._hidden[part] = keys or self._hidden[part]
 
     def clear(self) -> None:
         """Start the next rollout (the write cursor goes back to step 0)."""
@@ -424,29 +385,3 @@ def _zero_padding(td: TensorDict, mask: torch.Tensor) -> TensorDict:
         return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
     return td.apply(fill)
-
-
-def _is_hidden(key: NestedKey) -> bool:
-    return isinstance(key, tuple) and key[0] in ("hidden_a", "hidden_c")
-
-
-def _tuple(key: NestedKey) -> tuple[str, ...]:
-    return (key,) if isinstance(key, str) else tuple(key)
-
-
-def _need(transition: Any, name: str) -> Any:
-    value = getattr(transition, name, None)
-    if value is None:
-        raise SpecError(f"transition.{name}: this training type stores it, got None")
-    return value
-
-
-def _obs_fields(obs: Any, num_envs: int) -> dict[NestedKey, torch.Tensor]:
-    fields = flatten(obs)
-    for key, value in fields.items():
-        if value.dim() == 0 or value.shape[0] != num_envs:
-            raise SpecError(
-                f"observations[{key_str(key)!r}]: expected a leading dim of num_envs={num_envs}, "
-                f"got shape {list(value.shape)}"
-            )
-    return fields
