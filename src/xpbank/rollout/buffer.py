@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from xpbank.batch import flatten
-from xpbank.errors import SpecError, StaleIndexError, XpbankIndexError
+from xpbank.errors import SpecError, StaleIndexError
 from xpbank.replay import _keep_last
 from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
 from xpbank.rollout.targets import Targets
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec import NestedKey, Spec, key_str
 from xpbank.storage import TensorStorage
 from xpbank.storage.base import check_device
 
@@ -289,49 +289,6 @@ class RolloutBuffer(RolloutReader):
         field = self.spec[key]
         ones = torch.ones((self.capacity, *field.shape), dtype=field.dtype, device=self._device)
         self._storage.write(slice(0, self.capacity), {key: ones})
-
-    def view(self, key: Any) -> torch.Tensor:
-        """A stored field, or ``"advantage"``/``"return"``, in the buffer's shape, as a view.
-
-        For front-ends whose users index a rollout as tensors (rsl_rl's
-        ``storage.values[t]``, metta's ``buffer``): writing into the view writes the
-        buffer, without validation. A view of ``"advantage"``/``"return"`` hands their
-        computation to the caller: minibatches carry what those views hold (until
-        ``clear()``; taking the view again after it hands them over again).
-
-        Example:
-            >>> import torch
-            >>> rb = RolloutBuffer(num_envs=2, horizon=1)
-            >>> rb.add({"reward": torch.ones(2)})
-            >>> rb.view("reward").shape, rb.view("return").fill_(2.0).shape
-            (torch.Size([1, 2]), torch.Size([1, 2]))
-            >>> next(rb.minibatches(1, shuffle=False))["return"].tolist()
-            [2.0, 2.0]
-        """
-        key = normalize_key(key)
-        if key in ("advantage", "return"):
-            self._targets.computed = True
-            flat = self._targets.storage.view(key)
-        elif self.spec is None or key not in self.spec:
-            raise SpecError(f"view: no field {key_str(key)!r} in {self.spec}")
-        else:
-            flat = self._storage.view(key)
-        return flat.unflatten(0, tuple(self.shape))
-
-    def index_of(self, slots: Any) -> torch.Tensor:
-        """The ``"index"`` ids of ``slots`` of the current rollout (what minibatches carry,
-        and :meth:`update` takes); slot ``s`` of ``[S, H]`` / ``[T, E]`` is ``row * cols + col``.
-
-        Example:
-            >>> rb = RolloutBuffer(num_envs=2, horizon=2)
-            >>> rb.clear(); rb.index_of([0, 3]).tolist()
-            [4, 7]
-        """
-        ids = torch.as_tensor(slots, dtype=torch.int64)
-        bad = ids[(ids < 0) | (ids >= self.capacity)]
-        if bad.numel():
-            raise XpbankIndexError(f"index_of: slot {int(bad[0])} is out of range [0, {self.capacity})")
-        return ids + self._generation * self.capacity
 
     # -- returns ---------------------------------------------------------------
     def compute_returns(

@@ -3,7 +3,9 @@
 Every reader turns a plan of slots (:mod:`xpbank.rollout.minibatch`) into TensorDicts
 with one ``index_select`` per packed block (the stored fields, then the computed
 advantages/returns), and never writes to storage. A plan is made for one rollout:
-``clear()`` while iterating raises at the next minibatch.
+``clear()`` while iterating raises at the next minibatch. :meth:`RolloutReader.view`
+hands a stored field out as a tensor view (for front-ends such as ``xpbank.compat``);
+writing into it is the caller's doing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.batch import to_tensordict
-from xpbank.errors import CapacityError, SpecError, check_positive_int
+from xpbank.errors import CapacityError, SpecError, XpbankIndexError, check_positive_int
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout
 from xpbank.rollout.minibatch import (
     anneal_beta,
@@ -75,6 +77,51 @@ class RolloutReader:
 
     def __len__(self) -> int:
         return int(self._layout.filled().sum())
+
+    def view(self, key: Any) -> torch.Tensor:
+        """A stored field, or ``"advantage"``/``"return"``, in the buffer's shape, as a view.
+
+        For front-ends whose users index a rollout as tensors (rsl_rl's
+        ``storage.values[t]``, metta's ``buffer``): writing into the view writes the
+        buffer, without validation. A view of ``"advantage"``/``"return"`` hands their
+        computation to the caller: minibatches carry what those views hold (until
+        ``clear()``; taking the view again after it hands them over again).
+
+        Example:
+            >>> import torch
+            >>> from xpbank import RolloutBuffer
+            >>> rb = RolloutBuffer(num_envs=2, horizon=1)
+            >>> rb.add({"reward": torch.ones(2)})
+            >>> rb.view("reward").shape, rb.view("return").fill_(2.0).shape
+            (torch.Size([1, 2]), torch.Size([1, 2]))
+            >>> next(rb.minibatches(1, shuffle=False))["return"].tolist()
+            [2.0, 2.0]
+        """
+        key = normalize_key(key)
+        if key in ("advantage", "return"):
+            self._targets.computed = True
+            flat = self._targets.storage.view(key)
+        elif self.spec is None or key not in self.spec:
+            raise SpecError(f"view: no field {key_str(key)!r} in {self.spec}")
+        else:
+            flat = self._storage.view(key)
+        return flat.unflatten(0, tuple(self._targets.shape))
+
+    def index_of(self, slots: Any) -> torch.Tensor:
+        """The ``"index"`` ids of ``slots`` of the current rollout (what minibatches carry,
+        and :meth:`update` takes); slot ``s`` of ``[S, H]`` / ``[T, E]`` is ``row * cols + col``.
+
+        Example:
+            >>> from xpbank import RolloutBuffer
+            >>> rb = RolloutBuffer(num_envs=2, horizon=2)
+            >>> rb.clear(); rb.index_of([0, 3]).tolist()
+            [4, 7]
+        """
+        ids = torch.as_tensor(slots, dtype=torch.int64)
+        bad = ids[(ids < 0) | (ids >= self.capacity)]
+        if bad.numel():
+            raise XpbankIndexError(f"index_of: slot {int(bad[0])} is out of range [0, {self.capacity})")
+        return ids + self._generation * self.capacity
 
     def _field_grids(self, keys: Sequence[NestedKey]) -> list[torch.Tensor]:
         """Stored fields as time-major grids ``[L, R]`` (read in one pass over the rows)."""
