@@ -20,7 +20,7 @@ import argparse
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +31,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import xpbank
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, settle, time_repeat
+from _common import (
+    best_of,
+    environment,
+    fmt_ratio,
+    fmt_us,
+    freeze_heap,
+    log,
+    markdown_table,
+)
 
 GAMMA, LAM, EPOCHS, MINIBATCHES = 0.99, 0.95, 5, 4
 
@@ -294,15 +302,6 @@ def make_candidates(data: Data) -> tuple[list[Candidate], dict[str, str]]:
         except ImportError as exc:  # a peer library that is not installed
             skipped[cls.name] = str(exc)
     return out, skipped
-
-
-def best_of(fn: Callable[[], object], calls: int, chunks: int) -> float:
-    """Seconds per call: the fastest of ``chunks`` blocks of ``calls`` calls."""
-    times = []
-    for _ in range(chunks):
-        settle()
-        times.append(time_repeat(fn, calls) / calls)
-    return min(times)
 
 
 def measure(c: Candidate, data: Data, args: argparse.Namespace) -> dict[str, Any]:

@@ -348,7 +348,8 @@ def test_sequence_sampler_round_trips_through_a_bank(tmp_path) -> None:
     gen = torch.Generator().manual_seed(0)
     for step in range(40):  # wraps
         end = torch.rand(2, generator=gen) < 0.15
-        rb.extend({"obs": torch.full((2, 2), float(step)), "terminated": end, "truncated": ~end & (step % 9 == 8)})
+        cut = ~end & (step % 9 == 8)
+        rb.extend({"obs": torch.full((2, 2), float(step)), "terminated": end, "truncated": cut})
     xpbank.save(rb, tmp_path / "seq")
     back = xpbank.load(tmp_path / "seq")
     assert back.config() == rb.config() and isinstance(back.sampler, SequenceSampler)

@@ -37,13 +37,23 @@ __all__ = [
 
 
 def flat_plan(
-    n: int, num_minibatches: int, epochs: int, shuffle: bool, drop_last: bool, generator: torch.Generator
+    n: int,
+    num_minibatches: int,
+    epochs: int,
+    shuffle: bool,
+    drop_last: bool,
+    generator: torch.Generator,
+    reuse_order: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Positions ``[0, n)`` in ``num_minibatches`` minibatches per epoch, a fresh order each epoch.
 
     Minibatches have ``ceil(n / num_minibatches)`` items; the last of an epoch is shorter
     unless ``drop_last`` (then every minibatch has ``n // num_minibatches`` and the
     remainder, a different random set each epoch, is skipped).
+
+    ``reuse_order`` is rsl_rl's order, for bitwise parity with it: one permutation of
+    the first ``num_minibatches * (n // num_minibatches)`` positions, drawn once and
+    reused every epoch (the last ``n % num_minibatches`` positions are never read).
 
     Example:
         >>> import torch
@@ -54,8 +64,17 @@ def flat_plan(
     check_positive_int("epochs", epochs)
     if k > n:
         raise CapacityError(f"num_minibatches {k} is more than the {n} stored steps")
+    if reuse_order:
+        return _reused(n // k, k, epochs, generator)
     size = n // k if drop_last else -(-n // k)
     return _flat(n, k, size, epochs, shuffle, generator)
+
+
+def _reused(size: int, k: int, epochs: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    order = torch.randperm(k * size, generator=generator)
+    for _ in range(epochs):
+        for i in range(k):
+            yield order[i * size : (i + 1) * size]
 
 
 def _flat(
@@ -163,13 +182,15 @@ def trajectory_plan(
     by: str,
     shuffle: bool,
     generator: torch.Generator,
+    drop_last: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Which trajectories go in each minibatch (indices into ``traj``).
 
     ``by="env"``: the trajectories of ``num_rows / num_minibatches`` consecutive
     columns per minibatch (rsl_rl's ``recurrent_mini_batch_generator``; with ``shuffle``
     the columns are permuted each epoch). When it does not divide, group sizes differ
-    by one: no env is left out (rsl_rl drops the remainder). ``by="trajectory"``: all trajectories in a
+    by one: no env is left out (rsl_rl drops the remainder; ``drop_last`` does as rsl_rl:
+    groups of ``num_rows // num_minibatches``). ``by="trajectory"``: all trajectories in a
     fresh random order each epoch (or in order), cut into ``num_minibatches`` parts.
     """
     k = check_positive_int("num_minibatches", num_minibatches)
@@ -179,15 +200,23 @@ def trajectory_plan(
     limit = num_rows if by == "env" else len(traj)
     if k > limit:
         raise CapacityError(f"num_minibatches {k} is more than the {limit} {by}s to split")
-    return _trajectory_plan(traj, num_rows, k, epochs, by, shuffle, generator)
+    return _trajectory_plan(traj, num_rows, k, epochs, by, shuffle, generator, drop_last)
 
 
 def _trajectory_plan(
-    traj: Trajectories, num_rows: int, k: int, epochs: int, by: str, shuffle: bool, gen: torch.Generator
+    traj: Trajectories,
+    num_rows: int,
+    k: int,
+    epochs: int,
+    by: str,
+    shuffle: bool,
+    gen: torch.Generator,
+    drop_last: bool,
 ) -> Iterator[torch.Tensor]:
     n = len(traj)
     if by == "env":
-        bounds = [i * num_rows // k for i in range(k + 1)]  # every env, in near-equal groups
+        # every env, in near-equal groups; or rsl_rl's equal groups, the remainder dropped
+        bounds = [i * (num_rows // k) if drop_last else i * num_rows // k for i in range(k + 1)]
         for _ in range(epochs):
             cols = torch.randperm(num_rows, generator=gen) if shuffle else torch.arange(num_rows)
             for i in range(k):

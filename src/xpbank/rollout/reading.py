@@ -3,7 +3,9 @@
 Every reader turns a plan of slots (:mod:`xpbank.rollout.minibatch`) into TensorDicts
 with one ``index_select`` per packed block (the stored fields, then the computed
 advantages/returns), and never writes to storage. A plan is made for one rollout:
-``clear()`` while iterating raises at the next minibatch.
+``clear()`` while iterating raises at the next minibatch. :meth:`RolloutReader.view`
+hands a stored field out as a tensor view (for front-ends such as ``xpbank.compat``);
+writing into it is the caller's doing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.batch import to_tensordict
-from xpbank.errors import CapacityError, SpecError, check_positive_int
+from xpbank.errors import CapacityError, SpecError, XpbankIndexError, check_positive_int
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout
 from xpbank.rollout.minibatch import (
     anneal_beta,
@@ -76,6 +78,51 @@ class RolloutReader:
     def __len__(self) -> int:
         return int(self._layout.filled().sum())
 
+    def view(self, key: Any) -> torch.Tensor:
+        """A stored field, or ``"advantage"``/``"return"``, in the buffer's shape, as a view.
+
+        For front-ends whose users index a rollout as tensors (rsl_rl's
+        ``storage.values[t]``, metta's ``buffer``): writing into the view writes the
+        buffer, without validation. A view of ``"advantage"``/``"return"`` hands their
+        computation to the caller: minibatches carry what those views hold (until
+        ``clear()``; taking the view again after it hands them over again).
+
+        Example:
+            >>> import torch
+            >>> from xpbank import RolloutBuffer
+            >>> rb = RolloutBuffer(num_envs=2, horizon=1)
+            >>> rb.add({"reward": torch.ones(2)})
+            >>> rb.view("reward").shape, rb.view("return").fill_(2.0).shape
+            (torch.Size([1, 2]), torch.Size([1, 2]))
+            >>> next(rb.minibatches(1, shuffle=False))["return"].tolist()
+            [2.0, 2.0]
+        """
+        key = normalize_key(key)
+        if key in ("advantage", "return"):
+            self._targets.computed = True
+            flat = self._targets.storage.view(key)
+        elif self.spec is None or key not in self.spec:
+            raise SpecError(f"view: no field {key_str(key)!r} in {self.spec}")
+        else:
+            flat = self._storage.view(key)
+        return flat.unflatten(0, tuple(self._targets.shape))
+
+    def index_of(self, slots: Any) -> torch.Tensor:
+        """The ``"index"`` ids of ``slots`` of the current rollout (what minibatches carry,
+        and :meth:`update` takes); slot ``s`` of ``[S, H]`` / ``[T, E]`` is ``row * cols + col``.
+
+        Example:
+            >>> from xpbank import RolloutBuffer
+            >>> rb = RolloutBuffer(num_envs=2, horizon=2)
+            >>> rb.clear(); rb.index_of([0, 3]).tolist()
+            [4, 7]
+        """
+        ids = torch.as_tensor(slots, dtype=torch.int64)
+        bad = ids[(ids < 0) | (ids >= self.capacity)]
+        if bad.numel():
+            raise XpbankIndexError(f"index_of: slot {int(bad[0])} is out of range [0, {self.capacity})")
+        return ids + self._generation * self.capacity
+
     def _field_grids(self, keys: Sequence[NestedKey]) -> list[torch.Tensor]:
         """Stored fields as time-major grids ``[L, R]`` (read in one pass over the rows)."""
         missing = [key_str(k) for k in keys if self.spec is None or k not in self.spec]
@@ -104,15 +151,19 @@ class RolloutReader:
         shuffle: bool = True,
         drop_last: bool = False,
         normalize_advantages: bool = False,
+        reuse_order: bool = False,
     ) -> Iterator[TensorDict]:
         """Flat minibatches over all ``T * E`` steps, a fresh permutation every epoch.
 
         Each is a TensorDict ``[B]`` of the stored fields, ``"advantage"``/``"return"``
         when computed, and ``"index"`` for :meth:`update`. ``normalize_advantages``
         normalizes ``"advantage"`` within each minibatch (the stored values are kept).
+        ``reuse_order``: rsl_rl's order instead (see :func:`~xpbank.rollout.minibatch.flat_plan`).
         """
         self._layout.require_ready("minibatches")
-        plan = flat_plan(self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator)
+        plan = flat_plan(
+            self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator, reuse_order
+        )
         return self._flat(plan, normalize_advantages, self._generation)
 
     def _flat(self, plan: Iterator[torch.Tensor], normalize: bool, generation: int) -> Iterator[TensorDict]:
@@ -131,12 +182,14 @@ class RolloutReader:
         shuffle: bool = True,
         hidden_keys: Sequence[Any] = (),
         pad_to: int | None = None,
+        drop_last: bool = False,
     ) -> Iterator[RecurrentBatch]:
         """Trajectories split at episode ends (``terminated | truncated``), padded.
 
         ``by="env"``: rsl_rl's way, every trajectory of ``num_envs / num_minibatches``
-        envs per minibatch (sizes differ by one where it does not divide; envs permuted
-        each epoch when ``shuffle``, in order if not).
+        envs per minibatch (sizes differ by one where it does not divide, or, with
+        ``drop_last``, ``num_envs // num_minibatches`` each and the rest left out, as
+        rsl_rl does; envs permuted each epoch when ``shuffle``, in order if not).
         ``by="trajectory"``: all trajectories shuffled and cut in ``num_minibatches``.
         Each :class:`RecurrentBatch` has ``data [P, N]`` (time, trajectory), padded to
         the longest trajectory of the minibatch (or ``pad_to``), ``data["mask"]``, and
@@ -152,7 +205,9 @@ class RolloutReader:
             ends.append(self.keys.truncated)
         term = torch.stack([g != 0 for g in self._field_grids(ends)]).any(0)
         traj = split_trajectories(term)
-        plan = trajectory_plan(traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator)
+        plan = trajectory_plan(
+            traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator, drop_last
+        )
         return self._recurrent(plan, traj, hidden, pad_to, self._generation)
 
     def _recurrent(

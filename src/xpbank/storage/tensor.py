@@ -263,6 +263,23 @@ class TensorStorage(StorageBase):
         order = self._spec if keys is None else keys
         return {k: out[k] for k in order}
 
+    def view(self, key: NestedKey) -> torch.Tensor:
+        """Field ``key`` of every slot, ``[capacity, *shape]``, as a view of the storage.
+
+        Writing into it writes the storage (no validation: the caller keeps dtypes and
+        shapes); with ``pack=True`` it is strided (every field sits in a row of bytes).
+
+        Example:
+            >>> import torch
+            >>> from xpbank import Field, Spec, TensorStorage
+            >>> st = TensorStorage(2, Spec({"r": Field(())}))
+            >>> st.view("r").fill_(3.0).shape, st.gather(torch.tensor([1]))["r"].tolist()
+            (torch.Size([2]), [3.0])
+        """
+        if self._spec is None:
+            raise RuntimeError("TensorStorage.view before initialize(spec)")
+        return self._block_of[key].views[key]
+
     def columns(self, keys: Sequence[NestedKey]) -> dict[NestedKey, torch.Tensor]:
         """Fields ``keys`` of every slot, ``{key: [capacity, *shape]}``, as fresh tensors.
 

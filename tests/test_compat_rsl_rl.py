@@ -1,0 +1,378 @@
+"""xpbank.compat.rsl_rl.RolloutStorage against rsl_rl's own storage and PPO."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from xpbank.compat.rsl_rl import Batch, RolloutStorage, Transition
+from xpbank.errors import CapacityError, NotReadyError, SpecError
+
+rsl_storage = pytest.importorskip("rsl_rl.storage")
+Ref = rsl_storage.RolloutStorage
+
+T, E, A = 6, 5, 2
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny networks: more torch threads only contend (on a loaded machine, 10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _obs(g: torch.Generator | None = None) -> TensorDict:
+    make = (lambda *s: torch.randn(*s, generator=g)) if g is not None else torch.zeros
+    return TensorDict({"policy": make(E, 3), "critic": make(E, 4)}, batch_size=[E])
+
+
+def _transitions(seed: int = 0, recurrent: bool = False, p_done: float = 0.3) -> list:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(T):
+        tr = Ref.Transition()
+        tr.observations = _obs(g)
+        tr.actions = torch.randn(E, A, generator=g)
+        tr.rewards = torch.randn(E, generator=g)
+        tr.dones = (torch.rand(E, generator=g) < p_done).float()
+        tr.values = torch.randn(E, 1, generator=g)
+        tr.actions_log_prob = torch.randn(E, generator=g)
+        tr.distribution_params = (torch.randn(E, A, generator=g), torch.rand(E, A, generator=g))
+        if recurrent:  # a GRU actor ([layers, E, H]) and an LSTM critic ((h, c))
+            tr.hidden_states = (
+                torch.randn(1, E, 8, generator=g),
+                (torch.randn(2, E, 8, generator=g), torch.randn(2, E, 8, generator=g)),
+            )
+        out.append(tr)
+    return out
+
+
+def _pair(recurrent: bool = False, training_type: str = "rl", **kwargs) -> tuple:
+    ref, ours = (
+        Ref(training_type, E, T, _obs(), [A]),
+        RolloutStorage(training_type, E, T, _obs(), [A], **kwargs),
+    )
+    for tr in _transitions(recurrent=recurrent):
+        if training_type == "distillation":
+            tr.privileged_actions = tr.actions * 2
+        ref.add_transition(tr)
+        ours.add_transition(tr)
+    if training_type == "rl":
+        for st in (ref, ours):  # what rsl_rl's PPO.compute_returns does to the storage
+            for t in range(T):
+                st.returns[t] = st.values[t] + t
+            st.advantages = st.returns - st.values * 0.5
+    return ref, ours
+
+
+FIELDS = [
+    "observations",
+    "actions",
+    "values",
+    "advantages",
+    "returns",
+    "old_actions_log_prob",
+    "masks",
+    "dones",
+]
+
+
+def _same_layout(a, b) -> None:
+    """Same fields set (non-None), shapes and dtypes, key sets of observations."""
+    for name in [*FIELDS, "privileged_actions"]:
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.shape == y.shape and x.dtype == y.dtype, name
+    assert set(a.observations.keys()) == set(b.observations.keys())
+    pa, pb = a.old_distribution_params, b.old_distribution_params
+    assert (pa is None) == (pb is None)
+    if pa is not None:
+        assert [p.shape for p in pa] == [p.shape for p in pb]
+    for ha, hb in zip(a.hidden_states, b.hidden_states, strict=True):
+        ha, hb = (ha, hb) if isinstance(ha, tuple) else ((ha,), (hb,))
+        assert [None if h is None else h.shape for h in ha] == [None if h is None else h.shape for h in hb]
+
+
+def _same_bits(a, b) -> None:
+    for key in a.observations.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(a.observations[key], b.observations[key]), key
+    for name in [*FIELDS[1:], "privileged_actions"]:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None:
+            assert torch.equal(x, y), name
+    for pa, pb in zip(a.old_distribution_params or (), b.old_distribution_params or (), strict=True):
+        assert torch.equal(pa, pb)
+    for ha, hb in zip(a.hidden_states, b.hidden_states, strict=True):
+        ha, hb = (ha, hb) if isinstance(ha, tuple) else ((ha,), (hb,))
+        for x, y in zip(ha, hb, strict=True):
+            assert (x is None and y is None) or torch.equal(x, y)
+
+
+# -- the attributes rsl_rl reads and writes are views with rsl_rl's values --------------
+def test_attributes_match_rsl_rl_and_are_views():
+    ref, ours = _pair(recurrent=True)
+    assert torch.equal(ours.observations["policy"], ref.observations["policy"])
+    for name in ["actions", "rewards", "dones", "values", "actions_log_prob", "returns", "advantages"]:
+        x, y = getattr(ours, name), getattr(ref, name)
+        assert x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y), name
+    for x, y in zip(ours.distribution_params, ref.distribution_params, strict=True):
+        assert torch.equal(x, y)
+    for x, y in zip(ours.saved_hidden_state_c, ref.saved_hidden_state_c, strict=True):
+        assert torch.equal(x, y)
+    assert ours.step == ref.step == T
+    ours.values[2, 1] = 42.0  # writes through the attribute reach the minibatches
+    ours.observations["policy"][2, 1] = -7.0
+    seen = torch.cat([b.values for b in ours.mini_batch_generator(1, num_epochs=1)])
+    obs = torch.cat([b.observations["policy"] for b in ours.mini_batch_generator(1, num_epochs=1)])
+    assert (seen == 42.0).sum() == 1 and (obs == -7.0).all(dim=1).sum() == 1
+
+
+# -- every generator: same field set and shapes as rsl_rl's on identical inputs -------
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_mini_batch_generator_same_layout_as_rsl_rl(k):
+    ref, ours = _pair()
+    a, b = list(ref.mini_batch_generator(k, 2)), list(ours.mini_batch_generator(k, 2))
+    assert len(a) == len(b) == 2 * k
+    for x, y in zip(a, b, strict=True):
+        if T * E % k == 0:
+            _same_layout(x, y)
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_recurrent_generator_same_layout_as_rsl_rl(k):
+    ref, ours = _pair(recurrent=True)
+    for x, y in zip(
+        ref.recurrent_mini_batch_generator(k, 1), ours.recurrent_mini_batch_generator(k, 1), strict=True
+    ):
+        if k == E:  # one env each: the shuffled env has its own number of trajectories
+            assert x.masks.shape[0] == y.masks.shape[0] == T
+            assert x.actions.shape == y.actions.shape
+        else:
+            _same_layout(x, y)
+
+
+def test_distillation_generator_same_as_rsl_rl():
+    ref, ours = _pair(training_type="distillation")
+    for x, y in zip(ref.generator(), ours.generator(), strict=True):
+        _same_layout(x, y)
+        _same_bits(x, y)
+
+
+# -- the parity option: rsl_rl's own generator output, bit for bit ---------------------
+@pytest.mark.parametrize("k", [3, 4, 7])
+def test_parity_mini_batches_bit_for_bit(k):
+    ref, ours = _pair(parity=True)
+    torch.manual_seed(11)
+    a = list(ref.mini_batch_generator(k, 3))
+    after_ref = torch.rand(1)
+    torch.manual_seed(11)
+    b = list(ours.mini_batch_generator(k, 3))
+    assert torch.equal(torch.rand(1), after_ref)  # the global RNG advanced the same way
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        _same_bits(x, y)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_parity_recurrent_bit_for_bit(k):
+    ref, ours = _pair(recurrent=True, parity=True)
+    a, b = list(ref.recurrent_mini_batch_generator(k, 2)), list(ours.recurrent_mini_batch_generator(k, 2))
+    assert len(a) == len(b) == 2 * k
+    for x, y in zip(a, b, strict=True):
+        _same_layout(x, y)
+        _same_bits(x, y)
+
+
+# -- the deliberate differences -------------------------------------------------------
+def test_default_order_is_fresh_each_epoch_and_keeps_the_remainder():
+    _, ours = _pair(seed=3)
+    k = 4  # 30 steps: minibatches of 8, 8, 8, 6
+    batches = list(ours.mini_batch_generator(k, num_epochs=3))
+    rets = [b.returns[:, 0] for b in batches]
+    epochs = [torch.cat(rets[i * k : (i + 1) * k]) for i in range(3)]
+    for e in epochs:  # every step exactly once per epoch (returns are distinct per step)
+        assert sorted(e.tolist()) == sorted(ours.returns.reshape(-1).tolist())
+    assert not torch.equal(epochs[0], epochs[1])
+    assert [len(r) for r in rets[:k]] == [8, 8, 8, 6]
+
+
+def test_drop_last_drops_a_different_remainder():
+    _, ours = _pair(seed=3, drop_last=True)
+    sizes = [len(b.values) for b in ours.mini_batch_generator(4, num_epochs=2)]
+    assert sizes == [7] * 8
+
+
+def test_recurrent_default_covers_every_env():
+    _, ours = _pair(recurrent=True, seed=0)
+    envs = [b.actions.shape[1] for b in ours.recurrent_mini_batch_generator(2, num_epochs=1)]
+    assert envs == [2, 3]  # rsl_rl: [2, 2], env 4 never trained on
+
+
+def _returns_reference(rewards, values, last, dones, time_outs, final, gamma, lam):
+    """Brute force GAE: termination never bootstraps, a time-out from V(true final obs)."""
+    adv = torch.zeros(T, E)
+    for e in range(E):
+        running = 0.0
+        for t in reversed(range(T)):
+            if dones[t, e] and not time_outs[t, e]:
+                nxt, cont = 0.0, 0.0
+            elif time_outs[t, e]:
+                nxt, cont = float(final[t, e]), 0.0
+            else:
+                nxt = float(last[e]) if t == T - 1 else float(values[t + 1, e])
+                cont = 1.0
+            delta = float(rewards[t, e]) + gamma * nxt - float(values[t, e])
+            running = delta + gamma * lam * cont * running
+            adv[t, e] = running
+    return adv, adv + values
+
+
+def test_compute_returns_bootstraps_time_outs_from_the_true_final_value():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    g = torch.Generator().manual_seed(5)
+    outs, finals = [], []
+    for tr in _transitions(seed=5):
+        tr.time_outs = (tr.dones > 0) & (torch.rand(E, generator=g) < 0.5)
+        tr.final_values = torch.randn(E, 1, generator=g)
+        outs.append(tr.time_outs)
+        finals.append(tr.final_values[:, 0])
+        ours.add_transition(tr)
+    last = torch.randn(E, 1, generator=g)
+    ours.compute_returns(last, gamma=0.9, lam=0.8, normalize_advantages=False)
+    adv, ret = _returns_reference(
+        ours.rewards[..., 0], ours.values[..., 0], last[:, 0], ours.dones[..., 0], torch.stack(outs),
+        torch.stack(finals), 0.9, 0.8,
+    )  # fmt: skip
+    assert torch.stack(outs).any()
+    torch.testing.assert_close(ours.advantages[..., 0], adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.returns[..., 0], ret, rtol=1e-5, atol=1e-5)
+    ours.compute_returns(last, gamma=0.9, lam=0.8)
+    a = ours.advantages
+    assert abs(float(a.mean())) < 1e-5 and abs(float(a.std()) - 1) < 1e-4
+
+
+# -- errors: clear, xpbank, nothing written -------------------------------------------
+def test_time_outs_without_final_values_are_refused_before_writing():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    tr = _transitions()[0]
+    tr.dones = torch.ones(E)
+    tr.time_outs = torch.ones(E, dtype=torch.bool)
+    with pytest.raises(SpecError, match=r"transition\.final_values: some envs timed out"):
+        ours.add_transition(tr)
+    assert ours.step == 0
+
+
+def test_bad_transitions_leave_the_storage_as_it_was():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    good = _transitions()
+    ours.add_transition(good[0])
+    before = ours.values.clone()
+    missing = _transitions()[1]
+    missing.values = None
+    with pytest.raises(SpecError, match=r"transition\.values: this training type stores it, got None"):
+        ours.add_transition(missing)
+    wrong = _transitions()[1]
+    wrong.actions = torch.zeros(E, A + 1)
+    with pytest.raises(SpecError, match="actions"):
+        ours.add_transition(wrong)
+    short = _transitions()[1]
+    short.observations = TensorDict(
+        {"policy": torch.zeros(E - 1, 3), "critic": torch.zeros(E - 1, 4)}, [E - 1]
+    )
+    with pytest.raises(SpecError, match=r"observations\['policy'\]: expected a leading dim of num_envs=5"):
+        ours.add_transition(short)
+    assert ours.step == 1 and torch.equal(ours.values, before)
+
+
+def test_first_transition_must_match_the_constructor_layout():
+    ours = RolloutStorage("rl", E, T, _obs(), [A + 1])
+    with pytest.raises(SpecError, match=r"field 'actions' is .* in the constructor's obs/actions_shape but"):
+        ours.add_transition(_transitions()[0])
+
+
+def test_overflow_and_wrong_mode_and_empty():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    with pytest.raises(NotReadyError, match="no transition stored yet"):
+        _ = ours.values
+    for tr in _transitions():
+        ours.add_transition(tr)
+    with pytest.raises(CapacityError, match="already holds horizon=6 steps"):
+        ours.add_transition(_transitions()[0])
+    with pytest.raises(NotReadyError, match="no advantages/returns yet"):
+        next(ours.mini_batch_generator(2))
+    with pytest.raises(SpecError, match="only available for distillation training"):
+        next(ours.generator())
+    with pytest.raises(SpecError, match="training_type: expected one of"):
+        RolloutStorage("bc", E, T, _obs(), [A])
+    with pytest.raises(SpecError, match=r"advantages: expected shape \[6, 5, 1\], got \[6, 5\]"):
+        ours.advantages = torch.zeros(T, E)
+    ours.clear()
+    assert ours.step == 0
+    ours.add_transition(_transitions()[0])
+    assert ours.step == 1
+
+
+def test_own_transition_and_batch_classes():
+    assert RolloutStorage.Transition is Transition and RolloutStorage.Batch is Batch
+    tr = Transition()
+    tr.values = torch.zeros(1)
+    tr.clear()
+    assert tr.values is None and tr.time_outs is None and tr.hidden_states == (None, None)
+    b = Batch(values=torch.ones(2))
+    assert b.values is not None and b.hidden_states == (None, None) and b.masks is None
+
+
+# -- rsl_rl's real PPO learns with our storage in place of its own --------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("true_final", [False, True])
+def test_rsl_rl_ppo_learns_with_our_storage(true_final, one_thread):
+    pytest.importorskip("gymnasium")
+    from rsl_rl_task import TIME_LIMIT, make_env, make_ppo, train
+
+    torch.manual_seed(0)
+    env = make_env(num_envs=16, seed=0)
+    ppo = make_ppo(env, RolloutStorage, steps=64, seed=0)
+    assert isinstance(ppo.storage, RolloutStorage)
+    lengths = train(ppo, env, iterations=15, steps=64, true_final=true_final)
+    # a random policy keeps CartPole up ~22 steps; learning reaches the time limit
+    assert lengths[0] < 30
+    assert sum(lengths[-3:]) / 3 > 0.6 * TIME_LIMIT
+
+
+def _recurrent_run(storage_class, **kwargs):
+    from rsl_rl.algorithms import PPO
+    from rsl_rl.models import RNNModel
+    from rsl_rl.modules.distribution import GaussianDistribution
+
+    from rsl_rl_task import make_env, train
+
+    torch.manual_seed(0)
+    env = make_env(num_envs=8, seed=0)
+    obs = env.get_observations()
+    groups = {"actor": ["policy"], "critic": ["policy"]}
+    dist = {"class_name": GaussianDistribution}
+    actor = RNNModel(obs, groups, "actor", 1, hidden_dims=[16], distribution_cfg=dist, rnn_hidden_dim=8)
+    critic = RNNModel(obs, groups, "critic", 1, hidden_dims=[16], rnn_type="gru", rnn_hidden_dim=8)
+    storage = storage_class("rl", 8, 16, obs, [1], **kwargs)
+    ppo = PPO(actor, critic, storage, num_learning_epochs=2, num_mini_batches=2)
+    train(ppo, env, iterations=2, steps=16, true_final=False)
+    return [p.detach().clone() for p in actor.parameters()], storage
+
+
+def test_recurrent_rsl_rl_ppo_runs_on_our_storage_as_on_its_own(one_thread):
+    """An LSTM actor and a GRU critic: the first step has no hidden state yet (rsl_rl
+    saves zeros there), the rest do; with ``parity`` the training matches rsl_rl's own
+    storage up to float rounding (reductions over strided views)."""
+    pytest.importorskip("gymnasium")
+    theirs, ref = _recurrent_run(Ref)
+    ours, st = _recurrent_run(RolloutStorage, parity=True)
+    for a, b in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ref.saved_hidden_state_a, st.saved_hidden_state_a, strict=True):
+        assert a.shape == b.shape == (16, 1, 8, 8)
+        assert (b[0] == 0).all() == (a[0] == 0).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
