@@ -11,8 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from xpbank.bank import BankSummary, list_banks, load, merge, new_session_id, open_bank, save
-from xpbank.bank import bank_metadata
+from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.collect import Collector, ReplaySink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
