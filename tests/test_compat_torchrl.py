@@ -220,3 +220,14 @@ def test_state_dict_round_trip_resumes_sampling():
     other = ReplayBufferTrainer(xpbank.ReplayBuffer(50, sampler=xpbank.PrioritizedSampler()), batch_size=5)
     other.load_state_dict(state)
     assert torch.equal(other.sample(None)["x"], hook.sample(None)["x"])
+
+
+def test_torchrls_flatten_marks_every_step_truncated_in_place_ours_does_not():
+    theirs_input, ours_input = _collected(with_mask=False), _collected(with_mask=False)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+    TorchRLReplayBufferTrainer(rb, flatten_tensordicts=True).extend(theirs_input)
+    assert theirs_input["next", "truncated"].all()  # TorchRL: [..., -1] hits the trailing 1-dim
+    stored = ReplayBufferTrainer(xpbank.ReplayBuffer(100), batch_size=4, flatten_tensordicts=True).extend(
+        ours_input
+    )
+    assert stored["next", "truncated"].sum() == 2 and not ours_input["next", "truncated"].any()
