@@ -155,7 +155,7 @@ class ExperienceBank:
         self.max_size = max_size
         self.session_id = session_id or new_session_id()
         self._rb = ReplayBuffer(max_size or _FIRST_CAPACITY)
-        self._infos: deque[dict[str, Any] | None] = deque(maxlen=max_size)
+        self._infos: list[dict[str, Any] | None] = [None] * self._rb.capacity  # by slot
 
     @property
     def buffer(self) -> ReplayBuffer:
@@ -180,43 +180,50 @@ class ExperienceBank:
         if self._rb.spec is not None:
             self._rb.spec.conform(batch, 1)  # checked before the buffer may grow
         self._grow(len(rows))
-        self._rb.extend(batch)
-        self._infos.extend(infos)
+        self._put_infos(self._rb.extend(batch), infos)
+
+    def _put_infos(self, ids: Iterable[int], infos: list[dict[str, Any] | None]) -> None:
+        cap = self._rb.capacity
+        for i, info in zip(ids, infos, strict=True):
+            self._infos[i % cap] = info
+
+    def _live_ids(self) -> range:
+        first = int(self._rb.sample_by_index([0], fields=["done"])["index"][0]) if len(self) else 0
+        return range(first, first + len(self))
+
+    def _ordered_infos(self) -> list[dict[str, Any] | None]:
+        """The infos of the stored experiences, oldest first."""
+        cap = self._rb.capacity
+        return [self._infos[i % cap] for i in self._live_ids()]
 
     def _grow(self, n: int) -> None:
         if self.max_size is not None or len(self._rb) + n <= self._rb.capacity:
             return
+        infos = self._ordered_infos()
         bigger = ReplayBuffer(max(2 * self._rb.capacity, len(self._rb) + n), self._rb.spec)
-        self._rb = bigger.merge_(self._rb)
+        self._rb = bigger.merge_(self._rb)  # new ids 0 .. len - 1, oldest first
+        self._infos = infos + [None] * (bigger.capacity - len(infos))
 
     def clear(self) -> None:
         """Drop every experience."""
         self._rb.clear()
-        self._infos.clear()
+        self._infos = [None] * self._rb.capacity
 
     # -- reading ---------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._rb)
 
-    def _experiences(self, td: TensorDict, positions: Iterable[int]) -> list[Experience]:
-        cols = {k: td[k] for k in (*_TENSOR_FIELDS, "reward", "done")}
-        rewards, dones = cols["reward"].tolist(), cols["done"].tolist()
-        return [
-            Experience(
-                cols["state"][j],
-                cols["action"][j],
-                rewards[j],
-                cols["next_state"][j],
-                dones[j],
-                self._infos[p],
-            )
-            for j, p in enumerate(positions)
-        ]
+    def _experiences(self, td: TensorDict) -> list[Experience]:
+        cap = self._rb.capacity
+        infos = [self._infos[i % cap] for i in td["index"].tolist()]
+        columns = (td["state"].unbind(0), td["action"].unbind(0), td["reward"].tolist())
+        rest = (td["next_state"].unbind(0), td["done"].tolist(), infos)
+        return [Experience(*row) for row in zip(*columns, *rest, strict=True)]
 
     def _at(self, positions: list[int]) -> list[Experience]:
         if not positions:
             return []
-        return self._experiences(self._rb.sample_by_index(np.asarray(positions)), positions)
+        return self._experiences(self._rb.sample_by_index(np.asarray(positions)))
 
     def sample(self, batch_size: int, replace: bool = True) -> list[Experience]:
         """``batch_size`` experiences drawn uniformly (distinct ones with ``replace=False``).
@@ -225,12 +232,7 @@ class ExperienceBank:
             EmptyBufferError: the bank is empty.
             CapacityError: ``replace=False`` and more asked for than are stored.
         """
-        td = self._rb.sample(batch_size, replace=replace)
-        first = self._first_id()
-        return self._experiences(td, (td["index"] - first).tolist())
-
-    def _first_id(self) -> int:
-        return int(self._rb.sample_by_index([0])["index"][0])
+        return self._experiences(self._rb.sample(batch_size, replace=replace))
 
     def __getitem__(self, i: int | slice) -> Any:
         n = len(self)
@@ -279,8 +281,10 @@ class ExperienceBank:
         if len(other) == 0:
             return
         self._grow(len(other))
+        infos = other._ordered_infos()
         self._rb.merge_(other._rb)
-        self._infos.extend(other._infos)
+        k = min(len(infos), self._rb.capacity)  # a bounded bank keeps the newest
+        self._put_infos(self._live_ids()[len(self) - k :], infos[len(infos) - k :])
 
     # -- persistence -----------------------------------------------------------
     def save(self, work_dir: str | os.PathLike[str] = ".", bank_file: str | None = None) -> str:
@@ -293,7 +297,8 @@ class ExperienceBank:
                 a bank directory all the same.
         """
         name = bank_file or f"experience_bank_{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}_{self.session_id}"
-        infos = list(self._infos) if any(i is not None for i in self._infos) else None
+        ordered = self._ordered_infos()
+        infos = ordered if any(i is not None for i in ordered) else None
         meta = {_META: {"version": 1, "max_size": self.max_size, "infos": infos}}
         return str(
             save(self._rb, Path(os.fspath(work_dir)) / name, session_id=self.session_id, metadata=meta)
@@ -325,10 +330,9 @@ class ExperienceBank:
             )
         infos = meta.get("infos") or [None] * len(rb)
         saved = cls(max_size=meta.get("max_size"), session_id=_session_of(rb))
-        saved._rb = (
-            rb if saved.max_size is not None else ReplayBuffer(max(len(rb), _FIRST_CAPACITY)).merge_(rb)
-        )
-        saved._infos.extend(infos)
+        saved._rb = rb  # an unbounded bank's buffer grows from the saved capacity when full
+        saved._infos = [None] * rb.capacity
+        saved._put_infos(saved._live_ids(), infos)
         return saved if max_size is None else _rebound(saved, max_size)
 
     @staticmethod
