@@ -21,29 +21,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
-from _common import fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import best_of, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 
 CPU = torch.device("cpu")
-
-
-def best_of(fn: Callable[[int], object], calls: int, chunks: int) -> float:
-    """Seconds per call: the fastest of ``chunks`` blocks of ``calls`` calls (warmed up)."""
-    for i in range(min(calls, 10)):
-        fn(i)
-    best = float("inf")
-    for c in range(chunks):
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(c * calls + i)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def transitions(n: int, seed: int = 0) -> TensorDict:

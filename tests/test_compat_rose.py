@@ -135,7 +135,7 @@ def test_load_refuses_a_bank_not_saved_by_rose(tmp_path):
     [
         (
             create_experience([0.0, 1.0], 0, 0.0, [0.0, 1.0], False, {"obj": object()}),
-            r"experience 1: info: values must be JSON-able",
+            r"experience 1: info: .* must be JSON-able",
         ),
         (
             create_experience([0.0, 1.0], 0, 0.0, [0.0, 1.0], False, {"t": (1, 2)}),
@@ -143,7 +143,7 @@ def test_load_refuses_a_bank_not_saved_by_rose(tmp_path):
         ),
         (
             create_experience([0.0, 1.0], 0, 0.0, [0.0, 1.0], False, ["not", "a dict"]),
-            r"info: expected a dict or None, got list",
+            r"info: \['not', 'a dict'\] expected a dict, got list",
         ),
         (
             create_experience("text", 0, 0.0, [0.0, 1.0], False),

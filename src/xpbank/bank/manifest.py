@@ -29,7 +29,7 @@ from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.dtypes import numpy_dtype
 
-__all__ = ["FileEntry", "Manifest", "check_metadata", "new_session_id", "utc_now"]
+__all__ = ["FileEntry", "Manifest", "check_metadata", "json_problem", "new_session_id", "utc_now"]
 
 
 def new_session_id() -> str:
@@ -43,20 +43,29 @@ def new_session_id() -> str:
     return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
 
 
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` is not a dict that comes back unchanged through JSON, or ``None``.
+
+    Example:
+        >>> json_problem({"a": [1, "x", None]}) is None, json_problem({"a": (1, 2)})[:21]
+        (True, 'does not survive JSON')
+    """
+    if not isinstance(value, dict):
+        return f"expected a dict, got {type(value).__name__}"
+    try:
+        same = json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError) as exc:
+        return f"must be JSON-able (str keys; str, number, bool, None, list, dict): {exc}"
+    return (
+        None if same else "does not survive JSON unchanged (tuples or non-str keys?); use lists and str keys"
+    )
+
+
 def check_metadata(metadata: Any) -> dict[str, Any]:
     """``metadata`` if it is a dict that JSON writes and reads back unchanged."""
-    if not isinstance(metadata, dict):
-        raise BankError(f"metadata: expected a dict, got {type(metadata).__name__}")
-    try:
-        same = json.loads(json.dumps(metadata, allow_nan=False)) == metadata
-    except (TypeError, ValueError) as exc:
-        raise BankError(
-            f"metadata: must be JSON-able (str keys; str, number, bool, None, list, dict): {exc}"
-        ) from exc
-    if not same:
-        raise BankError(
-            "metadata: does not survive JSON unchanged (tuples or non-str keys?); use lists and str keys"
-        )
+    problem = json_problem(metadata)
+    if problem is not None:
+        raise BankError(f"metadata: {problem}")
     return metadata
 
 

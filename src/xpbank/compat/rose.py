@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import pickle
 import warnings
@@ -37,6 +36,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.bank import bank_metadata, bank_of, list_banks, load, new_session_id, save
+from xpbank.bank.manifest import json_problem
 from xpbank.errors import BankError, SpecError, check_positive_int
 from xpbank.replay import ReplayBuffer
 from xpbank.spec import NestedKey
@@ -91,19 +91,9 @@ def _scalar(name: str, value: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _check_info(info: Any) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    if not isinstance(info, dict):
-        raise SpecError(f"info: expected a dict or None, got {type(info).__name__}")
-    try:
-        same = json.loads(json.dumps(info, allow_nan=False)) == info
-    except (TypeError, ValueError) as exc:
-        raise SpecError(
-            f"info: values must be JSON-able (str keys; str, number, bool, None, list, dict) to be "
-            f"saved in a bank; got {info!r:.80} ({exc})"
-        ) from exc
-    if not same:
-        raise SpecError(f"info: {info!r:.80} does not survive JSON unchanged (tuples or non-str keys?)")
+    problem = None if info is None else json_problem(info)
+    if problem is not None:
+        raise SpecError(f"info: {info!r:.80} {problem} (info is saved in the bank's JSON manifest)")
     return info
 
 
