@@ -360,3 +360,10 @@ class RoseMachine(RuleBasedStateMachine):
 
 TestRoseMachine = RoseMachine.TestCase
 TestRoseMachine.settings = settings(max_examples=25, stateful_step_count=12, deadline=None)
+
+
+def test_unbounded_bank_takes_a_first_batch_larger_than_its_first_buffer():
+    bank = ExperienceBank()
+    items = [_exp(i, {"i": i}) for i in range(3000)]
+    bank.add_batch(items)
+    _check(bank, items)
