@@ -231,3 +231,16 @@ def test_torchrls_flatten_marks_every_step_truncated_in_place_ours_does_not():
         ours_input
     )
     assert stored["next", "truncated"].sum() == 2 and not ours_input["next", "truncated"].any()
+
+
+def test_update_priority_skips_items_overwritten_since_the_sample():
+    rb = xpbank.ReplayBuffer(4, sampler=xpbank.PrioritizedSampler(alpha=1.0), seed=0)
+    hook = ReplayBufferTrainer(rb, batch_size=4)
+    rb.extend({"x": torch.arange(4.0)})
+    batch = TensorDict({"index": torch.arange(4), "td_error": torch.tensor([5.0, 5.0, 5.0, 7.0])}, [4])
+    rb.extend({"x": torch.tensor([10.0, 11.0])})  # ids 0 and 1 overwritten by 4 and 5
+    hook.update_priority(batch)
+    pri = rb.sampler.state_dict()["priorities"]
+    # slots 0, 1 keep the new items' initial priority (the largest seen before: 1.0);
+    # slots 2, 3 got 5 and 7 from the loss (plus the sampler's eps, 1e-6)
+    assert pri[:4].tolist() == pytest.approx([1.0, 1.0, 5.0, 7.0], abs=1e-5)

@@ -160,7 +160,9 @@ class ReplayBufferTrainer:
     def update_priority(self, batch: TensorDictBase) -> None:
         """Send the loss's priorities (``priority_key``) back by ``batch["index"]``.
 
-        Nothing happens for buffers without priorities (uniform sampling).
+        Nothing happens for buffers without priorities (uniform sampling). Items
+        overwritten since the sample (a collection landed in between) are skipped: their
+        slots hold new items, which keep the priority they were written with.
         """
         rb = self.replay_buffer
         if not _is_xpbank(rb):
@@ -179,7 +181,7 @@ class ReplayBufferTrainer:
         index = batch.get("index")
         if priority.ndim > index.ndim:  # e.g. [B, 1]: one priority per item
             priority = priority.reshape(index.shape[0], -1).amax(-1)
-        rb.update_priority(index.cpu(), priority.float().cpu())
+        rb.update_priority(index.cpu(), priority.float().cpu(), stale="skip")
 
     def state_dict(self) -> dict[str, Any]:
         """``{"replay_buffer": ...}``: the buffer's state (data, cursor, sampler, RNG)."""
