@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import environment, fastest_block, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import Field, Spec
 from xpbank.compat.metta import Experience
 from xpbank.compat.rsl_rl import RolloutStorage
@@ -79,9 +79,13 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
                 st.add_transition(tr)
 
         fill()
-        add = best_of(fill, 3, repeats) / t
-        ppo_ret = best_of(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
-        ret = None if cls is Ref else best_of(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
+        add = fastest_block(fill, 3, repeats) / t
+        ppo_ret = fastest_block(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
+        ret = (
+            None
+            if cls is Ref
+            else fastest_block(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
+        )
 
         def read(st=st) -> None:
             for b in st.mini_batch_generator(MINIBATCHES, EPOCHS):
@@ -95,7 +99,7 @@ def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
                 ):
                     x.sum()
 
-        mb = best_of(read, 1, repeats) / (EPOCHS * MINIBATCHES)
+        mb = fastest_block(read, 1, repeats) / (EPOCHS * MINIBATCHES)
         timings[name] = (add, ppo_ret, ret, mb)
     base = timings["rsl_rl RolloutStorage"]
     for name, (add, ppo_ret, ret, mb) in timings.items():
@@ -148,11 +152,11 @@ def bench_metta(agents: int, bptt: int, repeats: int) -> list[list[str]]:
 
     fill()
     idx = [torch.randperm(segments, generator=g)[:mb_segments] for _ in range(segments // mb_segments)]
-    store_raw = best_of(raw_fill, 3, repeats) / len(steps)
-    store = best_of(fill, 3, repeats) / len(steps)
-    read_raw = best_of(lambda: [raw[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_view = best_of(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_mb = best_of(
+    store_raw = fastest_block(raw_fill, 3, repeats) / len(steps)
+    store = fastest_block(fill, 3, repeats) / len(steps)
+    read_raw = fastest_block(lambda: [raw[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
+    read_view = fastest_block(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
+    read_mb = fastest_block(
         lambda: [td["rewards"].sum() for td in exp.rollout.segment_minibatches()], 3, repeats
     ) / len(idx)
     return [

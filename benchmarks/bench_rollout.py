@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import xpbank
 from _common import (
-    best_of,
     environment,
+    fastest_block,
     fmt_ratio,
     fmt_us,
     freeze_heap,
@@ -312,11 +312,11 @@ def measure(c: Candidate, data: Data, args: argparse.Namespace) -> dict[str, Any
     agrees = bool(torch.allclose(adv.float(), want, atol=1e-4))
     delivered = c.iterate()
     ok = delivered == EPOCHS * data.t * data.e
-    fill_s = best_of(lambda: c.fill(data), 1, args.chunks)
+    fill_s = fastest_block(lambda: c.fill(data), 1, args.chunks)
     return {
         "add_s": fill_s / data.t,
-        "gae_s": best_of(lambda: c.gae(data), args.gae_calls, args.chunks),
-        "minibatch_s": best_of(c.iterate, 1, args.chunks),
+        "gae_s": fastest_block(lambda: c.gae(data), args.gae_calls, args.chunks),
+        "minibatch_s": fastest_block(c.iterate, 1, args.chunks),
         "gae_agrees": agrees,
         "items_ok": ok,
     }
@@ -394,8 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     g, nv = data.grids, _next_values(data)
     no = torch.zeros_like(g["terminated"])
     results[pure] = {
-        "gae_s": best_of(lambda: xpbank.gae(g["reward"], g["value"], nv, g["terminated"], no, GAMMA, LAM),
-                         args.gae_calls, args.chunks),
+        "gae_s": fastest_block(
+            lambda: xpbank.gae(g["reward"], g["value"], nv, g["terminated"], no, GAMMA, LAM),
+            args.gae_calls, args.chunks,
+        ),
         "gae_agrees": True, "items_ok": True,
     }  # fmt: skip
     notes[pure] = "GAE alone on contiguous [T, E] tensors (what compute_returns runs after reading the rows)"

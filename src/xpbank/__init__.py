@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from xpbank.bank import BankSummary, list_banks, load, merge, new_session_id, open_bank, save
+from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.collect import Collector, ReplaySink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
@@ -102,4 +102,5 @@ __all__ = [
     "merge",
     "new_session_id",
     "BankSummary",
+    "bank_metadata",
 ]

@@ -13,7 +13,7 @@ state codec), :mod:`~xpbank.bank.snapshot` (consistent reads),
 
 from __future__ import annotations
 
-from xpbank.bank.bank import bank_of, load, save
+from xpbank.bank.bank import bank_metadata, bank_of, load, save
 from xpbank.bank.manifest import new_session_id
 from xpbank.bank.opened import checkpoint, open_bank
 from xpbank.bank.ops import BankSummary, list_banks, merge, merge_into
@@ -24,6 +24,7 @@ __all__ = [
     "open_bank",
     "checkpoint",
     "bank_of",
+    "bank_metadata",
     "list_banks",
     "merge",
     "merge_into",

@@ -35,7 +35,7 @@ from xpbank.bank.format import (
     write_json_atomic,
     write_npy_header,
 )
-from xpbank.bank.manifest import FileEntry, Manifest, new_session_id, utc_now
+from xpbank.bank.manifest import FileEntry, Manifest, check_metadata, new_session_id, utc_now
 from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.replay import ReplayBuffer
@@ -43,7 +43,17 @@ from xpbank.sampler import make_sampler
 from xpbank.storage import TensorStorage
 from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
 
-__all__ = ["save", "load", "bank_of", "ORIGINS", "Origin", "new_buffer", "restore", "write_state"]
+__all__ = [
+    "save",
+    "load",
+    "bank_of",
+    "bank_metadata",
+    "ORIGINS",
+    "Origin",
+    "new_buffer",
+    "restore",
+    "write_state",
+]
 
 
 @dataclass
@@ -71,7 +81,11 @@ def bank_of(buffer: ReplayBuffer) -> tuple[Path, str, str] | None:
 
 # -- save ----------------------------------------------------------------------------
 def save(
-    buffer: ReplayBuffer, path: str | os.PathLike[str] | None = None, *, session_id: str | None = None
+    buffer: ReplayBuffer,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    session_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write a full copy of ``buffer`` as a bank at ``path``; returns the bank's path.
 
@@ -87,6 +101,9 @@ def save(
             there is replaced; an existing non-empty directory that is not a bank is not.
         session_id: default: the session of the bank ``buffer`` came from, else a new
             ``YYYYmmdd_HHMMSS_<8 hex>`` (UTC).
+        metadata: the caller's own JSON-able dict, written into the manifest as is and
+            given back by :func:`bank_metadata` on the loaded buffer; default: that of
+            the bank ``buffer`` came from, if any.
 
     Raises:
         BankError: the target cannot be written (disk full, read-only, permissions);
@@ -113,6 +130,7 @@ def save(
             f"save: {target} is the bank this buffer is open on; call buffer.checkpoint() instead"
         )
     _check_target(target)
+    meta = check_metadata(metadata if metadata is not None else (origin.manifest.metadata if origin else {}))
     created = origin.manifest.created if origin and origin.manifest.session_id == session else utc_now()
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     remove_dead_temporaries(target)
@@ -120,6 +138,7 @@ def save(
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         manifest = _write_files(buffer, tmp, session, created)
+        manifest.metadata = meta
         write_json_atomic(tmp, manifest.to_json())
         with not_open_for_writing(target):
             old = commit_dir(tmp, target)
@@ -132,6 +151,21 @@ def save(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def bank_metadata(buffer: ReplayBuffer) -> dict[str, Any]:
+    """The ``metadata`` saved with the bank ``buffer`` was loaded or opened from (``{}``: none).
+
+    Example:
+        >>> import tempfile, torch, xpbank
+        >>> rb = xpbank.ReplayBuffer(4)
+        >>> _ = rb.extend({"x": torch.zeros(2)})
+        >>> path = xpbank.save(rb, tempfile.mkdtemp() + "/b", metadata={"owner": "me"})
+        >>> bank_metadata(xpbank.load(path)), bank_metadata(rb)
+        ({'owner': 'me'}, {})
+    """
+    origin = ORIGINS.get(buffer)
+    return dict(origin.manifest.metadata) if origin is not None else {}
 
 
 def _same_dir(a: Path, b: Path) -> bool:

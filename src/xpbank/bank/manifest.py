@@ -8,6 +8,7 @@ the entry. The layout is documented in ``docs/bank-format.md``.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,11 @@ from xpbank.bank.format import (
     data_relpath,
     state_relpath,
 )
-from xpbank.errors import CorruptBankError, SpecError
+from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.dtypes import numpy_dtype
 
-__all__ = ["FileEntry", "Manifest", "new_session_id", "utc_now"]
+__all__ = ["FileEntry", "Manifest", "check_metadata", "json_problem", "new_session_id", "utc_now"]
 
 
 def new_session_id() -> str:
@@ -40,6 +41,32 @@ def new_session_id() -> str:
         True
     """
     return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` is not a dict that comes back unchanged through JSON, or ``None``.
+
+    Example:
+        >>> json_problem({"a": [1, "x", None]}) is None, json_problem({"a": (1, 2)})[:21]
+        (True, 'does not survive JSON')
+    """
+    if not isinstance(value, dict):
+        return f"expected a dict, got {type(value).__name__}"
+    try:
+        same = json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError) as exc:
+        return f"must be JSON-able (str keys; str, number, bool, None, list, dict): {exc}"
+    return (
+        None if same else "does not survive JSON unchanged (tuples or non-str keys?); use lists and str keys"
+    )
+
+
+def check_metadata(metadata: Any) -> dict[str, Any]:
+    """``metadata`` if it is a dict that JSON writes and reads back unchanged."""
+    problem = json_problem(metadata)
+    if problem is not None:
+        raise BankError(f"metadata: {problem}")
+    return metadata
 
 
 def utc_now() -> str:
@@ -94,9 +121,10 @@ class Manifest:
     generation: int = 0
     data: list[FileEntry] = field(default_factory=list)
     state_files: list[FileEntry] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the caller's JSON, kept as is
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "session_id": self.session_id,
@@ -113,6 +141,9 @@ class Manifest:
             "state_files": [f.to_json() for f in self.state_files],
             "data": [f.to_json() for f in self.data],
         }
+        if self.metadata:  # only when given: banks without it keep their exact bytes
+            out["metadata"] = self.metadata
+        return out
 
     @classmethod
     def parse(cls, raw: dict[str, Any], root: Path) -> Manifest:
@@ -157,6 +188,7 @@ class Manifest:
             generation=get.int("generation", low=0),
             data=data,
             state_files=[_state_entry(e, where) for e in get.typed("state_files", list)],
+            metadata=get.typed("metadata", dict) if "metadata" in raw else {},
         )
 
 

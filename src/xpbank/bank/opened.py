@@ -186,6 +186,7 @@ def checkpoint(buffer: ReplayBuffer) -> None:
             generation=generation,
             data=data,
             state_files=state_files,
+            metadata=old.metadata,
         )
         write_json_atomic(root, new.to_json())
     except OSError as exc:

@@ -1,5 +1,8 @@
 """The seed APIs (metta, ROSE, rsl_rl, objectrl, TorchRL) as thin front-ends on xpbank.
 
-Each submodule is imported on its own (``from xpbank.compat.rsl_rl import
-RolloutStorage``); none is imported here, so no optional dependency loads by accident.
+Each submodule mirrors one system's documented API, built thinly on xpbank's core
+(:class:`~xpbank.ReplayBuffer`, :class:`~xpbank.RolloutBuffer`, samplers, banks):
+switching is one import line (``from xpbank.compat.rsl_rl import RolloutStorage``). The
+deliberate differences are listed in ``docs/compat/``. No submodule is imported here, so
+an optional dependency of one never loads with another.
 """
