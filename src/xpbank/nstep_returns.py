@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nstep_return"]
+__all__ = ["nstep_reduce", "nstep_return", "nstep_table"]
 
 
 def nstep_return(
@@ -41,9 +41,34 @@ def nstep_return(
         ``(returns, discounts, steps)``: float32 ``[B]``, float32 ``[B]`` and int64 ``[B]``
         (``k``, the number of valid steps).
     """
-    n = rewards.shape[1]
+    steps = np.count_nonzero(valid, axis=1).astype(np.int64, copy=False)
+    returns, discounts = nstep_reduce(rewards, steps, terminated, nstep_table(rewards.shape[1], gamma))
+    return returns, discounts, steps
+
+
+def nstep_table(n: int, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`nstep_reduce` needs for windows of up to ``n`` steps, made once.
+
+    Returns:
+        ``(weights, powers)``: ``weights[k, j] = gamma**j`` for ``j < k``, else 0
+        (``[n + 1, n]`` float64); ``powers[k] = gamma**k`` (``[n + 1]``).
+
+    Example:
+        >>> weights, powers = nstep_table(2, 0.5)
+        >>> weights.tolist(), powers.tolist()
+        ([[0.0, 0.0], [1.0, 0.0], [1.0, 0.5]], [1.0, 0.5, 0.25])
+    """
     powers = gamma ** np.arange(n + 1, dtype=np.float64)  # gamma**j for j = 0 .. n
-    returns = np.where(valid, rewards, 0.0) @ powers[:n]
-    steps = np.count_nonzero(valid, axis=1)
+    weights = np.tril(np.ones((n + 1, n)), -1) * powers[:n]
+    return weights, powers
+
+
+def nstep_reduce(
+    rewards: np.ndarray, steps: np.ndarray, terminated: np.ndarray, table: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nstep_return` for windows given by their lengths ``steps`` (``[B]``, each in
+    ``1 .. n``) and a :func:`nstep_table`: ``(returns, discounts)``, float32 ``[B]``."""
+    weights, powers = table
+    returns = np.einsum("ij,ij->i", rewards, weights[steps])
     discounts = np.where(terminated, 0.0, powers[steps])
-    return returns.astype(np.float32), discounts.astype(np.float32), steps.astype(np.int64, copy=False)
+    return returns.astype(np.float32), discounts.astype(np.float32)

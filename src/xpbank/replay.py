@@ -327,9 +327,11 @@ class ReplayBuffer:
         ids: torch.Tensor,
         keys: list[NestedKey] | None,
         info: dict[str, torch.Tensor] | None = None,
+        flat: dict[Any, torch.Tensor] | None = None,
     ) -> TensorDict:
         """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch."""
-        flat = self._storage.gather(slots, keys)
+        if flat is None:  # not already read (n-step reads the items with their windows)
+            flat = self._storage.gather(slots, keys)
         # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
@@ -371,8 +373,10 @@ class ReplayBuffer:
         keys = self._fields(fields)  # checked before any randomness is drawn
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
         ids = self._ring.ids_of_slots(slots)
-        if self._nstep is not None:
-            info = {**info, **self._nstep.entries(self._storage, self._ring, slots, ids, keys)}
+        if self._nstep is not None:  # the items' fields and their n-step entries in one read
+            return self._gather(
+                slots, ids, keys, info, self._nstep.gather(self._storage, self._ring, slots, ids, keys)
+            )
         return self._gather(slots, ids, keys, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
