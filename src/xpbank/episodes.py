@@ -69,6 +69,7 @@ class _Plan:
     truncated: np.ndarray
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
     link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
+    step: int = 0  # lockstep: items per env step (an item's prev is the id ``step`` before it); 0: not
 
 
 class EpisodeIndex:
@@ -106,6 +107,7 @@ class EpisodeIndex:
         self._last_id = np.full(n, -1, dtype=np.int64)  # each env's newest item
         self._last_end = np.zeros(n, dtype=bool)
         self._cur_start = np.full(n, -1, dtype=np.int64)
+        self._continues = np.zeros(n, dtype=bool)  # lockstep: the env's next item continues an episode
 
     # -- writing ---------------------------------------------------------------
     def plan(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> _Plan:
@@ -167,11 +169,13 @@ class EpisodeIndex:
         are consecutive steps of one env, so no sort is needed."""
         k = ids.shape[0] // e
         if k == 1:  # one step of every env: the common vector-env write
-            prev1 = self._last_id.copy()
-            is_start1 = (prev1 < 0) | self._last_end
-            start1 = np.where(is_start1, ids, self._cur_start)
+            # apply replaces (never mutates) the per-env arrays of a lockstep index, so
+            # the plan may hold them without a copy
+            prev1 = self._last_id
+            link1 = self._continues  # (prev >= 0) & ~last_end, kept by apply
+            start1 = np.where(link1, self._cur_start, ids)
             state1 = (self._envs, ids, term | trunc, start1)
-            return _Plan(ids, env, prev1, start1, term, trunc, state1, ~is_start1)
+            return _Plan(ids, env, prev1, start1, term, trunc, state1, link1, e)
         ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
         prev = np.empty((k, e), dtype=np.int64)
         prev[0], prev[1:] = self._last_id, ids2[:-1]
@@ -185,7 +189,8 @@ class EpisodeIndex:
             start[0] = np.where(is_start[0], ids2[0], self._cur_start)
             start = np.maximum.accumulate(start, axis=0)
         state = (self._envs, ids2[-1], end[-1], start[-1])
-        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, ~is_start.reshape(-1))
+        link = ~is_start.reshape(-1)
+        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, link, e)
 
     def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         none = np.zeros(0, dtype=np.int64)
@@ -199,7 +204,11 @@ class EpisodeIndex:
         envs, last_id, last_end, start = plan.env_state
         if envs.size == 0:
             return
-        self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
+        if envs is self._envs:  # lockstep: every env's state is new (fresh arrays)
+            self._last_id, self._last_end, self._cur_start = last_id, last_end, start
+            self._continues = ~last_end
+        else:
+            self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
         c, n = self._ring.capacity, plan.ids.shape[0]
         keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
         first = int(plan.ids[keep.start]) % c
@@ -211,6 +220,12 @@ class EpisodeIndex:
         self._term[slots] = plan.terminated[keep]
         self._trunc[slots] = plan.truncated[keep]
         self._next[slots] = -1
+        e, id0 = plan.step, int(plan.ids[0])
+        if e and id0 - e >= self._ring.first_id and (id0 - e) % c + n <= c:
+            # lockstep, every predecessor live: they are the n slots one env step back, in
+            # order; an item that starts an episode leaves its predecessor's -1 in place
+            self._next[(id0 - e) % c : (id0 - e) % c + n] = np.where(plan.link, plan.ids, -1)
+            return
         live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
         self._next[plan.prev[live] % c] = plan.ids[live]
 
@@ -366,6 +381,7 @@ class EpisodeIndex:
         self._last_id = _array(state["last_id"], np.int64).copy()
         self._last_end = _array(state["last_end"], bool).copy()
         self._cur_start = _array(state["cur_start"], np.int64).copy()
+        self._continues = (self._last_id >= 0) & ~self._last_end
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
