@@ -350,22 +350,22 @@ class EpisodeIndex:
 
         Returns:
             ``(walked, steps)``: ``walked[:, j]`` is the item ``j`` steps after ``ids``, or
-            the last valid one where the window ended earlier (``[B, n]`` int64 ids);
-            ``steps`` is the window's length ``k`` (int64).
+            the last valid one where the window ended earlier (``[B, n]`` int64 ids, a
+            transposed view of a step-major ``[n, B]`` array); ``steps`` is the window's
+            length ``k`` (int64).
         """
         b, c = ids.shape[0], self._ring.capacity
-        walked = np.empty((b, n), dtype=np.int64)
-        walked[:, 0] = ids
-        steps = np.ones(b, dtype=np.int64)
-        alive = np.ones(b, dtype=bool)
-        cur = ids
+        rows = np.empty((n, b), dtype=np.int64)  # step-major: each step is one contiguous row
+        rows[0] = ids
+        slots = np.empty(b, dtype=np.int64)
         for j in range(1, n):
-            nxt = self._next[cur % c]
-            alive &= nxt >= 0
-            cur = np.where(alive, nxt, cur)
-            walked[:, j] = cur
-            steps += alive
-        return walked, steps
+            np.remainder(rows[j - 1], c, out=slots)
+            np.take(self._next, slots, out=rows[j])
+            # a successor's id is larger than the item's, and -1 (ended, or not written
+            # yet) smaller: the max steps forward or stays on the window's last item
+            np.maximum(rows[j], rows[j - 1], out=rows[j])
+        steps = np.count_nonzero(rows[1:] != rows[:-1], axis=0) + 1
+        return rows.T, steps
 
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""

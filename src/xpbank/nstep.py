@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_returns import nstep_reduce, nstep_table
+from xpbank.nstep_returns import nstep_reduce
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
@@ -69,7 +69,7 @@ class NStep:
     reward_key: Any = None
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
-    _table: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False, compare=False)
+    _powers: np.ndarray = field(init=False, repr=False, compare=False)  # gamma ** arange(n + 1)
 
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
@@ -82,7 +82,7 @@ class NStep:
             isinstance(self.gamma, (int, float)) and 0 <= self.gamma <= 1
         ):
             raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
-        object.__setattr__(self, "_table", nstep_table(self.n, float(self.gamma)))
+        object.__setattr__(self, "_powers", float(self.gamma) ** np.arange(self.n + 1, dtype=np.float64))
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, JSON-able (nested keys as lists, which the
@@ -156,50 +156,42 @@ class NStep:
             next_keys = [k for k in next_keys if k in keys]
         b, c, n = ids.shape[0], ring.capacity, self.n
         walked, steps = episodes.walk(ids.cpu().numpy(), n)
-        window = walked % c  # [B, n] slots
-        last = window[:, -1]
-        # the items' rows, then their windows' last rows (unless every window is one step)
-        both = slots if n == 1 else torch.cat([slots.cpu(), torch.from_numpy(last)])
+        window = walked.T % c  # [n, B] slots, step-major (contiguous rows)
+        # the items' slots, then their windows' last slots (unless every window is one step)
+        both = window[0] if n == 1 else window[:: n - 1].reshape(-1)
         read = wanted if reward_key in wanted else [*wanted, reward_key]
-        rows = storage.gather(both, read)
+        rows = storage.gather(torch.from_numpy(both), read)
         second = 0 if n == 1 else b
         out = {k: v[second:] if k in next_keys else v[:b] for k, v in rows.items() if k in wanted}
-        reward = rows[reward_key]
         middle = None
-        if n > 2:
-            middle = storage.gather(torch.from_numpy(window[:, 1:-1].reshape(-1)), [reward_key])[reward_key]
-        ret, disc, term = self._reduce(reward, middle, steps, last, episodes, b)
+        if n > 2:  # the steps in between: their rewards only
+            middle = storage.gather(torch.from_numpy(window[1:-1].reshape(-1)), [reward_key])[reward_key]
+        terminated = episodes.terminated_of_slots(window[-1])
+        ret, disc = nstep_reduce(self._rewards(rows[reward_key], middle, b), steps, terminated, self._powers)
         out["nstep_return"] = torch.from_numpy(ret)
         out["nstep_discount"] = torch.from_numpy(disc)
         out["nstep_steps"] = torch.from_numpy(steps)
-        out["nstep_terminated"] = torch.from_numpy(term)
+        out["nstep_terminated"] = torch.from_numpy(terminated)
         return out
 
-    def _reduce(
-        self,
-        reward: torch.Tensor,
-        middle: torch.Tensor | None,
-        steps: np.ndarray,
-        last: np.ndarray,
-        episodes: Any,
-        b: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``nstep_return`` of the window rewards: ``reward`` holds the first and last
-        steps' (``[2B]``, or ``[B]`` for ``n = 1``), ``middle`` the ``B * (n - 2)`` others."""
+    def _rewards(self, ends: torch.Tensor, middle: torch.Tensor | None, b: int) -> np.ndarray:
+        """The window rewards ``[B, n]`` (a view of a step-major array) from those of the
+        first and last steps (``ends``, ``[2B]``; ``[B]`` for ``n = 1``) and the
+        ``(n - 2) * B`` steps in between (step-major)."""
         n = self.n
-        if reward.dtype == torch.bfloat16:  # NumPy has no bfloat16
-            reward = reward.float()
-        flat_r = reward.reshape(-1).cpu().numpy()
-        rewards = np.empty((b, n))
-        rewards[:, 0] = flat_r[:b]
-        if n > 1:
-            rewards[:, -1] = flat_r[b:]
+        out = np.empty((n, b))
+        out[0 :: max(n - 1, 1)] = _numpy(ends).reshape(-1, b)
         if middle is not None:
-            m = middle.float() if middle.dtype == torch.bfloat16 else middle
-            rewards[:, 1:-1] = m.reshape(b, n - 2).cpu().numpy()
-        terminated = episodes.terminated_of_slots(last)
-        ret, disc = nstep_reduce(rewards, steps, terminated, self._table)
-        return ret, disc, terminated
+            out[1:-1] = _numpy(middle).reshape(n - 2, b)
+        return out.T
+
+
+def _numpy(values: torch.Tensor) -> np.ndarray:
+    """A gathered field as NumPy (bfloat16, which NumPy lacks, as float32)."""
+    try:
+        return values.numpy()  # a CPU field of a gathered batch: a view (the common case)
+    except (RuntimeError, TypeError):  # on a device, or bfloat16 (which NumPy lacks)
+        return values.detach().float().cpu().numpy()
 
 
 def _is_next(key: NestedKey) -> bool:
