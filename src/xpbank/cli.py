@@ -95,7 +95,7 @@ def save_and_reload(buffer: Any, path: Path) -> int:
     from xpbank.replay import ReplayBuffer
 
     torch.save(buffer.state_dict(), path)
-    fresh = ReplayBuffer(buffer.capacity, buffer.spec)
+    fresh = ReplayBuffer(buffer.capacity, buffer.spec, num_envs=buffer.episodes and buffer.episodes.num_envs)
     fresh.load_state_dict(torch.load(path, weights_only=True))
     if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
         raise RuntimeError(f"{path}: the reloaded buffer does not sample what the saved one does")
