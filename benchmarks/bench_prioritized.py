@@ -16,8 +16,10 @@ truncated; random episode ends), batch 256: xpbank's uniform sample with ``NStep
 (n_steps=3) against SB3's plain ReplayBuffer. Also extend with and without the episode
 index (one [8] step, and [256]).
 
-Every number is the fastest of ``--chunks`` timed blocks (the machine may be shared);
-per-call time in µs. No timing is asserted anywhere.
+Each part's buffers are built first and then timed together: ``--chunks`` rounds, each
+running one block of ``--calls`` calls of every timed function in turn, the fastest block
+of each kept, so that compared numbers share the machine's load of the same moments (it
+may be shared). Per-call time in µs. No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -27,19 +29,39 @@ import gc
 import json
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 import xpbank
-from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
 
 BATCH = 256
 OBS = 64
 NUM_ENVS = 8
+T = TypeVar("T")
+
+
+def interleaved(fns: dict[str, Callable[[int], object]], calls: int, chunks: int) -> dict[str, float]:
+    """Seconds per call of each function: ``chunks`` rounds, each timing one block of
+    ``calls`` calls of every function in turn; the fastest block of each is kept. Compared
+    functions thus share the machine's load of the same moments (it may be shared)."""
+    for fn in fns.values():
+        for i in range(min(calls, 20)):
+            fn(i)
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(chunks):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for i in range(calls):
+                fn(i)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    return best
 
 
 def priorities(k: int = 16) -> list[np.ndarray]:
@@ -57,33 +79,33 @@ def per_data(capacity: int, chunk: int = 100_000) -> list[dict[str, np.ndarray]]
 
 
 # -- part 1: prioritized replay ----------------------------------------------------------
-def bench_xpbank_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+Timed = dict[str, Callable[[int], object]]
+
+
+def xpbank_per(capacity: int) -> Timed:
     rb = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha=0.6, beta=0.4), seed=0)
+    uniform = ReplayBuffer(capacity, seed=0)
     for part in per_data(capacity):
         rb.extend({k: torch.from_numpy(v) for k, v in part.items()})
+        uniform.extend({k: torch.from_numpy(v) for k, v in part.items()})
     prios = [torch.from_numpy(p) for p in priorities()]
     batch = rb.sample(BATCH)
     assert batch["obs"].shape == (BATCH, OBS) and batch["weight"].shape == (BATCH,)
+    ids = rb.sample(BATCH)["index"]
 
     def step(i: int) -> None:
         b = rb.sample(BATCH)
         rb.update_priority(b["index"], prios[i % len(prios)])
 
-    out = {"sample + update": best_of(step, calls, chunks)}
-    out["sample"] = best_of(lambda i: rb.sample(BATCH), calls, chunks)
-    ids = rb.sample(BATCH)["index"]
-    out["update"] = best_of(lambda i: rb.update_priority(ids, prios[i % len(prios)]), calls, chunks)
-    return out
+    return {
+        "xpbank sample + update": step,
+        "xpbank sample": lambda i: rb.sample(BATCH),
+        "xpbank update": lambda i: rb.update_priority(ids, prios[i % len(prios)]),
+        "xpbank uniform sample": lambda i: uniform.sample(BATCH),
+    }
 
 
-def bench_xpbank_uniform(capacity: int, calls: int, chunks: int) -> dict[str, float]:
-    uniform = ReplayBuffer(capacity, seed=0)
-    for part in per_data(capacity):
-        uniform.extend({k: torch.from_numpy(v) for k, v in part.items()})
-    return {"uniform sample": best_of(lambda i: uniform.sample(BATCH), calls, chunks)}
-
-
-def bench_cpprb_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+def cpprb_per(capacity: int) -> Timed:
     from cpprb import PrioritizedReplayBuffer
 
     rb = PrioritizedReplayBuffer(capacity, {"obs": {"shape": OBS}, "rew": {}}, alpha=0.6)
@@ -97,10 +119,10 @@ def bench_cpprb_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
         s = rb.sample(BATCH, beta=0.4)
         rb.update_priorities(s["indexes"], prios[i % len(prios)])
 
-    return {"sample + update": best_of(step, calls, chunks)}
+    return {"cpprb sample + update": step}
 
 
-def bench_torchrl_per(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+def torchrl_per(capacity: int) -> Timed:
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
     from torchrl.data.replay_buffers.samplers import PrioritizedSampler as TorchRLPrioritized
@@ -118,7 +140,7 @@ def bench_torchrl_per(capacity: int, calls: int, chunks: int) -> dict[str, float
         rb.update_priority(b["index"], prios[i % len(prios)])
 
     step(0)
-    return {"sample + update": best_of(step, calls, chunks)}
+    return {"torchrl sample + update": step}
 
 
 # -- part 2: n-step ------------------------------------------------------------------------
@@ -140,33 +162,33 @@ def nstep_steps(capacity: int, chunk_steps: int = 10_000) -> list[dict[str, np.n
     return out
 
 
-def bench_xpbank_nstep(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+def xpbank_nstep(capacity: int) -> tuple[Timed, Timed]:
+    """(samples, extends) of a plain buffer and one with ``num_envs=8, nstep=NStep(3, 0.99)``."""
     data = [{k: torch.from_numpy(v) for k, v in part.items()} for part in nstep_steps(capacity)]
     step8 = [{k: v[j * NUM_ENVS : (j + 1) * NUM_ENVS] for k, v in data[0].items()} for j in range(64)]
     step256 = [{k: v[j * BATCH : (j + 1) * BATCH] for k, v in data[0].items()} for j in range(16)]
-    out: dict[str, float] = {}
+    samples: Timed = {}
+    extends: Timed = {}
     for label, kwargs in (("plain", {}), ("nstep", {"num_envs": NUM_ENVS, "nstep": NStep(3, 0.99)})):
         rb = ReplayBuffer(capacity, seed=0, **kwargs)  # type: ignore[arg-type]
         for part in data:
             rb.extend(part)
         if label == "nstep":
             assert rb.sample(BATCH)["nstep_return"].shape == (BATCH,)
-        out[f"sample ({label})"] = best_of(lambda i, rb=rb: rb.sample(BATCH), calls, chunks)
-        out[f"extend [8] ({label})"] = best_of(lambda i, rb=rb: rb.extend(step8[i % 64]), calls, chunks)
-        out[f"extend [256] ({label})"] = best_of(lambda i, rb=rb: rb.extend(step256[i % 16]), calls, chunks)
-        rb = None
-        gc.collect()
-    return out
+        samples[f"xpbank sample ({label})"] = lambda i, rb=rb: rb.sample(BATCH)
+        extends[f"extend [8] ({label})"] = lambda i, rb=rb: rb.extend(step8[i % 64])
+        extends[f"extend [256] ({label})"] = lambda i, rb=rb: rb.extend(step256[i % 16])
+    return samples, extends
 
 
-def bench_sb3_nstep(capacity: int, calls: int, chunks: int) -> dict[str, float]:
+def sb3_nstep(capacity: int) -> Timed:
     from gymnasium import spaces
     from stable_baselines3.common.buffers import NStepReplayBuffer
     from stable_baselines3.common.buffers import ReplayBuffer as SB3Replay
 
     obs_space = spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
     act_space = spaces.Box(-1, 1, (1,), np.float32)
-    out = {}
+    out: Timed = {}
     for label, cls, kw in (
         ("plain", SB3Replay, {}),
         ("nstep", NStepReplayBuffer, {"n_steps": 3, "gamma": 0.99}),
@@ -183,48 +205,43 @@ def bench_sb3_nstep(capacity: int, calls: int, chunks: int) -> dict[str, float]:
             t += n
         rb.full, rb.pos = True, 0
         assert rb.sample(BATCH).rewards.shape == (BATCH, 1)
-        out[f"sample ({label})"] = best_of(lambda i, rb=rb: rb.sample(BATCH), calls, chunks)
-        del rb
-        gc.collect()
+        out[f"sb3 sample ({label})"] = lambda i, rb=rb: rb.sample(BATCH)
     return out
 
 
-def attempt(name: str, fn: Callable[[], dict[str, float]], skipped: dict[str, str]) -> dict[str, float]:
-    log(f"running {name} ...")
+def attempt(name: str, build: Callable[[], T], skipped: dict[str, str], default: T) -> T:
+    log(f"building {name} ...")
     try:
-        return fn()
+        return build()
     except Exception as exc:  # a peer library that cannot run here is reported, not fatal
         skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         log(f"skipped {name}: {skipped[name]}")
-        return {}
+        return default
 
 
-def report(results: dict[str, dict[str, float]], capacity: int, skipped: dict[str, str]) -> str:
-    xp, cp, tr = results["xpbank PER"], results["cpprb PER"], results["torchrl PER"]
+def report(r: dict[str, float], capacity: int, skipped: dict[str, str]) -> str:
     lines = [f"## Prioritized replay: {capacity:,} items (obs float32[64], reward), batch {BATCH}", ""]
+    base = r.get("xpbank sample + update")
     rows = []
-    base = xp.get("sample + update")
-    for name, res in (("xpbank", xp), ("cpprb", cp), ("torchrl", tr)):
-        if "sample + update" in res:
-            t = res["sample + update"]
+    for name in ("xpbank", "cpprb", "torchrl"):
+        t = r.get(f"{name} sample + update")
+        if t is not None:
             rows.append([name, fmt_us(t), fmt_ratio(t / base if base else None)])
     lines.append(markdown_table(["library", "sample + update_priority", "time vs xpbank"], rows))
-    if xp:
-        alone = {**xp, **results["xpbank uniform"]}
-        lines += ["", "xpbank alone: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in alone.items())]
-    xn, sb = results["xpbank n-step"], results["sb3 n-step"]
+    alone = ("xpbank sample", "xpbank update", "xpbank uniform sample")
+    if all(k in r for k in alone):
+        lines += ["", "xpbank alone: " + ", ".join(f"{k[7:]} {fmt_us(r[k])}" for k in alone)]
     lines += ["", f"## N-step (n=3): {capacity:,} items from {NUM_ENVS} envs, batch {BATCH}", ""]
     rows = []
-    if xn:
-        rows.append(["xpbank", fmt_us(xn["sample (plain)"]), fmt_us(xn["sample (nstep)"]),
-                     fmt_ratio(xn["sample (nstep)"] / xn["sample (plain)"])])  # fmt: skip
-    if sb:
-        rows.append(["sb3", fmt_us(sb["sample (plain)"]), fmt_us(sb["sample (nstep)"]),
-                     fmt_ratio(sb["sample (nstep)"] / sb["sample (plain)"])])  # fmt: skip
+    for name in ("xpbank", "sb3"):
+        plain, nstep = r.get(f"{name} sample (plain)"), r.get(f"{name} sample (nstep)")
+        if plain and nstep:
+            rows.append([name, fmt_us(plain), fmt_us(nstep), fmt_ratio(nstep / plain)])
     lines.append(markdown_table(["library", "uniform sample", "n-step sample", "n-step / uniform"], rows))
-    if xn:
-        extends = ", ".join(f"{k} {fmt_us(v)}" for k, v in xn.items() if k.startswith("extend"))
-        lines += ["", f"xpbank extend, plain vs with the episode index (num_envs=8, nstep): {extends}"]
+    extends = [(k, v) for k, v in r.items() if k.startswith("extend")]
+    if extends:
+        text = ", ".join(f"{k} {fmt_us(v)}" for k, v in extends)
+        lines += ["", f"xpbank extend, plain vs with the episode index (num_envs=8, nstep): {text}"]
     lines += [f"\nSkipped {name}: {why}" for name, why in skipped.items()]
     return "\n".join(lines)
 
@@ -253,14 +270,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("# xpbank prioritized / n-step benchmark\n\n" + " · ".join(f"{k} {v}" for k, v in env.items()))
     skipped: dict[str, str] = {}
     c, k = args.calls, args.chunks
-    results = {
-        "xpbank PER": attempt("xpbank PER", lambda: bench_xpbank_per(capacity, c, k), skipped),
-        "xpbank uniform": attempt("xpbank uniform", lambda: bench_xpbank_uniform(capacity, c, k), skipped),
-        "cpprb PER": attempt("cpprb PER", lambda: bench_cpprb_per(capacity, c, k), skipped),
-        "torchrl PER": attempt("torchrl PER", lambda: bench_torchrl_per(capacity, c, k), skipped),
-        "xpbank n-step": attempt("xpbank n-step", lambda: bench_xpbank_nstep(capacity, c, k), skipped),
-        "sb3 n-step": attempt("sb3 n-step", lambda: bench_sb3_nstep(capacity, c, k), skipped),
+    # each part's buffers are built first, then timed together in interleaved blocks
+    per = {
+        **attempt("xpbank PER", lambda: xpbank_per(capacity), skipped, {}),
+        **attempt("cpprb PER", lambda: cpprb_per(capacity), skipped, {}),
+        **attempt("torchrl PER", lambda: torchrl_per(capacity), skipped, {}),
     }
+    log("timing prioritized replay ...")
+    results = interleaved(per, c, k)
+    per = {}
+    gc.collect()
+    none: tuple[Timed, Timed] = ({}, {})
+    samples, extends = attempt("xpbank n-step", lambda: xpbank_nstep(capacity), skipped, none)
+    samples = {**samples, **attempt("sb3 n-step", lambda: sb3_nstep(capacity), skipped, {})}
+    log("timing n-step ...")
+    results.update(interleaved(samples, c, k))
+    results.update(interleaved(extends, c, k))
     print("\n" + report(results, capacity, skipped), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -263,7 +263,8 @@ class IndexMachine(RuleBasedStateMachine):
     def round_trip(self) -> None:
         if self.rb.spec is None:
             return
-        other = ReplayBuffer(self.rb.capacity)
+        num_envs = self.rb.episodes.num_envs if self.rb.episodes is not None else None
+        other = ReplayBuffer(self.rb.capacity, num_envs=num_envs)
         other.load_state_dict(self.rb.state_dict())
         self.rb = other
 
@@ -284,3 +285,29 @@ def test_loading_a_state_without_index_into_a_buffer_with_one_raises() -> None:
     with pytest.raises(SpecError, match=r"state holds no episode index, but this buffer keeps one"):
         indexed.load_state_dict(plain.state_dict())
     assert len(indexed) == 0
+
+
+class LockstepMachine(IndexMachine):
+    """:class:`IndexMachine` with lockstep extends (``num_envs=E``, ``k`` time-major steps
+    per call): covers the fast paths of lockstep writes (one slice of predecessor links)
+    and their fallbacks (wrap, dead predecessors)."""
+
+    @initialize(capacity=st.integers(1, 14), num_envs=st.integers(1, 3))
+    def setup(self, capacity: int, num_envs: int) -> None:  # type: ignore[override]
+        self.e = num_envs
+        self.rb, self.ref = ReplayBuffer(capacity, num_envs=num_envs), Reference(capacity)
+
+    @rule(
+        steps=st.lists(
+            st.lists(st.sampled_from(["", "term", "trunc"]), min_size=3, max_size=3), min_size=1, max_size=3
+        )
+    )
+    def extend(self, steps: list) -> None:  # type: ignore[override]
+        flags = [f for row in steps for f in row[: self.e]]
+        envs = [i % self.e for i in range(len(flags))]
+        self.rb.extend(batch(envs, [f == "term" for f in flags], [f == "trunc" for f in flags], False))
+        self.ref.extend(envs, [f == "term" for f in flags], [f == "trunc" for f in flags])
+
+
+TestLockstepMachine = LockstepMachine.TestCase
+TestLockstepMachine.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)

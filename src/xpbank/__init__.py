@@ -32,7 +32,7 @@ from xpbank.errors import (
     XpbankIndexError,
 )
 from xpbank.nstep import NStep
-from xpbank.nstep_returns import nstep_return
+from xpbank.nstep_returns import nstep_reduce, nstep_return
 from xpbank.replay import ReplayBuffer
 from xpbank.rollout import (
     RecurrentBatch,
@@ -78,6 +78,7 @@ __all__ = [
     "EpisodeKeys",
     "NStep",
     "nstep_return",
+    "nstep_reduce",
     "XpbankError",
     "SpecError",
     "BatchTypeError",

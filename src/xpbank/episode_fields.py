@@ -109,7 +109,12 @@ def read_flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int
         raise SpecError(
             f"field {key_str(key)!r}: expected one episode-end flag per item, got {tuple(value.shape)}"
         )
-    arr = value.detach().cpu().numpy().reshape(n)
+    try:
+        arr = value.numpy()  # the common case, a plain CPU tensor: no copy (the write copies)
+    except (RuntimeError, TypeError):  # requires grad, or not on the CPU
+        arr = value.detach().cpu().numpy()
+    if arr.ndim != 1:
+        arr = arr.reshape(n)
     return arr if arr.dtype == bool else arr != 0
 
 

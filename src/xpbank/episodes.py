@@ -69,6 +69,7 @@ class _Plan:
     truncated: np.ndarray
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
     link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
+    step: int = 0  # lockstep: items per env step (an item's prev is the id ``step`` before it); 0: not
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,14 @@ class EpisodeIndex:
         self._trunc = np.zeros(c, dtype=bool)
         self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
         self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
+        self._links = np.zeros(0, dtype=np.int64)  # apply's reused buffer of next links
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
         self._last_id = np.full(n, -1, dtype=np.int64)  # each env's newest item
         self._last_end = np.zeros(n, dtype=bool)
         self._cur_start = np.full(n, -1, dtype=np.int64)
+        self._continues = np.zeros(n, dtype=bool)  # lockstep: the env's next item continues an episode
 
     # -- writing ---------------------------------------------------------------
     def plan(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> _Plan:
@@ -176,28 +179,34 @@ class EpisodeIndex:
         self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
     ) -> _Plan:
         """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
-        are consecutive steps of one env, so no sort is needed."""
-        k = ids.shape[0] // e
-        if k == 1:  # one step of every env: the common vector-env write
-            prev1 = self._last_id.copy()
-            is_start1 = (prev1 < 0) | self._last_end
-            start1 = np.where(is_start1, ids, self._cur_start)
-            state1 = (self._envs, ids, term | trunc, start1)
-            return _Plan(ids, env, prev1, start1, term, trunc, state1, ~is_start1)
-        ids2, end = ids.reshape(k, e), (term | trunc).reshape(k, e)
-        prev = np.empty((k, e), dtype=np.int64)
-        prev[0], prev[1:] = self._last_id, ids2[:-1]
-        prev_end = np.empty((k, e), dtype=bool)
-        prev_end[0], prev_end[1:] = self._last_end, end[:-1]
-        is_start = (prev < 0) | prev_end
-        if k == 1:
-            start = np.where(is_start, ids2, self._cur_start)
-        else:  # ids grow along time: a running max carries each episode's first id forward
-            start = np.where(is_start, ids2, -1)
-            start[0] = np.where(is_start[0], ids2[0], self._cur_start)
-            start = np.maximum.accumulate(start, axis=0)
-        state = (self._envs, ids2[-1], end[-1], start[-1])
-        return _Plan(ids, env, prev.reshape(-1), start.reshape(-1), term, trunc, state, ~is_start.reshape(-1))
+        are consecutive steps of one env, so no sort is needed.
+
+        A handful of NumPy calls, each on same-dtype arrays (a mixed-dtype op or
+        ``np.where`` costs several times a plain one at these sizes). :meth:`apply`
+        replaces (never mutates) the per-env arrays of a lockstep index, so the plan may
+        hold them without copies.
+        """
+        n, end = ids.shape[0], term | trunc
+        if n == e:  # one step of every env: the common vector-env write
+            link1 = self._continues  # prev >= 0 and prev did not end its episode
+            start1 = ids.copy()
+            np.copyto(start1, self._cur_start, where=link1)
+            state1 = (self._envs, ids, end, start1)
+            return _Plan(ids, env, self._last_id, start1, term, trunc, state1, link1, e)
+        link = np.empty(n, dtype=bool)
+        link[:e] = self._continues
+        np.logical_not(end[:-e], out=link[e:])
+        prev = np.empty(n, dtype=np.int64)
+        prev[:e], prev[e:] = self._last_id, ids[:-e]
+        # an episode's first id, carried forward along time by a running max (ids grow);
+        # the first step takes the env's current start where it continues one (that
+        # start is older than any new id, so the max picks the right one either way)
+        start = ids.copy()
+        np.copyto(start, _MINUS_ONE, where=link)
+        np.maximum(start[:e], self._cur_start, out=start[:e])
+        start = np.maximum.accumulate(start.reshape(n // e, e), axis=0).reshape(n)
+        state = (self._envs, ids[-e:], end[-e:], start[-e:])
+        return _Plan(ids, env, prev, start, term, trunc, state, link, e)
 
     def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         none = np.zeros(0, dtype=np.int64)
@@ -211,8 +220,14 @@ class EpisodeIndex:
         envs, last_id, last_end, start = plan.env_state
         if envs.size == 0:
             return
-        self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
+        if envs is self._envs:  # lockstep: every env's state is new (fresh arrays)
+            self._last_id, self._last_end, self._cur_start = last_id, last_end, start
+            self._continues = ~last_end
+        else:
+            self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
         c, n = self._ring.capacity, plan.ids.shape[0]
+        if plan.step and self._apply_lockstep(plan, c, n):
+            return
         keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
         first = int(plan.ids[keep.start]) % c
         count = n - keep.start
@@ -225,6 +240,31 @@ class EpisodeIndex:
         self._next[slots] = -1
         live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
         self._next[plan.prev[live] % c] = plan.ids[live]
+
+    def _apply_lockstep(self, plan: _Plan, c: int, n: int) -> bool:
+        """:meth:`apply`'s per-slot part for a lockstep write whose predecessors are all
+        live and whose slots and predecessors' slots are one run without a wrap: every
+        array is written with slices. False (nothing written) otherwise."""
+        e, ring = plan.step, self._ring
+        first = ring.next_id - n  # the plan's first id (the ring has advanced)
+        back = (first - e) % c  # the slot of the first item's predecessor
+        if first - e < ring.first_id or back + n + e > c:
+            return False
+        lo, hi = back + e, back + e + n
+        self._env[lo:hi] = plan.env
+        self._prev[lo:hi] = plan.prev
+        self._start[lo:hi] = plan.start
+        self._term[lo:hi] = plan.terminated
+        self._trunc[lo:hi] = plan.truncated
+        # next of the predecessors (an item that starts an episode leaves -1) and of the
+        # new items (-1: not written yet), in one slice from a reused buffer
+        if self._links.shape[0] != n + e:
+            self._links = np.full(n + e, -1, dtype=np.int64)
+        head = self._links[:n]
+        head.fill(-1)
+        np.copyto(head, plan.ids, where=plan.link)
+        self._next[back:hi] = self._links
+        return True
 
     def clear(self) -> None:
         """Every item was dropped: the next item of each env starts an episode."""
@@ -322,22 +362,22 @@ class EpisodeIndex:
 
         Returns:
             ``(walked, steps)``: ``walked[:, j]`` is the item ``j`` steps after ``ids``, or
-            the last valid one where the window ended earlier (``[B, n]`` int64 ids);
-            ``steps`` is the window's length ``k`` (int64).
+            the last valid one where the window ended earlier (``[B, n]`` int64 ids, a
+            transposed view of a step-major ``[n, B]`` array); ``steps`` is the window's
+            length ``k`` (int64).
         """
         b, c = ids.shape[0], self._ring.capacity
-        walked = np.empty((b, n), dtype=np.int64)
-        walked[:, 0] = ids
-        steps = np.ones(b, dtype=np.int64)
-        alive = np.ones(b, dtype=bool)
-        cur = ids
+        rows = np.empty((n, b), dtype=np.int64)  # step-major: each step is one contiguous row
+        rows[0] = ids
+        slots = np.empty(b, dtype=np.int64)
         for j in range(1, n):
-            nxt = self._next[cur % c]
-            alive &= nxt >= 0
-            cur = np.where(alive, nxt, cur)
-            walked[:, j] = cur
-            steps += alive
-        return walked, steps
+            np.remainder(rows[j - 1], c, out=slots)
+            np.take(self._next, slots, out=rows[j])
+            # a successor's id is larger than the item's, and -1 (ended, or not written
+            # yet) smaller: the max steps forward or stays on the window's last item
+            np.maximum(rows[j], rows[j - 1], out=rows[j])
+        steps = np.count_nonzero(rows[1:] != rows[:-1], axis=0) + 1
+        return rows.T, steps
 
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""
@@ -392,9 +432,13 @@ class EpisodeIndex:
         self._last_id = _array(state["last_id"], np.int64).copy()
         self._last_end = _array(state["last_end"], bool).copy()
         self._cur_start = _array(state["cur_start"], np.int64).copy()
+        self._continues = (self._last_id >= 0) & ~self._last_end
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
+
+
+_MINUS_ONE = np.array(-1, dtype=np.int64)
 
 
 def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:

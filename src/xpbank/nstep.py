@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_returns import nstep_return
+from xpbank.nstep_returns import nstep_reduce
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
@@ -69,11 +69,10 @@ class NStep:
     reward_key: Any = None
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
-    _columns: np.ndarray = field(init=False, repr=False, compare=False)
+    _powers: np.ndarray = field(init=False, repr=False, compare=False)  # gamma ** arange(n + 1)
 
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
-        object.__setattr__(self, "_columns", np.arange(self.n))
         if isinstance(self.reward_key, list):  # from config(): JSON has no tuples
             object.__setattr__(self, "reward_key", tuple(self.reward_key))
         if self.next_keys is not None:
@@ -83,6 +82,7 @@ class NStep:
             isinstance(self.gamma, (int, float)) and 0 <= self.gamma <= 1
         ):
             raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
+        object.__setattr__(self, "_powers", float(self.gamma) ** np.arange(self.n + 1, dtype=np.float64))
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, JSON-able (nested keys as lists, which the
@@ -131,38 +131,67 @@ class NStep:
         self._cache[:] = [spec, (reward, nexts)]
         return reward, nexts
 
-    def entries(
+    def gather(
         self,
         storage: Storage,
         ring: Ring,
         slots: torch.Tensor,
         ids: torch.Tensor,
         keys: list[NestedKey] | None,
-    ) -> dict[Any, torch.Tensor]:
-        """The n-step entries of live items ``ids`` (in ``slots``), to merge into their batch."""
+    ) -> dict[NestedKey, torch.Tensor]:
+        """The fields ``keys`` (default all) of live items ``ids`` (in ``slots``) with their
+        n-step entries merged in: the next fields from each window's last item.
+
+        One storage gather reads the items' rows and their windows' last rows together
+        (``2B`` slots), one more the rewards of the ``B * (n - 2)`` steps in between;
+        the window walk and the reduction are a few NumPy calls over ``[B, n]``.
+        """
         episodes = ring.episodes
-        if episodes is None or storage.spec is None:
-            raise RuntimeError("NStep.entries needs the buffer's episode index")
-        reward_key, next_keys = self.keys(storage.spec)
+        spec = storage.spec
+        if episodes is None or spec is None:
+            raise RuntimeError("NStep.gather needs the buffer's episode index")
+        reward_key, next_keys = self.keys(spec)
+        wanted = list(spec) if keys is None else keys
         if keys is not None:
             next_keys = [k for k in next_keys if k in keys]
         b, c, n = ids.shape[0], ring.capacity, self.n
         walked, steps = episodes.walk(ids.cpu().numpy(), n)
-        last_slots = walked[:, -1] % c
-        reward = storage.gather(torch.from_numpy((walked % c).reshape(-1)), [reward_key])[reward_key]
-        if reward.dtype == torch.bfloat16:  # NumPy has no bfloat16
-            reward = reward.float()
-        valid = self._columns[:n] < steps[:, None]
-        terminated = episodes.terminated_of_slots(last_slots)
-        ret, disc, k = nstep_return(reward.reshape(b, n).cpu().numpy(), valid, terminated, float(self.gamma))
-        out: dict[Any, torch.Tensor] = {}
-        if next_keys:
-            out.update(storage.gather(torch.from_numpy(last_slots), next_keys))
+        window = walked.T % c  # [n, B] slots, step-major (contiguous rows)
+        # the items' slots, then their windows' last slots (unless every window is one step)
+        both = window[0] if n == 1 else window[:: n - 1].reshape(-1)
+        read = wanted if reward_key in wanted else [*wanted, reward_key]
+        rows = storage.gather(torch.from_numpy(both), read)
+        second = 0 if n == 1 else b
+        out = {k: v[second:] if k in next_keys else v[:b] for k, v in rows.items() if k in wanted}
+        middle = None
+        if n > 2:  # the steps in between: their rewards only
+            middle = storage.gather(torch.from_numpy(window[1:-1].reshape(-1)), [reward_key])[reward_key]
+        terminated = episodes.terminated_of_slots(window[-1])
+        ret, disc = nstep_reduce(self._rewards(rows[reward_key], middle, b), steps, terminated, self._powers)
         out["nstep_return"] = torch.from_numpy(ret)
         out["nstep_discount"] = torch.from_numpy(disc)
-        out["nstep_steps"] = torch.from_numpy(k)
+        out["nstep_steps"] = torch.from_numpy(steps)
         out["nstep_terminated"] = torch.from_numpy(terminated)
         return out
+
+    def _rewards(self, ends: torch.Tensor, middle: torch.Tensor | None, b: int) -> np.ndarray:
+        """The window rewards ``[B, n]`` (a view of a step-major array) from those of the
+        first and last steps (``ends``, ``[2B]``; ``[B]`` for ``n = 1``) and the
+        ``(n - 2) * B`` steps in between (step-major)."""
+        n = self.n
+        out = np.empty((n, b))
+        out[0 :: max(n - 1, 1)] = _numpy(ends).reshape(-1, b)
+        if middle is not None:
+            out[1:-1] = _numpy(middle).reshape(n - 2, b)
+        return out.T
+
+
+def _numpy(values: torch.Tensor) -> np.ndarray:
+    """A gathered field as NumPy (bfloat16, which NumPy lacks, as float32)."""
+    try:
+        return values.numpy()  # a CPU field of a gathered batch: a view (the common case)
+    except (RuntimeError, TypeError):  # on a device, or bfloat16 (which NumPy lacks)
+        return values.detach().float().cpu().numpy()
 
 
 def _is_next(key: NestedKey) -> bool:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nstep_return"]
+__all__ = ["nstep_reduce", "nstep_return"]
+
+_ZERO = np.float32(0.0)
 
 
 def nstep_return(
@@ -41,9 +43,39 @@ def nstep_return(
         ``(returns, discounts, steps)``: float32 ``[B]``, float32 ``[B]`` and int64 ``[B]``
         (``k``, the number of valid steps).
     """
+    steps = np.count_nonzero(valid, axis=1).astype(np.int64, copy=False)
+    powers = gamma ** np.arange(rewards.shape[1] + 1, dtype=np.float64)
+    returns, discounts = nstep_reduce(rewards, steps, terminated, powers)
+    return returns, discounts, steps
+
+
+def nstep_reduce(
+    rewards: np.ndarray, steps: np.ndarray, terminated: np.ndarray, powers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nstep_return` for windows given by their lengths.
+
+    Args:
+        rewards: ``[B, n]`` (fastest as the transposed view of a step-major ``[n, B]``
+            array); entries past a window's length are ignored (not read as numbers: an
+            inf there does not leak in).
+        steps: ``[B]`` each window's length ``k`` in ``1 .. n``.
+        terminated: ``[B]`` whether each window's last step terminated its episode.
+        powers: ``gamma ** arange(n + 1)`` (float64), made once by the caller.
+
+    Returns:
+        ``(returns, discounts)``, float32 ``[B]`` each.
+
+    Example:
+        >>> import numpy as np
+        >>> r = np.array([[1.0, 1.0, 1.0], [1.0, 2.0, np.inf]])
+        >>> ret, disc = nstep_reduce(r, np.array([3, 2]), np.array([False, True]), 0.5 ** np.arange(4.0))
+        >>> ret.tolist(), disc.tolist()
+        ([1.75, 2.0], [0.125, 0.0])
+    """
     n = rewards.shape[1]
-    powers = gamma ** np.arange(n + 1, dtype=np.float64)  # gamma**j for j = 0 .. n
-    returns = np.where(valid, rewards, 0.0) @ powers[:n]
-    steps = np.count_nonzero(valid, axis=1)
-    discounts = np.where(terminated, 0.0, powers[steps])
-    return returns.astype(np.float32), discounts.astype(np.float32), steps.astype(np.int64, copy=False)
+    by_step = np.array(rewards.T, dtype=np.float64)  # [n, B], a copy we may zero
+    np.copyto(by_step, 0.0, where=np.arange(n)[:, None] >= steps)
+    returns = (powers[:n] @ by_step).astype(np.float32)
+    discounts = powers[steps].astype(np.float32)
+    np.copyto(discounts, _ZERO, where=terminated)
+    return returns, discounts

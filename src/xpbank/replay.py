@@ -337,14 +337,17 @@ class ReplayBuffer:
         ids: torch.Tensor,
         keys: list[NestedKey] | None,
         info: dict[str, torch.Tensor] | None = None,
+        flat: dict[Any, torch.Tensor] | None = None,
     ) -> TensorDict:
         """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch.
 
         ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
+        ``flat``: the fields already read (n-step reads the items with their windows).
         """
-        flat = self._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
-        if slots.ndim > 1:
-            flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
+        if flat is None:
+            flat = self._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
+            if slots.ndim > 1:
+                flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
         # _check_reserved keeps a stored field from being shadowed by "index"
         flat["index"] = ids.to(self._storage.device)
         if info:
@@ -386,8 +389,10 @@ class ReplayBuffer:
         keys = self._fields(fields)  # checked before any randomness is drawn
         slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
         ids = self._ring.ids_of_slots(slots)
-        if self._nstep is not None:
-            info = {**info, **self._nstep.entries(self._storage, self._ring, slots, ids, keys)}
+        if self._nstep is not None:  # the items' fields and their n-step entries in one read
+            return self._gather(
+                slots, ids, keys, info, self._nstep.gather(self._storage, self._ring, slots, ids, keys)
+            )
         return self._gather(slots, ids, keys, info)
 
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
