@@ -1,7 +1,10 @@
-"""The ``xpbank`` command line (``xpbank demo``; also ``python -m xpbank demo``).
+"""The ``xpbank`` command line (also ``python -m xpbank``).
 
-Needs the ``demo`` extra: ``pip install 'xpbank[demo]'`` (typer, rich, tqdm, matplotlib,
-gymnasium). Without it the command fails with that ``pip install`` line.
+``xpbank ls | inspect | merge | export | import | plot | verify | bench`` look into
+banks (:mod:`xpbank.tools.commands`; the ``cli`` extra: typer, rich, tqdm; ``plot``
+needs matplotlib, ``--to/--from minari`` the ``minari`` extra); ``xpbank demo`` trains
+agents (the ``demo`` extra). Without an extra a command fails with its ``pip install``
+line. ``xpbank --debug CMD`` shows tracebacks instead of one-line errors.
 """
 
 from __future__ import annotations
@@ -103,12 +106,19 @@ def save_and_reload(buffer: Any, path: Path) -> int:
 
 def build_app() -> Any:
     """The typer application (needs the ``demo`` extra)."""
-    typer = require("typer", "demo")
-    app = typer.Typer(help="xpbank: the experience store for reinforcement learning.", no_args_is_help=True)
+    typer = require("typer", "cli")
+    from xpbank.tools import commands
+
+    app = typer.Typer(
+        help="xpbank: the experience store for reinforcement learning.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+    )
 
     @app.callback()
-    def root() -> None:
+    def root(debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors")) -> None:
         """xpbank command line."""
+        commands.DEBUG["on"] = debug
 
     @app.command()
     def demo(
@@ -127,6 +137,7 @@ def build_app() -> Any:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
 
+    commands.register(app, typer)
     return app
 
 

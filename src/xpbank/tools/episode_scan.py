@@ -125,6 +125,7 @@ def iter_episodes(
         if first_id is None:
             first_id = int(ids[0]) if n else 0
         pos = np.arange(lo, hi)
+        ended: list[EpisodeSpan] = []
         for e in np.unique(env).tolist():
             mask = env == e
             pos_e, end_e, rew_e = pos[mask], end[mask], rew[mask]
@@ -147,10 +148,11 @@ def iter_episodes(
                 open_[e] = _Open()
                 start = stop
                 if span.complete or partial:
-                    yield span
+                    ended.append(span)
             if start < pos_e.size:
                 open_[e].parts.append(pos_e[start:])
                 open_[e].total += float(rew_e[start:].sum())
+        yield from sorted(ended, key=lambda span: int(span.positions[-1]))
     if partial:
         for e, ep in open_.items():
             if ep.parts:

@@ -66,12 +66,17 @@ def combine(a: Moments, b: Moments) -> Moments:
 
 
 def field_stats(
-    buffer: ReplayBuffer, *, chunk: int = CHUNK, progress: Callable[[int], None] | None = None
+    buffer: ReplayBuffer,
+    *,
+    fields: list[NestedKey] | None = None,
+    chunk: int = CHUNK,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[NestedKey, Moments]:
     """Per field, the :class:`Moments` of all its stored elements, read ``chunk`` items at a time.
 
     Args:
         buffer: any buffer (an opened bank reads pages as it goes).
+        fields: only these fields; default all.
         chunk: items read per step.
         progress: called with the number of items read after each step.
 
@@ -85,12 +90,13 @@ def field_stats(
     spec = buffer.spec
     if spec is None or len(buffer) == 0:
         return {}
-    out = {key: Moments() for key in spec}
+    keys = list(spec) if fields is None else fields
+    out = {key: Moments() for key in keys}
     n = len(buffer)
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
-        batch = buffer.sample_by_index(np.arange(lo, hi))
-        for key in spec:
+        batch = buffer.sample_by_index(np.arange(lo, hi), fields=keys)
+        for key in keys:
             out[key] = combine(out[key], moments(batch[key].to(torch.float64).numpy()))
         if progress is not None:
             progress(hi - lo)
