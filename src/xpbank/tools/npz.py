@@ -31,7 +31,7 @@ from xpbank.replay import ReplayBuffer
 from xpbank.spec import NestedKey
 from xpbank.storage.dtypes import to_numpy
 from xpbank.tools.episode_scan import CHUNK
-from xpbank.tools.import_bank import write_bank
+from xpbank.tools.import_bank import check_new_bank_path, write_bank
 
 __all__ = ["export_npz", "import_npz", "member_name"]
 
@@ -139,6 +139,7 @@ def import_npz(
         SpecError: the arrays disagree on the number of items.
     """
     src = Path(os.fspath(path))
+    check_new_bank_path(out)
     if not src.is_file():
         raise BankError(f"source: {src} is not a file")
     try:
