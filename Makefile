@@ -6,12 +6,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo,cli,minari,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,11 +25,15 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 test: lint typecheck
+	$(PY) -m mkdocs build --strict --quiet --site-dir .site
 	$(PY) -m pytest -q
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --threads 1
 	$(PY) benchmarks/bench_rollout.py --threads 1
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site .site
