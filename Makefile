@@ -25,11 +25,11 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 test: lint typecheck
-	$(PY) -m mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir .site
 	$(PY) -m pytest -q
 
 docs: $(STAMP)
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --threads 1

@@ -71,7 +71,9 @@ def filled_buffer(
     return rb
 
 
-def reference_episodes(rb: xpbank.ReplayBuffer, envs: int, exact_heads: bool = True) -> list[dict[str, object]]:
+def reference_episodes(
+    rb: xpbank.ReplayBuffer, envs: int, exact_heads: bool = True
+) -> list[dict[str, object]]:
     """Complete episodes by brute force: walk every stored item, oldest first, one list per env.
 
     When the ring has wrapped, an env's first stored episode counts only if its first

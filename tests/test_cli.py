@@ -129,10 +129,19 @@ def test_verify_passes_then_fails_on_a_flipped_byte(banks):
         (("verify", "{root}/missing"), r"error: .*missing: no such bank"),
         (("inspect", "{root}/file.txt"), r"error: .*file.txt"),
         (("ls", "{root}/missing"), r"error: list_banks: .*missing is not a directory"),
-        (("export", "{root}/a", "{root}/x", "--to", "csv"), r"error: --to: expected one of \['minari', 'npz'\], got 'csv'"),
+        (
+            ("export", "{root}/a", "{root}/x", "--to", "csv"),
+            r"error: --to: expected one of \['minari', 'npz'\], got 'csv'",
+        ),
         (("import", "{root}/a", "--from", "npz", "-o", "{root}/b"), r"error: output: .*b already exists"),
-        (("import", "{root}/notes", "--from", "minari", "-o", "{root}/c"), r"error: source: .*not a Minari dataset"),
-        (("import", "{root}/file.txt", "--from", "npz", "-o", "{root}/c"), r"error: source: .*not an .npz archive"),
+        (
+            ("import", "{root}/notes", "--from", "minari", "-o", "{root}/c"),
+            r"error: source: .*not a Minari dataset",
+        ),
+        (
+            ("import", "{root}/file.txt", "--from", "npz", "-o", "{root}/c"),
+            r"error: source: .*not an .npz archive",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(banks, args, message):
@@ -167,9 +176,21 @@ def test_help_on_every_command():
 
 def test_python_dash_m_in_a_subprocess(banks):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    ok = subprocess.run([sys.executable, "-m", "xpbank", "verify", str(banks / "a")], capture_output=True, text=True, env=env, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "xpbank", "verify", str(banks / "a")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("OK"), ok.stderr
     (banks / "a" / "data" / "obs.npy").write_bytes(b"garbage")
-    bad = subprocess.run([sys.executable, "-m", "xpbank", "verify", str(banks / "a")], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "xpbank", "verify", str(banks / "a")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "obs.npy" in bad.stderr

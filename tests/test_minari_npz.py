@@ -24,7 +24,7 @@ def test_minari_reads_our_episodes_with_t_plus_1_observations(tmp_path):
     data = rb.sample_all()
     assert ds.total_episodes == len(want) and ds.total_steps == sum(len(w["positions"]) for w in want)
     assert ds.spec.dataset_id == "xpbank/test-v0"
-    for ep, w in zip(ds.iterate_episodes(), want):
+    for ep, w in zip(ds.iterate_episodes(), want, strict=True):
         pos = w["positions"]
         assert ep.observations.shape == (len(pos) + 1, 4)
         np.testing.assert_array_equal(ep.observations[:-1], data["obs"][pos].numpy())
@@ -39,10 +39,11 @@ def test_minari_reads_our_episodes_with_t_plus_1_observations(tmp_path):
 def _minari_dataset(path, episodes):
     """A Minari dataset written with Minari's own storage API (dict observations)."""
     from gymnasium import spaces
-    from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_storage import MinariStorage
 
-    obs_space = spaces.Dict({"pos": spaces.Box(-10, 10, (2,), np.float32), "count": spaces.Box(0, 99, (), np.int64)})
+    obs_space = spaces.Dict(
+        {"pos": spaces.Box(-10, 10, (2,), np.float32), "count": spaces.Box(0, 99, (), np.int64)}
+    )
     storage = MinariStorage.new(path, obs_space, spaces.Discrete(3), data_format="hdf5", jpeg_encoding=False)
     storage.update_episodes(episodes)
     storage.update_metadata({"dataset_id": "test/dict-v0", "minari_version": minari.__version__})
@@ -58,7 +59,10 @@ def test_import_dict_observations_and_an_episode_that_ends_unflagged(tmp_path):
         eps.append(
             EpisodeBuffer(
                 id=i,
-                observations={"pos": rng.normal(size=(t + 1, 2)).astype(np.float32), "count": np.arange(t + 1)},
+                observations={
+                    "pos": rng.normal(size=(t + 1, 2)).astype(np.float32),
+                    "count": np.arange(t + 1),
+                },
                 actions=rng.integers(0, 3, t),
                 rewards=rng.normal(size=t),
                 terminations=np.array([False] * (t - 1) + [term]),
@@ -97,7 +101,15 @@ def test_npz_round_trip_of_a_wrapped_bank_streams_in_chunks(tmp_path):
     out = export_npz(bank, tmp_path / "a.npz", chunk=7)
     with zipfile.ZipFile(out) as zf:
         assert sorted(zf.namelist()) == sorted(
-            ["obs.npy", "action.npy", "reward.npy", "terminated.npy", "truncated.npy", "next/obs.npy", "info/step.npy"]
+            [
+                "obs.npy",
+                "action.npy",
+                "reward.npy",
+                "terminated.npy",
+                "truncated.npy",
+                "next/obs.npy",
+                "info/step.npy",
+            ]
         )
     back = xpbank.load(import_npz(out, tmp_path / "b", chunk=4, capacity=100))
     want, got = rb.sample_all(), back.sample_all()
@@ -110,7 +122,9 @@ def test_npz_round_trip_of_a_wrapped_bank_streams_in_chunks(tmp_path):
 
 def test_npz_import_refuses_unequal_lengths_and_writes_nothing(tmp_path):
     np.savez(tmp_path / "x.npz", obs=np.zeros((3, 2)), reward=np.zeros(4))
-    with pytest.raises(SpecError, match=r"every array needs the same number of items, got \{'obs.npy': 3, 'reward.npy': 4\}"):
+    with pytest.raises(
+        SpecError, match=r"every array needs the same number of items, got \{'obs.npy': 3, 'reward.npy': 4\}"
+    ):
         import_npz(tmp_path / "x.npz", tmp_path / "b")
     assert not (tmp_path / "b").exists()
     with pytest.raises(BankError, match="already exists"):

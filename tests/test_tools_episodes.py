@@ -59,7 +59,13 @@ def test_episodes_match_brute_force_from_fields_only(lengths, n_steps, capacity,
 def test_partial_episodes_are_yielded_only_when_asked():
     rb = filled_buffer([[3], [5]], 7, 100)  # env 0: 3+3 then 1 open; env 1: 5 then 2 open
     spans = list(iter_episodes(rb, partial=True))
-    assert [(s.env, len(s), s.complete) for s in spans] == [(0, 3, True), (1, 5, True), (0, 3, True), (0, 1, False), (1, 2, False)]
+    assert [(s.env, len(s), s.complete) for s in spans] == [
+        (0, 3, True),
+        (1, 5, True),
+        (0, 3, True),
+        (0, 1, False),
+        (1, 2, False),
+    ]
     assert [len(s) for s in iter_episodes(rb)] == [3, 5, 3]
     assert not spans[-1].terminated and not spans[-1].truncated
 
@@ -75,7 +81,9 @@ def test_scan_errors_name_the_argument():
     rb = filled_buffer([[3]], 4, 10)
     with pytest.raises(SpecError, match=r"reward: field 'rew' is not in the buffer"):
         list(iter_episodes(rb, reward="rew"))
-    with pytest.raises(SpecError, match=r"reward: field 'obs' must hold one number per item, got shape \(4,\)"):
+    with pytest.raises(
+        SpecError, match=r"reward: field 'obs' must hold one number per item, got shape \(4,\)"
+    ):
         list(iter_episodes(rb, reward="obs"))
     with pytest.raises(CapacityError, match=r"chunk: expected a positive int, got 0"):
         list(iter_episodes(rb, chunk=0))

@@ -116,7 +116,9 @@ def build_app() -> Any:
     )
 
     @app.callback()
-    def root(debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors")) -> None:
+    def root(
+        debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors"),
+    ) -> None:
         """xpbank command line."""
         commands.DEBUG["on"] = debug
 

@@ -181,7 +181,9 @@ def export_minari(
         storage = storage_cls.new(target, obs_space, act_space, data_format="hdf5", jpeg_encoding=False)
         storage.update_episodes(_episodes(buffer, spec, chunk, progress))
         version = require("minari", "minari").__version__
-        storage.update_metadata({"dataset_id": dataset_id or f"xpbank/{target.name}-v0", "minari_version": version})
+        storage.update_metadata(
+            {"dataset_id": dataset_id or f"xpbank/{target.name}-v0", "minari_version": version}
+        )
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise

@@ -99,7 +99,8 @@ def _distribution(values: np.ndarray) -> str:
     if values.size == 0:
         return "-"
     q = np.percentile(values, [0, 50, 100])
-    return f"mean {_fmt(values.mean())} ± {_fmt(values.std())}  (min {_fmt(q[0])}, median {_fmt(q[1])}, max {_fmt(q[2])})"
+    spread = f"(min {_fmt(q[0])}, median {_fmt(q[1])}, max {_fmt(q[2])})"
+    return f"mean {_fmt(values.mean())} ± {_fmt(values.std())}  {spread}"
 
 
 def cmd_ls(directory: Path) -> None:
@@ -114,7 +115,9 @@ def cmd_ls(directory: Path) -> None:
             table.add_row(b.path.name, "[red]corrupt[/red]", "", b.error, "", "", f"{bank_bytes(b.path):,}")
             continue
         sizes = f"{b.size:,}/{b.capacity:,}"
-        table.add_row(b.path.name, b.session_id, sizes, b.spec, b.created, b.updated, f"{bank_bytes(b.path):,}")
+        table.add_row(
+            b.path.name, b.session_id, sizes, b.spec, b.created, b.updated, f"{bank_bytes(b.path):,}"
+        )
     _console().print(table)
 
 
@@ -139,14 +142,17 @@ def cmd_inspect(bank: Path, chunk: int) -> None:
     for key, m in stats.items():
         field = spec[key]  # type: ignore[index]
         dtype = str(field.dtype).removeprefix("torch.")
-        table.add_row(key_str(key), str(tuple(field.shape)), dtype, *(_fmt(v) for v in (m.mean, m.std, m.min, m.max)))
+        table.add_row(
+            key_str(key), str(tuple(field.shape)), dtype, *(_fmt(v) for v in (m.mean, m.std, m.min, m.max))
+        )
     console.print(table)
     has_reward = spec is not None and "reward" in spec
     eps = episode_stats(buffer, reward="reward" if has_reward else None, chunk=chunk)
     ended = len(eps.lengths)
     console.print(
         f"episodes: {ended} complete ({int(eps.terminated.sum())} terminated, "
-        f"{ended - int(eps.terminated.sum())} truncated), {eps.partial} partial (cut by the wrap or unfinished)"
+        f"{ended - int(eps.terminated.sum())} truncated), "
+        f"{eps.partial} partial (cut by the wrap or unfinished)"
     )
     console.print(f"  return: {_distribution(eps.returns)}")
     console.print(f"  length: {_distribution(eps.lengths.astype(np.float64))}")
@@ -221,7 +227,9 @@ def cmd_bench(quick: bool) -> None:
     table_cls = require("rich.table", "cli").Table
     capacity = 10_000 if quick else 100_000
     rows = run_quickbench(capacity=capacity, blocks=3 if quick else 5, ops=20 if quick else 50)
-    table = table_cls(title=f"xpbank replay, {capacity:,} items, 1 thread (full comparison: benchmarks/bench_replay.py)")
+    table = table_cls(
+        title=f"xpbank replay, {capacity:,} items, 1 thread (full comparison: benchmarks/bench_replay.py)"
+    )
     for col in ("operation", "µs per call", "items/s"):
         table.add_column(col, justify="left" if col == "operation" else "right")
     for r in rows:
@@ -232,8 +240,9 @@ def cmd_bench(quick: bool) -> None:
 def register(app: Any, typer: Any) -> None:
     """Add the bank commands to ``app`` (a ``typer.Typer``)."""
 
-    def bank_arg(help_: str = "a bank directory") -> Any:
-        return typer.Argument(..., help=help_)
+    bank_arg = typer.Argument(..., help="a bank directory")
+    first_arg = typer.Argument(..., help="the first bank (its items come first)")
+    second_arg = typer.Argument(..., help="the second bank")
 
     @app.command("ls")
     @_guarded
@@ -244,7 +253,7 @@ def register(app: Any, typer: Any) -> None:
     @app.command("inspect")
     @_guarded
     def inspect(
-        bank: Path = bank_arg(),
+        bank: Path = bank_arg,
         chunk: int = typer.Option(65_536, "--chunk", min=1, help="items read per step"),
     ) -> None:
         """Spec, size, per-field mean/std/min/max (in chunks) and the episodes' returns and lengths."""
@@ -253,8 +262,8 @@ def register(app: Any, typer: Any) -> None:
     @app.command("merge")
     @_guarded
     def merge(
-        a: Path = bank_arg("the first bank (its items come first)"),
-        b: Path = bank_arg("the second bank"),
+        a: Path = first_arg,
+        b: Path = second_arg,
         out: Path = typer.Option(..., "-o", "--out", help="the new bank"),  # noqa: B008
         capacity: int | None = typer.Option(None, "--capacity", min=1, help="default: both capacities"),
     ) -> None:
@@ -264,7 +273,7 @@ def register(app: Any, typer: Any) -> None:
     @app.command("export")
     @_guarded
     def export(
-        bank: Path = bank_arg(),
+        bank: Path = bank_arg,
         out: Path = typer.Argument(..., help="the new dataset directory (minari) or .npz file"),  # noqa: B008
         to: str = typer.Option(..., "--to", help="minari or npz"),
     ) -> None:
@@ -285,7 +294,7 @@ def register(app: Any, typer: Any) -> None:
     @app.command("plot")
     @_guarded
     def plot(
-        bank: Path = bank_arg(),
+        bank: Path = bank_arg,
         out: Path = typer.Option(Path("plot.png"), "-o", "--out", help="the PNG to write"),  # noqa: B008
     ) -> None:
         """Episode returns and lengths over time, reward histogram, priorities when present."""
@@ -293,7 +302,7 @@ def register(app: Any, typer: Any) -> None:
 
     @app.command("verify")
     @_guarded
-    def verify(bank: Path = bank_arg()) -> None:
+    def verify(bank: Path = bank_arg) -> None:
         """Check a bank's files against its manifest and checksums; exit status 1 if corrupt."""
         cmd_verify(bank)
 

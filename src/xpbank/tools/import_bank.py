@@ -28,7 +28,6 @@ from xpbank.bank import merge_into, open_bank, save
 from xpbank.bank.ops import check_same_spec
 from xpbank.errors import BankError, check_positive_int
 from xpbank.replay import ReplayBuffer
-
 from xpbank.sampler import make_sampler, sampler_config
 
 __all__ = ["write_bank", "merge_banks", "check_new_bank_path"]
@@ -76,7 +75,11 @@ def write_bank(
 
 
 def merge_banks(
-    a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str], *, capacity: int | None = None
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    capacity: int | None = None,
 ) -> Path:
     """A new bank at ``out`` with ``a``'s items, then ``b``'s: :func:`~xpbank.merge` on disk.
 
@@ -91,7 +94,9 @@ def merge_banks(
     target = check_new_bank_path(out)
     first, second = open_bank(a, "r"), open_bank(b, "r")
     check_same_spec(first.spec, second.spec, ("a", "b"))
-    size = check_positive_int("capacity", capacity if capacity is not None else first.capacity + second.capacity)
+    size = check_positive_int(
+        "capacity", capacity if capacity is not None else first.capacity + second.capacity
+    )
     empty = ReplayBuffer(size, first.spec or second.spec, sampler=make_sampler(sampler_config(first.sampler)))
 
     def fill(bank: ReplayBuffer) -> None:

@@ -88,7 +88,9 @@ def _write_member(
 def _read_header(f: IO[bytes], name: str) -> tuple[tuple[int, ...], np.dtype]:
     try:
         version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
         shape, fortran, dtype = read(f)
     except ValueError as exc:
         raise BankError(f"{name}: not an .npy array ({exc})") from exc
@@ -101,11 +103,11 @@ def _batches(path: Path, names: list[str], n: int, chunk: int) -> Iterator[dict[
     with zipfile.ZipFile(path) as zf:
         files = [zf.open(name) for name in names]
         try:
-            meta = [_read_header(f, name) for f, name in zip(files, names)]
+            meta = [_read_header(f, name) for f, name in zip(files, names, strict=True)]
             for lo in range(0, n, chunk):
                 rows = min(chunk, n - lo)
                 out: dict[NestedKey, np.ndarray] = {}
-                for f, name, (shape, dtype) in zip(files, names, meta):
+                for f, name, (shape, dtype) in zip(files, names, meta, strict=True):
                     count = rows * int(np.prod(shape[1:], dtype=np.int64))
                     data = f.read(count * dtype.itemsize)
                     arr = np.frombuffer(data, dtype=dtype, count=count).reshape(rows, *shape[1:])

@@ -69,6 +69,15 @@ def _filled(capacity: int, prioritized: bool, gen: torch.Generator) -> ReplayBuf
     return rb
 
 
+def _time_uniform(capacity: int, blocks: int, ops: int, gen: torch.Generator) -> list[tuple[str, float]]:
+    uniform = _filled(capacity, False, gen)
+    data = _batch(BATCH, gen)
+    return [
+        ("extend B=256 (uniform)", _best(lambda: uniform.extend(data), blocks, ops)),
+        ("sample B=256 (uniform)", _best(lambda: uniform.sample(BATCH), blocks, ops)),
+    ]
+
+
 def run_quickbench(capacity: int = 100_000, blocks: int = 5, ops: int = 50) -> list[BenchRow]:
     """Time extend and sample on full buffers of ``capacity`` items (one thread).
 
@@ -77,18 +86,14 @@ def run_quickbench(capacity: int = 100_000, blocks: int = 5, ops: int = 50) -> l
         blocks: timed blocks per operation; the fastest counts.
         ops: calls per block.
     """
-    capacity, blocks, ops = (check_positive_int(n, v) for n, v in [("capacity", capacity), ("blocks", blocks), ("ops", ops)])
+    capacity, blocks, ops = (
+        check_positive_int(n, v) for n, v in [("capacity", capacity), ("blocks", blocks), ("ops", ops)]
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
-        uniform = _filled(capacity, False, gen)
-        data = _batch(BATCH, gen)
-        rows = [
-            ("extend B=256 (uniform)", _best(lambda: uniform.extend(data), blocks, ops)),
-            ("sample B=256 (uniform)", _best(lambda: uniform.sample(BATCH), blocks, ops)),
-        ]
-        del uniform
+        rows = _time_uniform(capacity, blocks, ops, gen)
         per = _filled(capacity, True, gen)
         priorities = torch.rand(BATCH, generator=gen) + 0.1
 
