@@ -176,21 +176,10 @@ def test_help_on_every_command():
 
 def test_python_dash_m_in_a_subprocess(banks):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    ok = subprocess.run(
-        [sys.executable, "-m", "xpbank", "verify", str(banks / "a")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "xpbank", "verify", str(banks / "a")]
+    ok = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0 and ok.stdout.startswith("OK"), ok.stderr
     (banks / "a" / "data" / "obs.npy").write_bytes(b"garbage")
-    bad = subprocess.run(
-        [sys.executable, "-m", "xpbank", "verify", str(banks / "a")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    bad = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "obs.npy" in bad.stderr

@@ -101,7 +101,9 @@ def save_and_reload(buffer: Any, path: Path) -> int:
     fresh = xpbank.load(path)
     if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
         raise RuntimeError(f"{path}: the reloaded bank does not sample what the saved buffer does")
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    from xpbank.tools.commands import bank_bytes
+
+    return bank_bytes(Path(path))
 
 
 def build_app() -> Any:
