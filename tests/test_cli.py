@@ -183,3 +183,16 @@ def test_python_dash_m_in_a_subprocess(banks):
     bad = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "obs.npy" in bad.stderr
+
+
+def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
+    from xpbank import cli as cli_module
+    from xpbank.errors import MissingExtraError
+
+    def missing(module: str, extra: str) -> None:
+        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+
+    monkeypatch.setattr(cli_module, "require", missing)
+    with pytest.raises(SystemExit) as exc:
+        cli_module.main(["ls", "."])
+    assert exc.value.code == 2 and "pip install 'xpbank[cli]'" in capsys.readouterr().err

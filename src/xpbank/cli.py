@@ -106,9 +106,9 @@ def save_and_reload(buffer: Any, path: Path) -> int:
     return bank_bytes(Path(path))
 
 
-def build_app() -> Any:
-    """The typer application (needs the ``demo`` extra)."""
-    typer = require("typer", "cli")
+def build_app(extra: str = "cli") -> Any:
+    """The typer application (needs typer: ``extra`` is the extra a missing one names)."""
+    typer = require("typer", extra)
     from xpbank.tools import commands
 
     app = typer.Typer(
@@ -147,8 +147,9 @@ def build_app() -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``xpbank`` console script."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        app = build_app()
+        app = build_app("demo" if "demo" in args else "cli")
     except MissingExtraError as exc:
         sys.stderr.write(f"{exc}\n")
         raise SystemExit(2) from exc
