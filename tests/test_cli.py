@@ -194,3 +194,15 @@ def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         cli_module.main(["ls", "."])
     assert exc.value.code == 2 and "pip install 'xpbank[cli]'" in capsys.readouterr().err
+
+
+def test_verify_checks_the_stored_rows_of_a_bank_not_full(banks):
+    """open_bank(verify=True) hashes the rows the checksum covers, not the whole capacity."""
+    assert len(xpbank.load(banks / "b")) < xpbank.load(banks / "b").capacity
+    assert xpbank.open_bank(banks / "b", verify=True) is not None
+    path = banks / "b" / "data" / "action.npy"
+    raw = bytearray(path.read_bytes())
+    raw[200] ^= 0x01  # inside the stored rows (the header is 128 bytes, rows of 8)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(xpbank.CorruptBankError, match=r"action.npy: checksum mismatch"):
+        xpbank.open_bank(banks / "b", verify=True)
