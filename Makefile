@@ -6,12 +6,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo,cli,minari,docs]'
 	# objectrl (differential tests of xpbank.compat.objectrl): it pins Python >= 3.12 and
 	# pulls in mujoco/metaworld/pyqt6; its replay buffer needs only torch/tensordict/torchrl
 	$(PY) -m pip install --quiet --no-deps --ignore-requires-python objectrl==0.2.0
@@ -28,11 +28,15 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 test: lint typecheck
-	$(PY) -m pytest -q
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir .site
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --threads 1
 	$(PY) benchmarks/bench_rollout.py --threads 1
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site .site

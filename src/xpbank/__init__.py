@@ -31,6 +31,7 @@ from xpbank.errors import (
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.integrations.minari import export_minari, import_minari
 from xpbank.nstep import NStep
 from xpbank.nstep_returns import nstep_reduce, nstep_return
 from xpbank.replay import ReplayBuffer
@@ -49,6 +50,8 @@ from xpbank.rollout import (
 from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
+from xpbank.tools.episode_scan import iter_episodes
+from xpbank.tools.npz import export_npz, import_npz
 
 __version__ = "0.1.0"
 
@@ -104,4 +107,9 @@ __all__ = [
     "new_session_id",
     "BankSummary",
     "bank_metadata",
+    "iter_episodes",
+    "export_npz",
+    "import_npz",
+    "export_minari",
+    "import_minari",
 ]

@@ -1,7 +1,10 @@
-"""The ``xpbank`` command line (``xpbank demo``; also ``python -m xpbank demo``).
+"""The ``xpbank`` command line (also ``python -m xpbank``).
 
-Needs the ``demo`` extra: ``pip install 'xpbank[demo]'`` (typer, rich, tqdm, matplotlib,
-gymnasium). Without it the command fails with that ``pip install`` line.
+``xpbank ls | inspect | merge | export | import | plot | verify | bench`` look into
+banks (:mod:`xpbank.tools.commands`; the ``cli`` extra: typer, rich, tqdm; ``plot``
+needs matplotlib, ``--to/--from minari`` the ``minari`` extra); ``xpbank demo`` trains
+agents (the ``demo`` extra). Without an extra a command fails with its ``pip install``
+line. ``xpbank --debug CMD`` shows tracebacks instead of one-line errors.
 """
 
 from __future__ import annotations
@@ -98,17 +101,28 @@ def save_and_reload(buffer: Any, path: Path) -> int:
     fresh = xpbank.load(path)
     if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
         raise RuntimeError(f"{path}: the reloaded bank does not sample what the saved buffer does")
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    from xpbank.tools.commands import bank_bytes
+
+    return bank_bytes(Path(path))
 
 
-def build_app() -> Any:
-    """The typer application (needs the ``demo`` extra)."""
-    typer = require("typer", "demo")
-    app = typer.Typer(help="xpbank: the experience store for reinforcement learning.", no_args_is_help=True)
+def build_app(extra: str = "cli") -> Any:
+    """The typer application (needs typer: ``extra`` is the extra a missing one names)."""
+    typer = require("typer", extra)
+    from xpbank.tools import commands
+
+    app = typer.Typer(
+        help="xpbank: the experience store for reinforcement learning.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+    )
 
     @app.callback()
-    def root() -> None:
+    def root(
+        debug: bool = typer.Option(False, "--debug", help="show tracebacks instead of one-line errors"),
+    ) -> None:
         """xpbank command line."""
+        commands.DEBUG["on"] = debug
 
     @app.command()
     def demo(
@@ -127,13 +141,15 @@ def build_app() -> Any:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
 
+    commands.register(app, typer)
     return app
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``xpbank`` console script."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        app = build_app()
+        app = build_app("demo" if "demo" in args else "cli")
     except MissingExtraError as exc:
         sys.stderr.write(f"{exc}\n")
         raise SystemExit(2) from exc

@@ -119,8 +119,8 @@ def _lock(snap: Snapshot, root: Path) -> int:
 def _map(snap: Snapshot, entry: FileEntry, mode: str, verify: bool) -> np.ndarray:
     f, offset = snap.open(entry, writable=mode == "r+")
     with f:
-        if verify:
-            nbytes = entry.nbytes - offset
+        if verify:  # a checksum covers the stored rows only, not the whole capacity
+            nbytes = entry.checksum["bytes"] if entry.checksum is not None else entry.nbytes - offset
             read_checked(snap, entry, f, nbytes, verify)
         if entry.nbytes == offset:  # a zero-size field: nothing to map
             return np.zeros(entry.shape, entry.dtype)

@@ -1,0 +1,1 @@
+"""Bridges to other libraries' formats and APIs (each an optional extra, imported lazily)."""

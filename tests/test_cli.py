@@ -1,0 +1,208 @@
+"""The ``xpbank`` command line, driven as a user would: typer's runner and a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import xpbank
+from episode_data import filled_buffer, reference_episodes
+from xpbank.cli import build_app
+
+runner = CliRunner()
+SRC = str(Path(xpbank.__file__).parents[1])
+
+
+def cli(*args: object) -> tuple[int, str, str]:
+    result = runner.invoke(build_app(), [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def banks(tmp_path: Path) -> Path:
+    """Two banks of the same spec in tmp_path/banks, a non-bank directory and a file beside them."""
+    root = tmp_path / "banks"
+    xpbank.save(filled_buffer([[4, 7], [5]], 40, 60), root / "a")
+    xpbank.save(filled_buffer([[3], [6, 2]], 25, 100, seed=1), root / "b")
+    (root / "notes").mkdir()
+    (root / "notes" / "x.txt").write_text("not a bank")
+    (root / "file.txt").write_text("x")
+    return root
+
+
+def test_ls_lists_banks_only(banks):
+    code, out, _ = cli("ls", banks)
+    assert code == 0
+    assert "2 bank(s)" in out and "60/60" in out and "50/100" in out
+    assert "notes" not in out and "file.txt" not in out
+    assert f"{sum(f.stat().st_size for f in (banks / 'a').rglob('*') if f.is_file()):,}" in out
+
+
+def test_inspect_prints_stats_and_episodes(banks):
+    rb = xpbank.load(banks / "a")
+    code, out, _ = cli("inspect", banks / "a", "--chunk", 7)
+    assert code == 0, out
+    assert "60 of 60 items" in out
+    reward = rb.sample_all()["reward"].double()
+    assert f"{reward.mean().item():.4g}" in out and f"{reward.max().item():.4g}" in out
+    want = reference_episodes(rb, 2)
+    assert f"episodes: {len(want)} complete ({sum(w['terminated'] for w in want)} terminated" in out
+    lengths = [len(w["positions"]) for w in want]
+    assert f"length: mean {np.mean(lengths):.4g}" in out
+
+
+def test_merge_equals_the_python_merge(banks, tmp_path):
+    code, out, _ = cli("merge", banks / "a", banks / "b", "-o", tmp_path / "m")
+    assert code == 0, out
+    got = xpbank.load(tmp_path / "m").sample_all()
+    want = xpbank.merge(banks / "a", banks / "b").sample_all()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want.keys(True, True))
+    assert cli("verify", tmp_path / "m")[0] == 0
+
+
+def test_merge_refuses_different_specs_and_writes_nothing(banks, tmp_path):
+    rb = xpbank.ReplayBuffer(4)
+    rb.extend({"x": torch.zeros(2)})
+    xpbank.save(rb, tmp_path / "other")
+    code, _, err = cli("merge", banks / "a", tmp_path / "other", "-o", tmp_path / "m")
+    assert code == 1 and err.startswith("error: merge: the specs differ") and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_npz_round_trip(banks, tmp_path):
+    assert cli("export", banks / "a", tmp_path / "a.npz", "--to", "npz")[0] == 0
+    arrays = np.load(tmp_path / "a.npz")
+    data = xpbank.load(banks / "a").sample_all()
+    assert np.array_equal(arrays["next/obs"], data["next", "obs"].numpy())
+    code, out, _ = cli("import", tmp_path / "a.npz", "--from", "npz", "-o", tmp_path / "back")
+    assert code == 0 and "60 of 60 items" in out
+    back = xpbank.load(tmp_path / "back").sample_all()
+    assert all(torch.equal(back[k], data[k]) for k in data.keys(True, True) if k != "index")
+
+
+def test_minari_round_trip_through_the_cli(banks, tmp_path):
+    code, out, _ = cli("export", banks / "a", tmp_path / "ds", "--to", "minari")
+    assert code == 0, out
+    code, out, _ = cli("import", tmp_path / "ds", "--from", "minari", "-o", tmp_path / "back")
+    assert code == 0, out
+    rb, back = xpbank.load(banks / "a"), xpbank.load(tmp_path / "back")
+    want = reference_episodes(rb, 2)
+    assert len(back) == sum(len(w["positions"]) for w in want)
+    data = rb.sample_all()
+    order = np.concatenate([w["positions"] for w in want])
+    got = back.sample_all()
+    for key in ("obs", "action", "reward", "terminated", "truncated", ("next", "obs"), ("info", "step")):
+        assert torch.equal(got[key], data[key][order]), key
+
+
+def test_plot_writes_a_png(banks, tmp_path):
+    code, out, _ = cli("plot", banks / "a", "-o", tmp_path / "p.png")
+    assert code == 0, out
+    image = __import__("matplotlib.image").image.imread(tmp_path / "p.png")
+    assert image.shape[0] > 300 and image.shape[1] > 500 and image[..., :3].std() > 0.05
+
+
+def test_verify_passes_then_fails_on_a_flipped_byte(banks):
+    code, out, _ = cli("verify", banks / "a")
+    assert code == 0 and "checksum(s) match" in out
+    path = banks / "a" / "data" / "reward.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    code, _, err = cli("verify", banks / "a")
+    assert code == 1
+    assert err.count("\n") == 1 and "reward.npy: checksum mismatch" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("verify", "{root}/notes"), r"error: .*notes.*"),
+        (("verify", "{root}/missing"), r"error: .*missing: no such bank"),
+        (("inspect", "{root}/file.txt"), r"error: .*file.txt"),
+        (("ls", "{root}/missing"), r"error: list_banks: .*missing is not a directory"),
+        (
+            ("export", "{root}/a", "{root}/x", "--to", "csv"),
+            r"error: --to: expected one of \['minari', 'npz'\], got 'csv'",
+        ),
+        (("import", "{root}/a", "--from", "npz", "-o", "{root}/b"), r"error: output: .*b already exists"),
+        (
+            ("import", "{root}/notes", "--from", "minari", "-o", "{root}/c"),
+            r"error: source: .*not a Minari dataset",
+        ),
+        (
+            ("import", "{root}/file.txt", "--from", "npz", "-o", "{root}/c"),
+            r"error: source: .*not an .npz archive",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(banks, args, message):
+    before = sorted(p.relative_to(banks) for p in banks.rglob("*"))
+    code, _, err = cli(*(a.format(root=banks) for a in args))
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert re.match(message, err), err
+    assert sorted(p.relative_to(banks) for p in banks.rglob("*")) == before  # nothing written
+
+
+def test_debug_shows_the_exception(banks):
+    result = runner.invoke(build_app(), ["--debug", "verify", str(banks / "missing")])
+    assert result.exit_code == 1 and isinstance(result.exception, xpbank.BankError)
+
+
+def test_bench_quick_prints_three_timed_rows():
+    code, out, _ = cli("bench", "--quick")
+    assert code == 0
+    rows = [line for line in out.splitlines() if "B=256" in line]
+    assert len(rows) == 3
+    for line in rows:
+        rate = float(line.split("│")[-2].replace(",", ""))
+        assert rate > 0
+
+
+def test_help_on_every_command():
+    for command in ("ls", "inspect", "merge", "export", "import", "plot", "verify", "bench", "demo"):
+        code, out, _ = cli(command, "--help")
+        assert code == 0 and "Usage" in out, command
+
+
+def test_python_dash_m_in_a_subprocess(banks):
+    """One real process (interpreter start and torch import cost ~10 s here): a corrupt bank."""
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    (banks / "a" / "data" / "obs.npy").write_bytes(b"garbage")
+    command = [sys.executable, "-m", "xpbank", "verify", str(banks / "a")]
+    bad = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "obs.npy" in bad.stderr
+
+def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
+    from xpbank import cli as cli_module
+    from xpbank.errors import MissingExtraError
+
+    def missing(module: str, extra: str) -> None:
+        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+
+    monkeypatch.setattr(cli_module, "require", missing)
+    with pytest.raises(SystemExit) as exc:
+        cli_module.main(["ls", "."])
+    assert exc.value.code == 2 and "pip install 'xpbank[cli]'" in capsys.readouterr().err
+
+
+def test_verify_checks_the_stored_rows_of_a_bank_not_full(banks):
+    """open_bank(verify=True) hashes the rows the checksum covers, not the whole capacity."""
+    assert len(xpbank.load(banks / "b")) < xpbank.load(banks / "b").capacity
+    assert xpbank.open_bank(banks / "b", verify=True) is not None
+    path = banks / "b" / "data" / "action.npy"
+    raw = bytearray(path.read_bytes())
+    raw[200] ^= 0x01  # inside the stored rows (the header is 128 bytes, rows of 8)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(xpbank.CorruptBankError, match=r"action.npy: checksum mismatch"):
+        xpbank.open_bank(banks / "b", verify=True)
