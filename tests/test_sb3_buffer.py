@@ -46,14 +46,23 @@ def stored(buf: XpbankReplayBuffer):
 @pytest.mark.parametrize("handle_timeout", [True, False])
 @pytest.mark.parametrize(("n_envs", "action_space"), [(1, DISCRETE), (3, BOX_ACT), (4, DISCRETE)])
 def test_matches_sb3_replay_buffer_through_the_wrap(n_envs, action_space, handle_timeout):
-    ref = SB3ReplayBuffer(20, OBS, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout)
-    buf = XpbankReplayBuffer(20, OBS, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout)
+    ref = SB3ReplayBuffer(
+        20, OBS, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout
+    )
+    buf = XpbankReplayBuffer(
+        20, OBS, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout
+    )
     rng = np.random.default_rng(0)
     for _ in range(37):  # wraps (20 // n_envs rows) at least once
         args = step(rng, n_envs, action_space)
         ref.add(*args)
         buf.add(*args)
-        assert (buf.pos, buf.full, buf.size(), buf.buffer_size) == (ref.pos, ref.full, ref.size(), ref.buffer_size)
+        assert (buf.pos, buf.full, buf.size(), buf.buffer_size) == (
+            ref.pos,
+            ref.full,
+            ref.size(),
+            ref.buffer_size,
+        )
     got, rows, envs = stored(buf)
     assert len(rows) == ref.size() * n_envs
     np.testing.assert_array_equal(got.observations.numpy(), ref.observations[rows, envs])
@@ -99,7 +108,9 @@ class BufferMachine(RuleBasedStateMachine):
         handle=st.booleans(),
     )
     def build(self, n_envs, size, handle):
-        self.buf = XpbankReplayBuffer(size, OBS, BOX_ACT, "cpu", n_envs=n_envs, handle_timeout_termination=handle)
+        self.buf = XpbankReplayBuffer(
+            size, OBS, BOX_ACT, "cpu", n_envs=n_envs, handle_timeout_termination=handle
+        )
         self.model = Model(size, n_envs, handle) if size >= n_envs else Model(n_envs, n_envs, handle)
 
     @rule(p_done=st.sampled_from([0.0, 0.5, 1.0]), p_timeout=st.sampled_from([0.0, 0.5, 1.0]))
@@ -137,6 +148,7 @@ class BufferMachine(RuleBasedStateMachine):
                 got.next_observations.tolist(),
                 got.rewards[:, 0].tolist(),
                 got.dones[:, 0].tolist(),
+                strict=False,
             )
         }
         assert have == self.model.cells
@@ -191,7 +203,9 @@ def test_sample_normalizes_with_vec_normalize():
     batch = buf.xp.sample(8)
     got = buf.samples_of(batch, venv)
     np.testing.assert_allclose(got.observations.numpy(), venv.normalize_obs(batch["obs"].numpy()), rtol=1e-6)
-    np.testing.assert_allclose(got.rewards.numpy()[:, 0], venv.normalize_reward(batch["reward"].numpy()), rtol=1e-6)
+    np.testing.assert_allclose(
+        got.rewards.numpy()[:, 0], venv.normalize_reward(batch["reward"].numpy()), rtol=1e-6
+    )
 
 
 def snapshot(buf: XpbankReplayBuffer):
@@ -203,7 +217,10 @@ def snapshot(buf: XpbankReplayBuffer):
     [
         (lambda a: {**a, "obs": a["obs"][:1]}, "obs"),
         (lambda a: {**a, "next_obs": np.zeros((2, 4), np.float32)}, "next"),
-        (lambda a: {**a, "action": np.zeros((2, 3), np.float32)}, "field 'action': expected 2 envs x 2 values"),
+        (
+            lambda a: {**a, "action": np.zeros((2, 3), np.float32)},
+            "field 'action': expected 2 envs x 2 values",
+        ),
         (lambda a: {**a, "done": np.array([True])}, r"field 'done': expected shape \(2,\)"),
         (lambda a: {**a, "infos": [{}]}, "field 'infos': expected a list of 2 dicts"),
         (lambda a: {**a, "reward": np.zeros(3, np.float32)}, "reward"),
@@ -216,7 +233,7 @@ def test_bad_add_raises_and_leaves_the_buffer_as_it_was(change, match):
         buf.add(*step(rng, 2, BOX_ACT))
     before = snapshot(buf)
     names = ["obs", "next_obs", "action", "reward", "done", "infos"]
-    args = change(dict(zip(names, step(rng, 2, BOX_ACT))))
+    args = change(dict(zip(names, step(rng, 2, BOX_ACT), strict=False)))
     with pytest.raises(SpecError, match=match):
         buf.add(*(args[n] for n in names))
     after = snapshot(buf)
@@ -226,7 +243,9 @@ def test_bad_add_raises_and_leaves_the_buffer_as_it_was(change, match):
 
 def test_unsupported_options_are_clear_errors():
     with pytest.raises(SpecError, match="optimize_memory_usage: expected False, got True"):
-        XpbankReplayBuffer(10, OBS, BOX_ACT, "cpu", optimize_memory_usage=True, handle_timeout_termination=False)
+        XpbankReplayBuffer(
+            10, OBS, BOX_ACT, "cpu", optimize_memory_usage=True, handle_timeout_termination=False
+        )
     with pytest.raises(SpecError, match="observation_space: gymnasium space Dict is not supported"):
         XpbankReplayBuffer(10, gym.spaces.Dict({"a": OBS}), BOX_ACT, "cpu")
     with pytest.raises(SpecError, match="n_envs: expected a positive int, got 0"):
@@ -254,7 +273,7 @@ def test_memmap_storage_and_bank_round_trip(tmp_path):
     back = XpbankReplayBuffer.load_bank(path, OBS, BOX_ACT, "cpu")
     assert (back.pos, back.full, back.size(), back.n_envs) == (buf.pos, buf.full, buf.size(), 3)
     a, b = buf.sample(32), back.sample(32)  # the RNG state comes back too
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         assert (x is None and y is None) or torch.equal(x, y)
     args = step(rng, 3, BOX_ACT)
     buf.add(*args)

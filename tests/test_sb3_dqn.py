@@ -9,11 +9,11 @@ import torch
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("gymnasium")
 
-from stable_baselines3 import DQN  # noqa: E402
+from stable_baselines3 import DQN
 
-from xpbank import PrioritizedSampler, PriorityError  # noqa: E402
-from xpbank.integrations.sb3 import PrioritizedDQN, XpbankReplayBuffer  # noqa: E402
-from xpbank.integrations.sb3.dqn import weighted_td_loss  # noqa: E402
+from xpbank import PrioritizedSampler, PriorityError
+from xpbank.integrations.sb3 import PrioritizedDQN, XpbankReplayBuffer
+from xpbank.integrations.sb3.dqn import weighted_td_loss
 
 
 def huber(x: float) -> float:
@@ -68,12 +68,12 @@ def test_train_weights_the_loss_and_sends_td_errors_back():
     assert len(w.unique()) > 1  # the weights that multiply the loss are not all 1
     loss = sum(float(w[i]) * huber(float(current[i] - target[i])) for i in range(32)) / 32
     assert model.logger.name_to_value["train/loss"] == pytest.approx(loss, rel=1e-5)
-    (index, priorities), = sent
+    ((index, priorities),) = sent
     assert torch.equal(index, batch["index"])
     torch.testing.assert_close(priorities, td)
     # what the sampler now stores for each sampled slot: (|td| + eps) ** alpha (last one wins)
     leaves = buffer.xp.sampler.state_dict()["priorities"]
-    last = {int(i): float(p) for i, p in zip(index, td)}
+    last = {int(i): float(p) for i, p in zip(index, td, strict=False)}
     for i, p in last.items():
         assert float(leaves[i % buffer.xp.capacity]) == pytest.approx((p + 0.01) ** 0.7, rel=1e-5)
 
@@ -85,7 +85,10 @@ def test_default_buffer_is_prioritized_xpbank():
 
 
 def test_needs_a_prioritized_xpbank_buffer():
-    with pytest.raises(PriorityError, match="expected XpbankReplayBuffer with a prioritized sampler, got XpbankReplayBuffer with UniformSampler"):
+    with pytest.raises(
+        PriorityError,
+        match="prioritized sampler, got XpbankReplayBuffer with UniformSampler; PrioritizedDQN needs",
+    ):
         PrioritizedDQN("MlpPolicy", "CartPole-v1", replay_buffer_class=XpbankReplayBuffer, device="cpu")
     from stable_baselines3.common.buffers import ReplayBuffer
 

@@ -34,10 +34,12 @@ from xpbank.spec import Field, Spec
 
 __all__ = ["XpbankReplayBuffer", "transition_spec"]
 
-_buffers = require("stable_baselines3.common.buffers", "sb3")
-_aliases = require("stable_baselines3.common.type_aliases", "sb3")
-_preprocessing = require("stable_baselines3.common.preprocessing", "sb3")
-_utils = require("stable_baselines3.common.utils", "sb3")
+require("stable_baselines3", "sb3")  # a MissingExtraError naming the extra, before the imports below
+
+from stable_baselines3.common import preprocessing as _preprocessing  # noqa: E402
+from stable_baselines3.common import utils as _utils  # noqa: E402
+from stable_baselines3.common.buffers import ReplayBuffer as _SB3ReplayBuffer  # noqa: E402
+from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 
 _NEXT_OBS = ("next", "obs")
 
@@ -57,7 +59,8 @@ def transition_spec(observation_space: Any, action_space: Any) -> Spec:
     obs = field_from_space(observation_space, "observation_space")  # SB3 keeps its dtype
     act = field_from_space(action_space, "action_space")
     action_dtype = torch.float32 if act.dtype == torch.float64 else act.dtype
-    obs_shape = tuple(_preprocessing.get_obs_shape(observation_space))
+    shape = _preprocessing.get_obs_shape(observation_space)  # Discrete: (1,), as SB3 stores it
+    obs_shape = tuple(int(d) for d in shape) if isinstance(shape, tuple) else obs.shape
     return Spec(
         {
             "obs": Field(obs_shape, obs.dtype),
@@ -70,7 +73,7 @@ def transition_spec(observation_space: Any, action_space: Any) -> Spec:
     )
 
 
-class XpbankReplayBuffer(_buffers.ReplayBuffer):  # type: ignore[misc]
+class XpbankReplayBuffer(_SB3ReplayBuffer):
     """SB3's ``ReplayBuffer`` API (``replay_buffer_class=``) over an :class:`xpbank.ReplayBuffer`.
 
     Args:
@@ -132,15 +135,15 @@ class XpbankReplayBuffer(_buffers.ReplayBuffer):  # type: ignore[misc]
         if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
             raise SpecError(f"n_envs: expected a positive int, got {n_envs!r}")
         # SB3's BaseBuffer.__init__ is not called: its pos/full are derived here from the ring
+        spec = transition_spec(observation_space, action_space)
         self.observation_space, self.action_space = observation_space, action_space
-        self.obs_shape = tuple(_preprocessing.get_obs_shape(observation_space))
+        self.obs_shape = spec["obs"].shape
         self.action_dim = _preprocessing.get_action_dim(action_space)
         self.device = _utils.get_device(device)
         self.n_envs = int(n_envs)
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = bool(handle_timeout_termination)
-        spec = transition_spec(observation_space, action_space)
         if _xp is None:
             if seed is None:
                 seed = int(torch.randint(2**62, (), dtype=torch.int64))
@@ -158,12 +161,12 @@ class XpbankReplayBuffer(_buffers.ReplayBuffer):  # type: ignore[misc]
 
     # -- SB3's cursor, derived from xpbank's ring ---------------------------------
     @property
-    def pos(self) -> int:
+    def pos(self) -> int:  # type: ignore[override]
         """The row the next ``add`` writes (SB3's ``pos``)."""
         return (self._next_id // self.n_envs) % self.buffer_size
 
     @property
-    def full(self) -> bool:
+    def full(self) -> bool:  # type: ignore[override]
         """Whether every row holds a transition (SB3's ``full``)."""
         return self.xp.is_full
 
@@ -248,7 +251,7 @@ class XpbankReplayBuffer(_buffers.ReplayBuffer):  # type: ignore[misc]
             next_obs = torch.from_numpy(np.asarray(self._normalize_obs(next_obs.numpy(), env)))
             reward = torch.from_numpy(self._normalize_reward(reward.numpy(), env))
         to = self.device
-        return _aliases.ReplayBufferSamples(
+        return ReplayBufferSamples(
             observations=obs.to(to),
             actions=batch["action"].to(to),
             next_observations=next_obs.to(to),

@@ -21,7 +21,9 @@ from xpbank.sampler import PrioritizedSampler
 
 __all__ = ["PrioritizedDQN", "weighted_td_loss"]
 
-_dqn = require("stable_baselines3.dqn", "sb3")
+require("stable_baselines3", "sb3")  # a MissingExtraError naming the extra, before the import below
+
+from stable_baselines3 import DQN  # noqa: E402
 
 
 def weighted_td_loss(
@@ -45,7 +47,7 @@ def weighted_td_loss(
     return loss, (current - target).detach().abs().reshape(-1)
 
 
-class PrioritizedDQN(_dqn.DQN):  # type: ignore[misc]
+class PrioritizedDQN(DQN):
     """SB3's ``DQN`` drawing from a prioritized :class:`XpbankReplayBuffer`.
 
     Takes exactly DQN's arguments. Without ``replay_buffer_class`` it uses an
@@ -74,8 +76,8 @@ class PrioritizedDQN(_dqn.DQN):  # type: ignore[misc]
             what = type(buffer.xp.sampler).__name__ if isinstance(buffer, XpbankReplayBuffer) else None
             raise PriorityError(
                 "replay_buffer_class: expected XpbankReplayBuffer with a prioritized sampler, got "
-                f"{type(buffer).__name__}" + (f" with {what}" if what else "")
-                + "; PrioritizedDQN needs per-item weights and update_priority"
+                f"{type(buffer).__name__}{f' with {what}' if what else ''}; PrioritizedDQN needs "
+                "per-item weights and update_priority"
             )
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
@@ -89,7 +91,9 @@ class PrioritizedDQN(_dqn.DQN):  # type: ignore[misc]
             with torch.no_grad():
                 next_q, _ = self.q_net_target(replay_data.next_observations).max(dim=1)
                 target = replay_data.rewards + (1 - replay_data.dones) * self.gamma * next_q.reshape(-1, 1)
-            current = torch.gather(self.q_net(replay_data.observations), dim=1, index=replay_data.actions.long())
+            current = torch.gather(
+                self.q_net(replay_data.observations), dim=1, index=replay_data.actions.long()
+            )
             loss, td_error = weighted_td_loss(current, target, batch["weight"].to(current.device))
             losses.append(loss.item())
             self.policy.optimizer.zero_grad()
