@@ -24,6 +24,19 @@ def time_calls(fn: Callable[[Any], object], inputs: Sequence[Any], n: int) -> fl
     return time.perf_counter() - start
 
 
+def best_of(fn: Callable[[int], object], calls: int, chunks: int) -> float:
+    """Seconds per call: the fastest of ``chunks`` blocks of ``calls`` calls (warmed up)."""
+    for i in range(min(calls, 20)):
+        fn(i)
+    best = float("inf")
+    for _ in range(chunks):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
 def time_repeat(fn: Callable[[], object], n: int) -> float:
     """Seconds for ``n`` calls of the argument-less ``fn``."""
     start = time.perf_counter()

@@ -27,7 +27,6 @@ import gc
 import json
 import logging
 import sys
-import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -35,25 +34,12 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
 
 BATCH = 256
 OBS = 64
 NUM_ENVS = 8
-
-
-def best_of(fn: Callable[[int], object], calls: int, chunks: int) -> float:
-    """Seconds per call: the fastest of ``chunks`` blocks of ``calls`` calls (warmed up)."""
-    for i in range(min(calls, 20)):
-        fn(i)
-    best = float("inf")
-    for _ in range(chunks):
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def priorities(k: int = 16) -> list[np.ndarray]:

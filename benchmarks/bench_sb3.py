@@ -26,7 +26,7 @@ import logging
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ import torch
 from gymnasium import spaces
 
 import xpbank
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 
 BATCH = 256
 
@@ -99,18 +99,6 @@ def fill_xpbank(buf: Any, rng: np.random.Generator) -> None:
         )
 
 
-def best_per_call(fn: Callable[[int], object], calls: int, rounds: int) -> float:
-    for i in range(20):
-        fn(i)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 def bench_calls(size: int, n_envs: int, calls: int, rounds: int) -> dict[str, dict[str, float]]:
     from stable_baselines3.common.buffers import ReplayBuffer
 
@@ -135,8 +123,8 @@ def bench_calls(size: int, n_envs: int, calls: int, rounds: int) -> dict[str, di
         buf = cls(size, obs_space, act_space, "cpu", n_envs=n_envs)
         fill(buf, rng)
         out[name] = {
-            "add": best_per_call(lambda i, b=buf: b.add(*steps[i % 64]), calls, rounds),
-            "sample": best_per_call(lambda i, b=buf: b.sample(BATCH), calls, rounds),
+            "add": best_of(lambda i, b=buf: b.add(*steps[i % 64]), calls, rounds),
+            "sample": best_of(lambda i, b=buf: b.sample(BATCH), calls, rounds),
         }
         del buf
     return out
