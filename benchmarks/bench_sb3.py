@@ -3,7 +3,7 @@
 Run from the repository root::
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_sb3.py --threads 1            # a few minutes
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_sb3.py --threads 1 --quick    # under a minute
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_sb3.py --threads 1 --quick    # a minute or two
 
 Part 1, training: SB3's real ``learn()`` (one gradient step per env step, batch 256,
 ``learning_starts=100``, SB3's default networks) on SAC / Pendulum-v1 and DQN /
@@ -66,6 +66,7 @@ def bench_training(steps: int, rounds: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, (algo, buffers) in runs.items():
         best = dict.fromkeys(buffers, 0.0)
+        learn_rate(algo, "sb3", 150)  # warm-up (torch's first calls, env registration), not reported
         for r in range(rounds):
             for b in buffers:  # in turn, so a load spike hits all of them
                 best[b] = max(best[b], learn_rate(algo, b, steps))
@@ -145,7 +146,7 @@ def report(
             sb3, ours = res["sb3"][op], res["xpbank"][op]
             rows.append(
                 [
-                    n_envs,
+                    str(n_envs),
                     op if op == "add" else f"sample({BATCH})",
                     fmt_us(sb3),
                     fmt_us(ours),
@@ -161,7 +162,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short runs and 100k transitions: a smoke test")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    p.add_argument("--steps", type=int, default=None, help="env steps per learn() (default 3000; quick 600)")
+    p.add_argument("--steps", type=int, default=None, help="env steps per learn() (default 3000; quick 300)")
     p.add_argument("--size", type=int, default=None, help="transitions in part 2 (default 1M; quick 100k)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 3; quick 1)")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.getLogger("stable_baselines3").setLevel(logging.ERROR)
-    steps = args.steps or (600 if args.quick else 3000)
+    steps = args.steps or (300 if args.quick else 3000)
     size = args.size or (100_000 if args.quick else 1_000_000)
     rounds = args.rounds or (1 if args.quick else 3)
     freeze_heap()
