@@ -86,3 +86,20 @@ def test_td3_and_sb3_buffer_save_load_run_with_xpbank_buffer(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in ("obs", "action", "reward", "index"))
     model.learn(30, reset_num_timesteps=False)
     assert back.size() == 150 and np.isfinite(back.sample(8).rewards.numpy()).all()
+
+
+def test_readme_sb3_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"## Stable-Baselines3 drop-in.*?```python\n(.*?)```", text, re.S)
+    assert match is not None
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(match.group(1), "README.md", "exec"), scope)
+    back = XpbankReplayBuffer.load_bank(
+        scope["path"], scope["sac"].observation_space, scope["sac"].action_space
+    )
+    assert back.buffer_size == 1_000_000 and back.size() == 0
+    assert type(scope["dqn"].replay_buffer.xp.sampler).__name__ == "PrioritizedSampler"
