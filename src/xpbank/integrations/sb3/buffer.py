@@ -84,8 +84,8 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         action_space: the env's action space.
         device: where sampled tensors go (SB3's ``"auto"`` too).
         n_envs: envs in the vector env; each ``add`` holds one step of each.
-        optimize_memory_usage: must be ``False``: next-observation dedup needs the
-            compact storage (not in xpbank yet); raises :class:`~xpbank.SpecError`.
+        optimize_memory_usage: must be ``False``: next-observation dedup (xpbank's
+            ``FrameStorage``) is not wired here yet; raises :class:`~xpbank.SpecError`.
         handle_timeout_termination: a time limit (``info["TimeLimit.truncated"]``) is not
             a termination: the sample's ``dones`` is 0 there (SB3's default). ``False``:
             every ``done`` counts. Both are stored either way.
@@ -128,8 +128,8 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
     ):
         if optimize_memory_usage:
             raise SpecError(
-                "optimize_memory_usage: expected False, got True; next-observation dedup needs "
-                "xpbank's compact storage, which is not available yet (use storage='memmap' for a "
+                "optimize_memory_usage: expected False, got True; next-observation dedup "
+                "(xpbank's FrameStorage) is not wired to this buffer yet (use storage='memmap' for a "
                 "buffer larger than RAM)"
             )
         if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
