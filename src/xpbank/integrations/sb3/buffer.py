@@ -1,0 +1,294 @@
+"""``XpbankReplayBuffer``: SB3's replay buffer interface over an :class:`xpbank.ReplayBuffer`.
+
+SB3's off-policy algorithms (DQN, SAC, TD3) build their buffer as
+``replay_buffer_class(buffer_size, observation_space, action_space, device=, n_envs=,
+optimize_memory_usage=, **replay_buffer_kwargs)``, call ``add(obs, next_obs, action,
+reward, done, infos)`` once per vector step and ``sample(batch_size, env)`` for each
+gradient step. This class answers those calls and keeps the data in an xpbank buffer of
+``(buffer_size // n_envs) * n_envs`` items laid out like SB3's: the items of one
+``add`` are one time step of the ``n_envs`` envs (``num_envs=n_envs``), so row ``pos``
+of SB3's ``[buffer_size, n_envs]`` arrays is slots ``pos * n_envs ... + n_envs - 1``.
+
+Episode ends are stored as they happened: ``terminated = done and not
+info["TimeLimit.truncated"]`` and ``truncated = done and info["TimeLimit.truncated"]``.
+A sample's ``dones`` is SB3's ``done * (1 - timeout)``: ``terminated`` with
+``handle_timeout_termination=True`` (a time limit bootstraps from the true final
+observation SB3 passes as ``next_obs``), ``terminated or truncated`` without.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from xpbank.errors import SpecError, require
+from xpbank.replay import ReplayBuffer
+from xpbank.sampler import Sampler
+from xpbank.spaces import field_from_space
+from xpbank.spec import Field, Spec
+
+__all__ = ["XpbankReplayBuffer", "transition_spec"]
+
+require("stable_baselines3", "sb3")  # a MissingExtraError naming the extra, before the imports below
+
+from stable_baselines3.common import preprocessing as _preprocessing  # noqa: E402
+from stable_baselines3.common import utils as _utils  # noqa: E402
+from stable_baselines3.common.buffers import ReplayBuffer as _SB3ReplayBuffer  # noqa: E402
+from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
+
+_NEXT_OBS = ("next", "obs")
+
+
+def transition_spec(observation_space: Any, action_space: Any) -> Spec:
+    """The item layout of an SB3 transition: SB3's own shapes and dtypes.
+
+    ``action`` is ``(action_dim,)`` (a ``Discrete`` action is ``(1,)`` int64, a float64
+    ``Box`` is kept as float32, as SB3 does); ``reward`` float32; episode ends as bools.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> env = gym.make("CartPole-v1")
+        >>> transition_spec(env.observation_space, env.action_space)["action"]
+        Field(shape=(1,), dtype=torch.int64)
+    """
+    obs = field_from_space(observation_space, "observation_space")  # SB3 keeps its dtype
+    act = field_from_space(action_space, "action_space")
+    action_dtype = torch.float32 if act.dtype == torch.float64 else act.dtype
+    shape = _preprocessing.get_obs_shape(observation_space)  # Discrete: (1,), as SB3 stores it
+    obs_shape = tuple(int(d) for d in shape) if isinstance(shape, tuple) else obs.shape
+    return Spec(
+        {
+            "obs": Field(obs_shape, obs.dtype),
+            "action": Field((_preprocessing.get_action_dim(action_space),), action_dtype),
+            "reward": Field((), torch.float32),
+            "terminated": Field((), torch.bool),
+            "truncated": Field((), torch.bool),
+            _NEXT_OBS: Field(obs_shape, obs.dtype),
+        }
+    )
+
+
+class XpbankReplayBuffer(_SB3ReplayBuffer):
+    """SB3's ``ReplayBuffer`` API (``replay_buffer_class=``) over an :class:`xpbank.ReplayBuffer`.
+
+    Args:
+        buffer_size: transitions held in all (SB3's meaning): ``buffer_size // n_envs``
+            steps of ``n_envs`` envs.
+        observation_space: a ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary``
+            space (``Dict`` spaces are not supported: SB3 has a separate class for them).
+        action_space: the env's action space.
+        device: where sampled tensors go (SB3's ``"auto"`` too).
+        n_envs: envs in the vector env; each ``add`` holds one step of each.
+        optimize_memory_usage: must be ``False``: next-observation dedup (xpbank's
+            ``FrameStorage``) is not wired here yet; raises :class:`~xpbank.SpecError`.
+        handle_timeout_termination: a time limit (``info["TimeLimit.truncated"]``) is not
+            a termination: the sample's ``dones`` is 0 there (SB3's default). ``False``:
+            every ``done`` counts. Both are stored either way.
+        storage: ``"memory"`` or ``"memmap"`` (a buffer larger than RAM, one ``.npy``
+            per field in a temporary directory).
+        sampler: any xpbank sampler, e.g. :class:`~xpbank.PrioritizedSampler` (see
+            :class:`~xpbank.integrations.sb3.PrioritizedDQN`); default uniform.
+        seed: seeds the xpbank buffer's generator; default: drawn from torch's global
+            generator, so SB3's ``seed=`` makes the samples reproducible.
+
+    What is copied: ``add`` copies; a sample is a fresh batch (modifying it changes
+    nothing stored). ``buffer.xp`` is the xpbank buffer itself (e.g. for
+    ``xpbank.save``, ``update_priority`` or ``sample_all``).
+
+    Example:
+        >>> import gymnasium as gym, numpy as np
+        >>> env = gym.make("CartPole-v1")
+        >>> rb = XpbankReplayBuffer(100, env.observation_space, env.action_space, "cpu", seed=0)
+        >>> obs = np.zeros((1, 4), np.float32)
+        >>> rb.add(obs, obs + 1, np.array([1]), np.array([1.0]), np.array([True]),
+        ...        [{"TimeLimit.truncated": True}])
+        >>> rb.size(), rb.pos, rb.sample(2).dones.flatten().tolist()
+        (1, 1, [0.0, 0.0])
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: Any,
+        action_space: Any,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        storage: str = "memory",
+        sampler: Sampler | None = None,
+        seed: int | None = None,
+        _xp: ReplayBuffer | None = None,
+    ):
+        if optimize_memory_usage:
+            raise SpecError(
+                "optimize_memory_usage: expected False, got True; next-observation dedup "
+                "(xpbank's FrameStorage) is not wired to this buffer yet (use storage='memmap' for a "
+                "buffer larger than RAM)"
+            )
+        if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
+            raise SpecError(f"n_envs: expected a positive int, got {n_envs!r}")
+        # SB3's BaseBuffer.__init__ is not called: its pos/full are derived here from the ring
+        spec = transition_spec(observation_space, action_space)
+        self.observation_space, self.action_space = observation_space, action_space
+        self.obs_shape = spec["obs"].shape
+        self.action_dim = _preprocessing.get_action_dim(action_space)
+        self.device = _utils.get_device(device)
+        self.n_envs = int(n_envs)
+        self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        if _xp is None:
+            if seed is None:
+                seed = int(torch.randint(2**62, (), dtype=torch.int64))
+            _xp = ReplayBuffer(
+                self.buffer_size * self.n_envs, spec, storage=storage, sampler=sampler, seed=seed,
+                num_envs=self.n_envs,
+            )  # fmt: skip
+        elif _xp.spec != spec or _xp.capacity != self.buffer_size * self.n_envs:
+            raise SpecError(
+                f"bank: expected {self.buffer_size * self.n_envs} items of {spec}, got "
+                f"{_xp.capacity} items of {_xp.spec}"
+            )
+        self.xp = _xp
+        self._next_id = int(_xp.sample_by_index(-1)["index"]) + 1 if len(_xp) else 0
+
+    # -- SB3's cursor, derived from xpbank's ring ---------------------------------
+    @property
+    def pos(self) -> int:  # type: ignore[override]
+        """The row the next ``add`` writes (SB3's ``pos``)."""
+        return (self._next_id // self.n_envs) % self.buffer_size
+
+    @property
+    def full(self) -> bool:  # type: ignore[override]
+        """Whether every row holds a transition (SB3's ``full``)."""
+        return self.xp.is_full
+
+    def size(self) -> int:
+        """Rows stored (SB3 counts steps, not transitions: ``len(buffer.xp) // n_envs``)."""
+        return len(self.xp) // self.n_envs
+
+    def reset(self) -> None:
+        """Drop every transition (ids sampled before become stale)."""
+        self.xp.clear()
+        self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
+
+    # -- writing -------------------------------------------------------------------
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: Sequence[dict[str, Any]],
+    ) -> None:
+        """Store one vector step: row ``e`` of each array is env ``e``'s transition.
+
+        ``next_obs`` is the true next observation (SB3 puts the final observation there
+        for envs that just ended). Everything is checked before anything is written.
+
+        Raises:
+            SpecError: an array with the wrong number of envs or shape, or ``infos`` not
+                one dict per env; the buffer is unchanged.
+        """
+        e = self.n_envs
+        if not isinstance(infos, (list, tuple)) or len(infos) != e:
+            got = f"{len(infos)} infos" if isinstance(infos, (list, tuple)) else type(infos).__name__
+            raise SpecError(f"field 'infos': expected a list of {e} dicts (one per env), got {got}")
+        action = np.asarray(action)
+        if action.size != e * self.action_dim:
+            raise SpecError(
+                f"field 'action': expected {e} envs x {self.action_dim} values, got shape {action.shape}"
+            )
+        obs_a, next_a = np.asarray(obs), np.asarray(next_obs)
+        if self.obs_shape == (1,) and obs_a.shape == (e,):  # Discrete observations
+            obs_a, next_a = obs_a.reshape(e, 1), next_a.reshape(e, 1)
+        timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        done_a = np.asarray(done).astype(bool, copy=False)
+        if done_a.shape != (e,):
+            raise SpecError(f"field 'done': expected shape ({e},), got {done_a.shape}")
+        ids = self.xp.extend(
+            {
+                "obs": obs_a,
+                "action": action.reshape(e, self.action_dim),
+                "reward": np.asarray(reward, dtype=np.float32),
+                "terminated": done_a & ~timeout,
+                "truncated": done_a & timeout,
+                _NEXT_OBS: next_a,
+            }
+        )
+        self._next_id = ids.stop
+
+    # -- reading -------------------------------------------------------------------
+    def sample(self, batch_size: int, env: Any = None) -> Any:
+        """``batch_size`` transitions as SB3's ``ReplayBufferSamples`` (on ``device``).
+
+        ``env``: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
+        """
+        return self.samples_of(self.xp.sample(batch_size), env)
+
+    def sample_batch(self, batch_size: int, env: Any = None) -> tuple[Any, TensorDict]:
+        """Like :meth:`sample`, plus the xpbank batch (``"index"``, sampler entries such as
+        ``"weight"``): what :class:`~xpbank.integrations.sb3.PrioritizedDQN` uses."""
+        batch = self.xp.sample(batch_size)
+        return self.samples_of(batch, env), batch
+
+    def samples_of(self, batch: TensorDict, env: Any = None) -> Any:
+        """SB3's ``ReplayBufferSamples`` of an xpbank batch of this buffer's spec."""
+        dones = batch["terminated"]
+        if not self.handle_timeout_termination:
+            dones = dones | batch["truncated"]
+        obs, next_obs, reward = batch["obs"], batch[_NEXT_OBS], batch["reward"]
+        if env is not None:  # VecNormalize works on NumPy
+            obs = torch.from_numpy(np.asarray(self._normalize_obs(obs.numpy(), env)))
+            next_obs = torch.from_numpy(np.asarray(self._normalize_obs(next_obs.numpy(), env)))
+            reward = torch.from_numpy(self._normalize_reward(reward.numpy(), env))
+        to = self.device
+        return ReplayBufferSamples(
+            observations=obs.to(to),
+            actions=batch["action"].to(to),
+            next_observations=next_obs.to(to),
+            dones=dones.to(device=to, dtype=torch.float32).reshape(-1, 1),
+            rewards=reward.to(to).reshape(-1, 1),
+        )
+
+    # -- banks ---------------------------------------------------------------------
+    def save_bank(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
+        """Save the transitions, cursor, sampler and RNG state as an xpbank bank."""
+        from xpbank.bank import save
+
+        return save(self.xp, path)
+
+    @classmethod
+    def load_bank(
+        cls,
+        path: str | os.PathLike[str],
+        observation_space: Any,
+        action_space: Any,
+        device: torch.device | str = "auto",
+        handle_timeout_termination: bool = True,
+    ) -> XpbankReplayBuffer:
+        """A buffer restored from :meth:`save_bank` (same transitions, cursor and RNG).
+
+        Use it to resume training: ``model.replay_buffer = XpbankReplayBuffer.load_bank(
+        path, model.observation_space, model.action_space, model.device)``.
+
+        Raises:
+            SpecError: the bank's layout differs from what the spaces give.
+            BankError, CorruptBankError: see :func:`xpbank.load`.
+        """
+        from xpbank.bank import load
+
+        xp = load(path)
+        n_envs = int(xp.config().get("num_envs", 1))
+        return cls(
+            xp.capacity, observation_space, action_space, device, n_envs,
+            handle_timeout_termination=handle_timeout_termination, _xp=xp,
+        )  # fmt: skip
