@@ -17,7 +17,9 @@ from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
     BatchTypeError,
+    BufferTimeoutError,
     CapacityError,
+    ChannelError,
     CorruptBankError,
     DeviceError,
     EmptyBufferError,
@@ -100,4 +102,6 @@ __all__ = [
     "merge",
     "new_session_id",
     "BankSummary",
+    "BufferTimeoutError",
+    "ChannelError",
 ]
