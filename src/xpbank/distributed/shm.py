@@ -20,6 +20,7 @@ does the second copy. Rows become sampleable at the learner's next ``pull``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -27,14 +28,13 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from xpbank.batch import flatten
 from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel
@@ -60,6 +60,17 @@ def record_dtype(spec: Spec) -> np.dtype:
 def _root() -> Path:
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _pulls_first(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of ReplayBuffer, run after moving published rows into the ring."""
+
+    @functools.wraps(method)
+    def run(self: ShmReplayBuffer, *args: Any, **kwargs: Any) -> Any:
+        self.pull()
+        return method(self, *args, **kwargs)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -284,30 +295,10 @@ class ShmReplayBuffer(ReplayBuffer):
             self._dir = None
 
     # -- every read first takes what writers published ---------------------------------
-    def sample(
-        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
-    ) -> TensorDict:
-        self.pull()
-        return super().sample(batch_size, replace, fields)
-
-    def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
-        self.pull()
-        return super().sample_by_index(indices, fields)
-
-    def epochs(
-        self,
-        batch_size: int,
-        n_epochs: int = 1,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        fields: Sequence[Any] | None = None,
-    ) -> Iterator[TensorDict]:
-        self.pull()
-        return super().epochs(batch_size, n_epochs, shuffle, drop_last, fields)
-
-    def state_dict(self, *, data: bool = True) -> dict[str, Any]:
-        self.pull()
-        return super().state_dict(data=data)
+    sample = _pulls_first(ReplayBuffer.sample)
+    sample_by_index = _pulls_first(ReplayBuffer.sample_by_index)
+    epochs = _pulls_first(ReplayBuffer.epochs)
+    state_dict = _pulls_first(ReplayBuffer.state_dict)
 
     def __repr__(self) -> str:
         return "Shm" + super().__repr__() + f"[num_writers={self._num_writers}]"
