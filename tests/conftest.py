@@ -7,7 +7,7 @@ one suite covers them all.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +43,30 @@ def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFa
     return make
 
 
-@pytest.fixture(params=["memory", "memmap"])
-def buffer_factory(request: pytest.FixtureRequest, tmp_path: Path) -> BufferFactory:
-    """``make(capacity, spec=None, **kw) -> ReplayBuffer`` for each buffer storage."""
+@pytest.fixture(params=["memory", "memmap", "shm"])
+def buffer_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BufferFactory]:
+    """``make(capacity, spec=None, **kw) -> ReplayBuffer`` for each buffer storage.
+
+    ``"shm"``: a :class:`~xpbank.distributed.shm.ShmReplayBuffer` (with one writer
+    channel) used through the ReplayBuffer API.
+    """
     kind = request.param
     next_dir = _fresh_dirs(tmp_path, "buffer")
+    made: list[Any] = []
 
     def make(capacity: int, spec: Spec | None = None, **kw: Any) -> ReplayBuffer:
+        if kind == "shm":
+            from xpbank.distributed.shm import ShmReplayBuffer
+
+            made.append(ShmReplayBuffer(capacity, spec, num_writers=1, channel_rows=64, **kw))
+            return made[-1]
         storage: str | Storage = "memory" if kind == "memory" else MemmapStorage(capacity, next_dir())
         return ReplayBuffer(capacity, spec, storage=storage, **kw)
 
     make.kind = kind  # type: ignore[attr-defined]
-    return make
+    yield make
+    for rb in made:
+        rb.close()
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
     BatchTypeError,
+    BufferTimeoutError,
     CapacityError,
+    ChannelError,
     CorruptBankError,
     DeviceError,
     EmptyBufferError,
@@ -112,4 +114,6 @@ __all__ = [
     "import_npz",
     "export_minari",
     "import_minari",
+    "BufferTimeoutError",
+    "ChannelError",
 ]

@@ -25,6 +25,8 @@ __all__ = [
     "MissingExtraError",
     "DeviceError",
     "EnvContractError",
+    "BufferTimeoutError",
+    "ChannelError",
 ]
 
 
@@ -82,6 +84,14 @@ class DeviceError(XpbankError, ValueError):
 
 class EnvContractError(XpbankError, ValueError):
     """An environment returned something that contradicts its (declared or assumed) contract."""
+
+
+class BufferTimeoutError(XpbankError, TimeoutError):
+    """A blocking call waited longer than its timeout (a full channel, a rate limiter)."""
+
+
+class ChannelError(XpbankError, RuntimeError):
+    """A shared-memory writer channel cannot be used (taken by another process, closed, resized)."""
 
 
 class MissingExtraError(XpbankError, ImportError):

@@ -17,7 +17,9 @@ batch are views into one block (non-contiguous when there are several).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,17 @@ def _make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device
 RESERVED_KEYS = frozenset({"index"})
 
 
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the buffer's lock (see ``ReplayBuffer.lock``)."""
+
+    @functools.wraps(method)
+    def run(self: ReplayBuffer, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 def _check_reserved(spec: Spec) -> Spec:
     """Reject a spec with a key that sampled batches use for their own entries."""
     clash = sorted(key_str(k) for k in spec if k in RESERVED_KEYS)
@@ -104,6 +117,12 @@ class ReplayBuffer:
             :func:`xpbank.cast.is_safe_cast`), after checking the whole batch; a wrong
             shape or a float for an int field is still a :class:`~xpbank.SpecError`.
             ``False``: every dtype must match exactly. Costs nothing when dtypes match.
+
+    Threads: every public call holds one reentrant lock (:attr:`lock`) for its whole
+    length, so a collector thread and a learner thread can share a buffer: each call
+    sees the buffer before or after another, never halfway. Hold ``with rb.lock:`` to
+    make several calls one step (``xpbank.save`` does while it copies a buffer out).
+    Uncontended it costs about 0.1 µs a call; contended, calls run one at a time.
 
     Example:
         >>> import torch
@@ -158,6 +177,7 @@ class ReplayBuffer:
             self._ring.episodes = EpisodeIndex(self._ring, num_envs, self._episode_keys)
         if hasattr(self._storage, "attach"):  # a storage that reads the episode index
             self._storage.attach(self._ring)
+        self._lock = threading.RLock()
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -198,6 +218,11 @@ class ReplayBuffer:
         """The buffer's source of randomness (its state is in :meth:`state_dict`)."""
         return self._generator
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The reentrant lock every public call holds; ``with rb.lock:`` groups calls."""
+        return self._lock
+
     def __len__(self) -> int:
         return self._ring.size
 
@@ -212,6 +237,7 @@ class ReplayBuffer:
         )
 
     # -- writing ---------------------------------------------------------------
+    @_locked
     def add(self, item: Any) -> int:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
         flat = flatten(item)
@@ -219,6 +245,7 @@ class ReplayBuffer:
         _, flat = self._conform(spec, flat, 0)
         return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
 
+    @_locked
     def extend(self, batch: Any) -> range:
         """Store a batch of items (leading dim = items); returns their ids, as a ``range``.
 
@@ -264,6 +291,7 @@ class ReplayBuffer:
             ring.episodes.apply(plan)  # type: ignore[union-attr]
         return range(first, first + n)
 
+    @_locked
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.
 
@@ -290,6 +318,7 @@ class ReplayBuffer:
             slots, flat = _keep_last(slots, flat)
         self._storage.write(slots, flat)
 
+    @_locked
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
         """Set the priorities of stored items, by the ids a sample returned.
 
@@ -313,6 +342,7 @@ class ReplayBuffer:
             )
         update(*check_update(self._ring, indices, priorities, stale))
 
+    @_locked
     def clear(self) -> None:
         """Drop every item. Ids handed out before become stale. Memory is kept."""
         self._ring.clear()
@@ -361,6 +391,7 @@ class ReplayBuffer:
         if self._ring.size == 0:
             raise EmptyBufferError(f"{what}: the buffer is empty; add or extend first")
 
+    @_locked
     def sample(
         self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
     ) -> TensorDict:
@@ -395,6 +426,7 @@ class ReplayBuffer:
             )
         return self._gather(slots, ids, keys, info)
 
+    @_locked
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.
 
@@ -431,12 +463,15 @@ class ReplayBuffer:
     def _run_plan(self, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None) -> Iterator[TensorDict]:
         marker = (self._ring.next_id, self._ring.size)
         for positions in plan:
-            if (self._ring.next_id, self._ring.size) != marker:
-                raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
-            slots, ids = self._ring.slots_of_positions(positions)
-            yield self._gather(slots, ids, keys)
+            with self._lock:
+                if (self._ring.next_id, self._ring.size) != marker:
+                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                slots, ids = self._ring.slots_of_positions(positions)
+                batch = self._gather(slots, ids, keys)
+            yield batch
 
     # -- state -----------------------------------------------------------------
+    @_locked
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to resume: data, cursor, ids, sampler and RNG state.
 
@@ -460,6 +495,7 @@ class ReplayBuffer:
             **({"episodes": self._ring.episodes.state_dict()} if self._ring.episodes is not None else {}),
         }
 
+    @_locked
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` into a buffer of the same capacity."""
         if state.get("version") != _STATE_VERSION:
@@ -499,6 +535,7 @@ class ReplayBuffer:
             out["cast"] = False
         return out
 
+    @_locked
     def checkpoint(self) -> None:
         """Commit a bank opened with ``xpbank.open_bank(path, "r+")`` (see
         :func:`xpbank.bank.checkpoint` for what a crash between checkpoints loses)."""
@@ -506,6 +543,7 @@ class ReplayBuffer:
 
         checkpoint(self)
 
+    @_locked
     def merge_(self, other: Any) -> ReplayBuffer:
         """Append every item of ``other`` (a buffer or a bank path), oldest first; returns self.
 

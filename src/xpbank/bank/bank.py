@@ -137,7 +137,8 @@ def save(
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        manifest = _write_files(buffer, tmp, session, created)
+        with buffer.lock:  # one consistent copy while other threads use the buffer
+            manifest = _write_files(buffer, tmp, session, created)
         manifest.metadata = meta
         write_json_atomic(tmp, manifest.to_json())
         with not_open_for_writing(target):

@@ -1,0 +1,227 @@
+"""ShmReplayBuffer: collector processes write through shared memory while the learner samples.
+
+Every row carries ``payload[:, 0] = writer``, ``payload[:, 1] = its number in that
+writer's stream`` and ``check = payload.sum()``: a torn row fails the checksum, and the
+rows a writer published must arrive exactly once each, in its order (the reference).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing
+
+from xpbank import BufferTimeoutError, ChannelError, Field, PrioritizedSampler, Spec, SpecError
+from xpbank.distributed.shm import ShmReplayBuffer, ShmWriter
+
+WIDTH = 8
+SPEC = Spec({"payload": Field((WIDTH,), torch.int64), "check": Field((), torch.int64), "x": Field((3,))})
+
+
+def rows(writer: int, first: int, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rows made with NumPy only: a forked child must not enter torch's OpenMP pool
+    once the parent has used it (GNU OpenMP hangs after fork)."""
+    rng = np.random.default_rng(seed * 1_000_003 + first)
+    payload = rng.integers(0, 2**40, (n, WIDTH), dtype=np.int64)
+    payload[:, 0], payload[:, 1] = writer, np.arange(first, first + n)
+    x = payload[:, :3].astype(np.float32)
+    return {
+        "payload": torch.from_numpy(payload),
+        "check": torch.from_numpy(payload.sum(-1)),
+        "x": torch.from_numpy(x),
+    }
+
+
+def check_whole(batch: Any) -> None:
+    payload = batch["payload"]
+    assert torch.equal(payload.sum(-1), batch["check"]), "a torn row: checksum mismatch"
+    assert torch.equal(payload[:, :3].float(), batch["x"]), "a torn row: x differs from its payload"
+
+
+def produce(writer: ShmWriter, index: int, n: int, batch: int) -> None:
+    """A collector: ``n`` rows in batches, then a clean close."""
+    with writer:
+        for lo in range(0, n, batch):
+            writer.extend(rows(index, lo, min(batch, n - lo)))
+
+
+def produce_forever(writer: ShmWriter, index: int, batch: int) -> None:
+    """A collector that writes one batch over and over until it is killed."""
+    data = rows(index, 0, batch)
+    while True:
+        writer.extend(data)
+
+
+def check_streams(rb: ShmReplayBuffer, counts: dict[int, int]) -> None:
+    """Every writer's published rows arrived once each, in order (the rows ``0 .. count - 1``)."""
+    got = rb.sample_all()
+    check_whole(got)
+    for w, count in counts.items():
+        seq = got["payload"][got["payload"][:, 0] == w][:, 1]
+        assert torch.equal(seq, torch.arange(count)), f"writer {w}: rows lost, repeated or reordered"
+
+
+def learn_while(rb: ShmReplayBuffer, procs: list[Any], deadline_s: float = 60.0) -> int:
+    """Sample (and check) while the writer processes run; returns the batches sampled."""
+    sampled, end = 0, time.monotonic() + deadline_s
+    while any(p.is_alive() for p in procs):
+        assert time.monotonic() < end, "writers did not finish in time"
+        if rb.pull() or len(rb):
+            batch = rb.sample(64)
+            check_whole(batch)
+            if isinstance(rb.sampler, PrioritizedSampler):
+                rb.update_priority(batch["index"], batch["check"].double() % 5 + 0.5, stale="skip")
+            sampled += 1
+        else:
+            time.sleep(0.001)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0, f"writer exit code {p.exitcode}"
+    rb.pull()
+    return sampled
+
+
+@pytest.mark.parametrize(
+    "mp, method, writers",
+    [
+        (multiprocessing, "fork", 2),
+        (torch.multiprocessing, "fork", 2),
+        pytest.param(multiprocessing, "spawn", 1, marks=pytest.mark.slow),  # ~10 s: imports torch
+        pytest.param(torch.multiprocessing, "spawn", 1, marks=pytest.mark.slow),
+    ],
+    ids=["mp-fork", "torch-fork", "mp-spawn", "torch-spawn"],
+)
+def test_writer_processes(mp: Any, method: str, writers: int) -> None:
+    ctx = mp.get_context(method)
+    n = 3000
+    rb = ShmReplayBuffer(writers * n, SPEC, num_writers=writers, channel_rows=500, seed=0)
+    try:
+        procs = [ctx.Process(target=produce, args=(rb.writer(w), w, n, 97)) for w in range(writers)]
+        for p in procs:
+            p.start()
+        learn_while(rb, procs)
+        assert len(rb) == writers * n
+        check_streams(rb, dict.fromkeys(range(writers), n))
+        assert [s.state for s in rb.writers()] == ["free"] * writers
+        assert [s.published for s in rb.writers()] == [n] * writers
+    finally:
+        rb.close()
+
+
+def test_prioritized_with_writer_processes() -> None:
+    ctx = multiprocessing.get_context("fork")
+    rb = ShmReplayBuffer(
+        1000, SPEC, num_writers=2, channel_rows=256, sampler=PrioritizedSampler(eps=0.0), seed=0
+    )
+    try:
+        procs = [ctx.Process(target=produce, args=(rb.writer(w), w, 2000, 50)) for w in range(2)]
+        for p in procs:
+            p.start()
+        assert learn_while(rb, procs) >= 0
+        assert len(rb) == 1000  # wrapped: the newest 1000 of 4000
+        ids = rb.sample_all()["index"]
+        favoured = ids[[3, 500, 998]]
+        rb.update_priority(ids, torch.where(torch.isin(ids, favoured), 1.0, 1e-12))
+        batch = rb.sample(256)
+        check_whole(batch)
+        assert torch.isin(batch["index"], favoured).all()  # other mass: ~1e-4 of the total
+        assert set(batch["payload"][:, 0].tolist()) <= {0, 1}
+    finally:
+        rb.close()
+
+
+def test_sigkill_mid_write_leaves_no_torn_row(caplog: pytest.LogCaptureFixture) -> None:
+    """Kill writers at random moments until one dies between reserve and publish."""
+    ctx = multiprocessing.get_context("fork")
+    batch = 4096
+    rb = ShmReplayBuffer(50_000, SPEC, num_writers=1, channel_rows=2 * batch, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    try:
+        mid_write, attempts = 0, 0
+        while mid_write == 0:
+            attempts += 1
+            assert attempts <= 60, "no kill landed mid-write in 60 attempts"
+            proc = ctx.Process(target=produce_forever, args=(rb.writer(0), 0, batch))
+            before = rb.writers()[0].published
+            proc.start()
+            end = time.monotonic() + 30
+            while rb.writers()[0].published == before:  # it has written at least once
+                assert proc.is_alive() and time.monotonic() < end, f"writer failed: {proc.exitcode}"
+                rb.pull()
+                time.sleep(0.0005)
+            wait_until = time.monotonic() + float(torch.rand((), generator=gen)) * 0.01
+            while time.monotonic() < wait_until:  # keep the channel drained: the writer keeps writing
+                rb.pull()
+            os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            proc.join(timeout=30)
+            with caplog.at_level(logging.WARNING, logger="xpbank.distributed.shm"):
+                rb.pull()
+                status = rb.writers()[0]
+            assert status.state == "crashed" and status.crashes == attempts
+            mid_write = status.lost_rows
+            check_whole(rb.sample_all())  # only published rows, whole
+        assert "died without closing" in caplog.text
+        assert mid_write % batch == 0 and mid_write > 0
+        # a new writer takes the channel over; the buffer goes on
+        got = len(rb)
+        proc = ctx.Process(target=produce, args=(rb.writer(0), 7, 100, 100))
+        proc.start()
+        learn_while(rb, [proc])
+        assert len(rb) == min(got + 100, rb.capacity)
+        assert rb.writers()[0].state == "free"
+        check_whole(rb.sample_all())
+    finally:
+        rb.close()
+
+
+def test_bad_batch_is_refused_whole() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=16)
+    try:
+        w = rb.writer(0)
+        bad = rows(0, 5, 0)
+        bad["x"] = torch.zeros(5, 4)
+        with pytest.raises(SpecError, match=r"'x'.*expected.*3"):
+            w.extend(bad)
+        assert rb.pull() == 0 and rb.writers()[0].published == 0
+        stop = threading.Event()
+        learner = threading.Thread(target=lambda: [rb.pull() for _ in iter(lambda: stop.wait(0.001), True)])
+        learner.start()
+        try:  # larger than the channel: published in whole channel-sized parts
+            assert w.extend(rows(0, 0, 40)) == 40
+        finally:
+            stop.set()
+            learner.join(timeout=10)
+        rb.pull()
+        check_streams(rb, {0: 40})
+        w.close()
+    finally:
+        rb.close()
+
+
+def test_full_channel_times_out_and_second_writer_is_refused() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=2, channel_rows=8)
+    try:
+        w = rb.writer(0, timeout=0.05)
+        w.extend(rows(0, 0, 8))
+        with pytest.raises(BufferTimeoutError, match=r"no room for 1 rows after 0.05 s.*8 rows waiting"):
+            w.extend(rows(0, 8, 1))
+        assert rb.pull() == 8
+        w.extend(rows(0, 8, 1))
+        with pytest.raises(ChannelError, match="another live process is attached as this writer"):
+            rb.writer(0, timeout=0.05).extend(rows(0, 9, 1))
+        assert [s.state for s in rb.writers()] == ["attached", "free"]
+        w.close()
+        assert rb.pull() == 1 and [s.state for s in rb.writers()] == ["free", "free"]
+        with pytest.raises(SpecError, match="no spec yet"):
+            ShmReplayBuffer(10, num_writers=1).writer(0)
+    finally:
+        rb.close()

@@ -1,0 +1,141 @@
+"""A ReplayBuffer shared by threads: collector, learner and saver at once.
+
+Every row carries a checksum of itself (``check == payload.sum()``) and its own write
+number in ``payload[:, 0]``, so a sampled row that is torn (fields from two items) or
+does not match its ``"index"`` is caught. Runs are bounded by a short deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import xpbank
+from xpbank import Field, PrioritizedSampler, ReplayBuffer, Spec, StaleIndexError
+
+WIDTH = 16
+SPEC = Spec({"payload": Field((WIDTH,), torch.int64), "check": Field((), torch.int64)})
+
+
+def rows(first: int, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Items ``first .. first + n - 1``: random payload, ``payload[:, 0]`` = item number."""
+    payload = torch.randint(0, 2**40, (n, WIDTH), generator=gen)
+    payload[:, 0] = torch.arange(first, first + n)
+    return {"payload": payload, "check": payload.sum(-1)}
+
+
+def check_whole(batch: Any) -> None:
+    """Each row is one item, whole, and the item its ``"index"`` names."""
+    payload, check = batch["payload"], batch["check"]
+    assert torch.equal(payload.sum(-1), check), "a torn row: checksum mismatch"
+    assert torch.equal(payload[:, 0], batch["index"]), "a row does not hold the item its index names"
+
+
+def run_threads(targets: list[Any], seconds: float) -> None:
+    """Run each ``target(stop)`` in a thread for ``seconds``; re-raise the first failure."""
+    stop, errors = threading.Event(), []
+
+    def guard(target: Any) -> None:
+        try:
+            target(stop)
+        except BaseException as exc:  # handed to the test thread below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=guard, args=(t,), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a thread did not stop within 30 s (a deadlock?)"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_collector_learner_saver_threads(tmp_path: Path, prioritized: bool) -> None:
+    sampler = PrioritizedSampler(alpha=0.6, beta=0.4) if prioritized else None
+    rb = ReplayBuffer(500, SPEC, sampler=sampler, seed=0)
+    written, sampled, saved, stale = [0], [0], [0], [0]
+
+    def collector(stop: threading.Event) -> None:
+        gen = torch.Generator().manual_seed(1)
+        while not stop.is_set():
+            n = int(torch.randint(1, 64, (1,), generator=gen))
+            ids = rb.extend(rows(written[0], n, gen))
+            assert ids == range(written[0], written[0] + n)
+            written[0] += n
+
+    def learner(stop: threading.Event) -> None:
+        while not stop.is_set():
+            if len(rb) == 0:
+                time.sleep(0.001)
+                continue
+            batch = rb.sample(32)
+            check_whole(batch)
+            if prioritized:
+                rb.update_priority(batch["index"], batch["check"].double() % 7 + 0.1, stale="skip")
+            try:  # in place, same values; the collector may have overwritten them since
+                rb.update(batch["index"][:4], {"check": batch["check"][:4]})
+            except StaleIndexError:
+                stale[0] += 1
+            sampled[0] += 1
+
+    def saver(stop: threading.Event) -> None:
+        while not stop.is_set():
+            if len(rb) == 0:
+                time.sleep(0.001)
+                continue
+            path = xpbank.save(rb, tmp_path / "bank")
+            back = xpbank.load(path).sample_all()
+            check_whole(back)
+            ids = back["index"]
+            assert torch.equal(ids, torch.arange(int(ids[0]), int(ids[0]) + ids.shape[0]))
+            saved[0] += 1
+
+    run_threads([collector, learner, saver], seconds=1.5)
+    assert written[0] > 0 and sampled[0] > 0 and saved[0] > 0, (written, sampled, saved)
+    check_whole(rb.sample_all())
+    assert rb.sample_all()["index"][-1] == written[0] - 1
+
+
+def test_lock_groups_calls() -> None:
+    """``with rb.lock:`` holds off another thread's writes until it is released."""
+    rb = ReplayBuffer(100, SPEC, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    started, done = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        started.set()
+        rb.extend(rows(0, 5, gen))
+        done.set()
+
+    with rb.lock:
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        started.wait(5)
+        assert not done.wait(0.05)
+        assert len(rb) == 0
+    thread.join(timeout=10)
+    assert done.is_set() and len(rb) == 5
+
+
+def test_epochs_while_another_thread_extends() -> None:
+    """An epoch pass sees whole minibatches; a concurrent extend stops it with a clear error."""
+    rb = ReplayBuffer(1000, SPEC, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    rb.extend(rows(0, 1000, gen))
+    passes = rb.epochs(100)
+    check_whole(next(passes))
+    thread = threading.Thread(target=rb.extend, args=(rows(1000, 10, gen),))
+    thread.start()
+    thread.join(timeout=10)
+    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+        next(passes)
