@@ -139,3 +139,15 @@ def test_epochs_while_another_thread_extends() -> None:
     thread.join(timeout=10)
     with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
         next(passes)
+
+
+def test_a_pickled_buffer_gets_a_fresh_lock_and_the_same_items() -> None:
+    import pickle
+
+    rb = ReplayBuffer(8, seed=0)
+    rb.extend({"x": torch.arange(5.0)})
+    copy = pickle.loads(pickle.dumps(rb))
+    assert copy.lock is not rb.lock and torch.equal(copy.sample_all()["x"], torch.arange(5.0))
+    with copy.lock:  # usable, and re-entrant
+        copy.extend({"x": torch.ones(2)})
+    assert len(copy) == 7 and len(rb) == 5

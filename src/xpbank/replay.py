@@ -223,6 +223,18 @@ class ReplayBuffer:
         """The reentrant lock every public call holds; ``with rb.lock:`` groups calls."""
         return self._lock
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (e.g. SB3's ``save_replay_buffer``) leaves the lock out: a lock is
+        not picklable, and a copy gets a fresh one."""
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def __len__(self) -> int:
         return self._ring.size
 
