@@ -17,6 +17,7 @@ interleaved rounds (each round times every buffer once; the table shows the medi
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -170,16 +171,31 @@ def build(capacity: int) -> tuple[dict[str, Any], dict[str, Callable[[int], obje
 
 def measure(
     samplers: dict[str, Callable[[int], object]], b: int, rounds: int, calls: int
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in samplers}
+) -> dict[str, tuple[float, float, float]]:
+    """Per buffer: median wall time, median CPU time (this thread) and page faults per call.
+
+    On a loaded machine the CPU time is the steadier of the two; the page faults are the
+    kernel zeroing fresh memory for the sampled batch (the allocator returned the last
+    batch's memory to the system), which can cost more than the copy itself.
+    """
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in samplers}
     for _ in range(rounds):
         for name, fn in samplers.items():
             fn(b)
-            start = time.perf_counter()
+            faults, cpu, start = _minor_faults(), time.thread_time(), time.perf_counter()
             for _ in range(calls):
                 fn(b)
-            times[name].append((time.perf_counter() - start) / calls)
-    return {name: statistics.median(v) for name, v in times.items()}
+            wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            times[name].append((wall / calls, cpu / calls, (_minor_faults() - faults) / calls))
+    medians: dict[str, tuple[float, float, float]] = {}
+    for name, v in times.items():
+        wall, cpu, faults = (statistics.median(column) for column in zip(*v, strict=True))
+        medians[name] = (wall, cpu, faults)
+    return medians
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,11 +231,21 @@ def main(argv: list[str] | None = None) -> int:
         t = measure(samplers, b, rounds, calls if b == 32 else max(3, calls // 5))
         base, peer = t["raw torch"], t.get("cpprb (next_of + stack_compress)")
         table = [
-            [name, fmt_us(v), f"{base / v:.2f}x", "n/a" if peer is None else f"{peer / v:.2f}x"]
-            for name, v in t.items()
+            [
+                name,
+                fmt_us(w),
+                f"{base[0] / w:.2f}x",
+                "n/a" if peer is None else f"{peer[0] / w:.2f}x",
+                fmt_us(c),
+                f"{base[1] / c:.2f}x",
+                "n/a" if peer is None else f"{peer[1] / c:.2f}x",
+                f"{f:,.0f}",
+            ]
+            for name, (w, c, f) in t.items()
         ]
+        head = ["buffer", "per call", "vs raw", "vs cpprb", "CPU per call", "CPU vs raw", "CPU vs cpprb"]
         out += [f"sample B={b} (median of {rounds} interleaved rounds x {calls} calls)", ""]
-        out += [markdown_table(["buffer", "per call", "speed vs raw", "speed vs cpprb"], table), ""]
+        out += [markdown_table([*head, "page faults per call"], table), ""]
         results[f"sample_{b}"] = t
     out += [f"skipped: {skipped}" if skipped else "skipped: none"]
     return report(out, results, args.json)

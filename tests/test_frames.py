@@ -256,3 +256,27 @@ def test_saved_as_a_bank_and_loaded_back_bit_for_bit(tmp_path) -> None:
     assert back.config() == rb.config() and len(back) == len(rb)
     _check_everything(back, ref)
     assert torch.equal(back.sample_all()["index"], rb.sample_all()["index"])
+
+
+@pytest.mark.parametrize("env_field", [False, True])
+@pytest.mark.parametrize("stack,pad", [(4, "repeat"), (3, "zero")])
+def test_reads_split_into_many_chunks_are_the_same(
+    monkeypatch: pytest.MonkeyPatch, env_field: bool, stack: int, pad: str
+) -> None:
+    # Atari-sized frames put ~18 items in a chunk; these tiny frames would fit any batch
+    # in one, so shrink the chunk to a single stack's bytes (and one not dividing it)
+    import xpbank.storage.frames as frames_module
+
+    envs = StackedEnvs(3, stack, seed=11 + stack, pad=pad)
+    rb = ReplayBuffer(29, storage=FrameStorage(29, pad=pad), num_envs=None if env_field else 3, seed=0)
+    ref = _fill(rb, envs, 40, env_field, seed=2, check=False)
+    assert rb._ring.next_id > 2 * 29  # wrapped several times
+    assert len(rb.storage._stacks) and len(rb.storage._last)  # rescued stacks, frames kept aside
+    stack_bytes = stack * FRAME[0] * FRAME[1]
+    for chunk in (1, stack_bytes, 2 * stack_bytes + 1, 5 * stack_bytes):
+        monkeypatch.setattr(frames_module, "_CHUNK_BYTES", chunk)
+        _check_everything(rb, ref)
+        _assert_same(ref, rb.sample(31))
+        only_next = rb.sample_by_index(list(range(len(rb))), fields=[("next", "obs")])
+        want = torch.stack([ref[i]["next", "obs"] for i in only_next["index"].tolist()])
+        assert torch.equal(only_next["next", "obs"], want)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["FrameStorage"]
 
 _PADS = ("repeat", "zero")
+_CHUNK_BYTES = 1 << 19  # stacks read per chunk: small enough to stay in L2 for next obs
 
 
 class FrameStorage(StorageBase):
@@ -211,34 +212,41 @@ class FrameStorage(StorageBase):
     def _read(
         self, slots: np.ndarray, ids: np.ndarray, want_obs: bool, want_next: bool
     ) -> list[torch.Tensor]:
-        """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``."""
+        """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``.
+
+        Items are read in chunks small enough to stay in cache: a chunk's stacks are
+        gathered into ``obs``, and its next observations copied from them, shifted by one
+        frame, with only the newest frame gathered (so each frame is read from memory once).
+        """
         links = self._links_ring().episodes.links()  # type: ignore[union-attr]
         frames = to_numpy(self._frames)
         src, pad = self._sources(slots, ids)
-        kept = self._stacks.has(slots)
-        rows = np.flatnonzero(kept)
-        out = []
-        if want_obs:
-            obs = frames[src]  # NumPy row copies: one call for every frame of the batch
-            if self.pad == "zero":
-                obs[pad] = 0
-            if rows.size:
-                obs[rows] = to_numpy(self._stacks.get(slots[kept]))
-            out.append(as_torch(obs, self.dtype))
-        if want_next:
+        n, s = src.shape
+        obs = np.empty((n, s, *frames.shape[1:]), dtype=frames.dtype)
+        nxt = np.empty_like(obs) if want_next else None
+        last = slots
+        if nxt is not None:
             succ = links.next[slots]
             follows = (succ >= 0) & ~(links.terminated[slots] | links.truncated[slots])
             last = np.where(follows, succ % self.capacity, slots)
-            if want_obs:  # the older frames are obs's, still in cache: copy, gather only the newest
-                nxt = np.empty_like(obs)
-                nxt[:, :-1] = obs[:, 1:]
-                nxt[:, -1] = frames[last]
-            else:
-                nxt = frames[np.concatenate([src[:, 1:], last[:, None]], axis=1)]
-                if self.pad == "zero":
-                    nxt[:, :-1][pad[:, 1:]] = 0
-                if rows.size:
-                    nxt[rows, :-1] = to_numpy(self._stacks.get(slots[kept]))[:, 1:]
+        step = max(1, _CHUNK_BYTES // max(1, s * frames[0].nbytes))
+        for a in range(0, n, step):  # a loop over chunks of items, not over items
+            b = min(a + step, n)
+            np.take(frames, src[a:b], axis=0, out=obs[a:b], mode="clip")  # "clip": unbuffered
+            if nxt is not None:
+                nxt[a:b, :-1] = obs[a:b, 1:]
+                nxt[a:b, -1] = frames[last[a:b]]
+        if self.pad == "zero":
+            obs[pad] = 0
+        kept = np.flatnonzero(self._stacks.has(slots))
+        if kept.size:
+            obs[kept] = to_numpy(self._stacks.get(slots[kept]))
+        out = [as_torch(obs, self.dtype)] if want_obs else []
+        if nxt is not None:
+            if self.pad == "zero":
+                nxt[:, :-1][pad[:, 1:]] = 0
+            if kept.size:
+                nxt[kept, :-1] = obs[kept, 1:]
             aside = np.flatnonzero(~follows)
             if aside.size:
                 nxt[aside, -1] = to_numpy(self._last.get(slots[aside]))
