@@ -188,7 +188,7 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
 
     @property
-    def dones(self) -> _Dones:
+    def dones(self) -> _Dones:  # type: ignore[override]
         """SB3's ``dones[row]``: read (``terminated or truncated`` of each env, a NumPy
         row) and the one write SB3 makes, ``dones[pos - 1] = True``.
 
