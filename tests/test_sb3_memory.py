@@ -193,3 +193,23 @@ def test_two_learn_calls(reset_num_timesteps):
     was_done = bool(last_of_first[3][0])
     assert bool(eps.truncated([299])[0]) == (reset_num_timesteps and not was_done)
     assert bool(eps.episode_start([300])[0] == 300) == (reset_num_timesteps or was_done)
+
+
+def test_env_reset_that_sb3_does_not_mark_is_refused_until_cut():
+    """SB3 resets the envs without the cut when ``_last_obs`` is gone (after ``load``) and
+    ``reset_num_timesteps=False``: the first add is refused; the documented cut fixes it."""
+    model = DQN(
+        "MlpPolicy", "CartPole-v1", replay_buffer_class=XpbankReplayBuffer, optimize_memory_usage=True,
+        buffer_size=500, learning_starts=1000, seed=0, device="cpu", policy_kwargs={"net_arch": [16]},
+    )  # fmt: skip
+    model.learn(100)
+    model._last_obs = None  # what BaseAlgorithm.load leaves
+    with pytest.raises(SpecError, match="is not the next observation of its env's previous step"):
+        model.learn(50, reset_num_timesteps=False)
+    rb = model.replay_buffer
+    assert rb.size() == 100
+    rb.dones[(rb.pos - 1) % rb.buffer_size] = True
+    model._last_obs = None
+    model.learn(50, reset_num_timesteps=False)
+    assert rb.size() > 100 and rb.dones[99].tolist() == [1.0]  # the cut (or an episode end there)
+    assert int(rb.xp.episodes.episode_start([100])[0]) == 100  # the reset obs starts an episode
