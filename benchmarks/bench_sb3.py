@@ -8,7 +8,8 @@ Run from the repository root::
 Part 1, training: SB3's real ``learn()`` (one gradient step per env step, batch 256,
 ``learning_starts=100``, SB3's default networks) on SAC / Pendulum-v1 and DQN /
 CartPole-v1, with ``replay_buffer_class`` = SB3's ``ReplayBuffer``, xpbank's
-``XpbankReplayBuffer``, and (DQN) xpbank's ``PrioritizedDQN``. Reported: env steps/s of
+``XpbankReplayBuffer``, and (DQN) xpbank's ``PrioritizedDQN`` and both buffers with
+``optimize_memory_usage=True`` ("dedup": next observations stored once). Reported: env steps/s of
 the whole ``learn`` call (env, policy, buffer, gradient step), the best of ``--rounds``
 rounds run in turn, so both buffers see the same machine load.
 
@@ -46,8 +47,12 @@ def learn_rate(algo: str, buffer: str, steps: int) -> float:
     from xpbank.integrations.sb3 import PrioritizedDQN, XpbankReplayBuffer
 
     common: dict[str, Any] = {"learning_starts": 100, "batch_size": BATCH, "seed": 0, "device": "cpu"}
-    if buffer == "xpbank":
+    if buffer.startswith("xpbank") and buffer != "xpbank PER":
         common["replay_buffer_class"] = XpbankReplayBuffer
+    if buffer.endswith("dedup"):  # optimize_memory_usage: SB3's own needs timeouts off
+        common["optimize_memory_usage"] = True
+        if buffer == "sb3 dedup":
+            common["replay_buffer_kwargs"] = {"handle_timeout_termination": False}
     if algo == "SAC":
         model = SAC("MlpPolicy", "Pendulum-v1", train_freq=1, gradient_steps=1, **common)
     else:
@@ -61,7 +66,7 @@ def learn_rate(algo: str, buffer: str, steps: int) -> float:
 def bench_training(steps: int, rounds: int) -> dict[str, dict[str, float]]:
     runs = {
         "SAC / Pendulum-v1": ("SAC", ["sb3", "xpbank"]),
-        "DQN / CartPole-v1": ("DQN", ["sb3", "xpbank", "xpbank PER"]),
+        "DQN / CartPole-v1": ("DQN", ["sb3", "xpbank", "xpbank PER", "sb3 dedup", "xpbank dedup"]),
     }
     out: dict[str, dict[str, float]] = {}
     for name, (algo, buffers) in runs.items():

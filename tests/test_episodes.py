@@ -311,3 +311,28 @@ class LockstepMachine(IndexMachine):
 
 TestLockstepMachine = LockstepMachine.TestCase
 TestLockstepMachine.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+
+
+@pytest.mark.parametrize("env_field", [False, True])
+def test_truncate_newest_ends_each_open_episode_at_its_newest_item(env_field: bool) -> None:
+    """Env 0 open, env 1 just terminated: only env 0's newest item is cut (as a
+    truncation, like env 1's end); each env's next item then starts an episode."""
+    rb = ReplayBuffer(8, num_envs=None if env_field else 2)
+    envs = torch.tensor([0, 1, 0, 1]) if env_field else None
+
+    def write(term: list[bool]) -> range:
+        batch = {"obs": torch.zeros(4, 1), "terminated": torch.tensor(term)}
+        if envs is not None:
+            batch["env_id"] = envs
+        return rb.extend(batch)
+
+    write([False, False, False, True])  # ids 0..3: env 0 = [0, 2] open, env 1 = [1, 3] ended
+    eps = rb.episodes
+    assert eps.truncate_newest().tolist() == [2]
+    assert eps.truncate_newest().tolist() == []  # nothing left open
+    assert eps.truncated([0, 1, 2, 3]).tolist() == [False, False, True, False]
+    assert eps.successors([0, 2]).tolist() == [2, -1]
+    ids = write([False] * 4)  # ids 4..7 wrap nothing (capacity 8): 4 and 5 start episodes
+    assert eps.episode_start(list(ids)).tolist() == [4, 5, 4, 5]
+    assert eps.predecessors([4, 5]).tolist() == [-1, -1]  # no predecessor in the episode
+    assert eps.successors([2, 3]).tolist() == [-1, -1]

@@ -17,6 +17,7 @@ pytest.importorskip("gymnasium")
 from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.evaluation import evaluate_policy
 
+from xpbank import FrameStorage
 from xpbank.integrations.sb3 import PrioritizedDQN, XpbankReplayBuffer
 
 DQN_CARTPOLE = {
@@ -47,6 +48,19 @@ def test_dqn_learns_cartpole_with_xpbank_buffer():
     before, after = returns_before_and_after(model, 6000)
     assert isinstance(model.replay_buffer, XpbankReplayBuffer) and model.replay_buffer.full is False
     assert after >= 80 and after >= before + 50, (before, after)  # untrained: ~10-25 steps
+
+
+@pytest.mark.slow
+def test_dqn_learns_cartpole_with_optimize_memory_usage():
+    """Next-observation dedup (FrameStorage) with SB3's default time-limit handling,
+    which SB3's own optimized buffer refuses."""
+    model = DQN(
+        "MlpPolicy", "CartPole-v1", replay_buffer_class=XpbankReplayBuffer, optimize_memory_usage=True,
+        seed=0, **DQN_CARTPOLE,
+    )  # fmt: skip
+    before, after = returns_before_and_after(model, 6000)
+    assert isinstance(model.replay_buffer.xp.storage, FrameStorage)
+    assert after >= 80 and after >= before + 50, (before, after)
 
 
 @pytest.mark.slow

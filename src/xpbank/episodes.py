@@ -270,6 +270,34 @@ class EpisodeIndex:
         """Every item was dropped: the next item of each env starts an episode."""
         self._reset_envs(self._last_id.shape[0])
 
+    def truncate_newest(self) -> np.ndarray:
+        """End each env's open episode at its newest live item, as a truncation.
+
+        For a stream cut from outside (an env reset between two training calls): the
+        next item of each env then starts an episode. Only the index changes; the
+        caller updates a stored ``truncated`` field itself. Returns the ids marked
+        (envs whose newest item already ends an episode are left alone).
+
+        Example:
+            >>> import torch
+            >>> from xpbank import ReplayBuffer
+            >>> rb = ReplayBuffer(10, num_envs=2)
+            >>> _ = rb.extend({"obs": torch.zeros(2, 1), "terminated": torch.tensor([False, True])})
+            >>> rb.episodes.truncate_newest().tolist()
+            [0]
+            >>> _ = rb.extend({"obs": torch.zeros(2, 1), "terminated": torch.tensor([False, False])})
+            >>> rb.episodes.truncated([0]).tolist(), rb.episodes.episode_start([2, 3]).tolist()
+            ([True], [2, 3])
+        """
+        live = (self._last_id >= self._ring.first_id) & ~self._last_end
+        ids = self._last_id[live]
+        c = self._ring.capacity
+        self._trunc[ids % c] = True
+        self._next[ids % c] = -1
+        self._last_end = self._last_end | live  # replaced, not mutated: a plan may hold it
+        self._continues = self._continues & ~live
+        return ids
+
     def _env_key(self, spec: Spec) -> NestedKey | None:
         key = normalize_key(self.keys.env)
         return key if key in spec else None

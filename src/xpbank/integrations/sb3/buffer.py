@@ -26,11 +26,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, require
 from xpbank.replay import ReplayBuffer
 from xpbank.sampler import Sampler
 from xpbank.spaces import field_from_space
 from xpbank.spec import Field, Spec
+from xpbank.storage.frames import FrameStorage
 
 __all__ = ["XpbankReplayBuffer", "transition_spec"]
 
@@ -84,8 +86,14 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         action_space: the env's action space.
         device: where sampled tensors go (SB3's ``"auto"`` too).
         n_envs: envs in the vector env; each ``add`` holds one step of each.
-        optimize_memory_usage: must be ``False``: next-observation dedup (xpbank's
-            ``FrameStorage``) is not wired here yet; raises :class:`~xpbank.SpecError`.
+        optimize_memory_usage: store each observation once (a
+            :class:`~xpbank.FrameStorage`): ``next_obs`` is read from the env's next
+            step, or from a small side store at episode ends (the true final
+            observation) and for each env's newest step. Unlike SB3's own buffer it
+            works with ``handle_timeout_termination=True``, and every transition stays
+            valid (SB3's drops the one at ``pos``). In memory only (not with
+            ``storage="memmap"``). See :attr:`dones` for SB3's cut between ``learn()``
+            calls.
         handle_timeout_termination: a time limit (``info["TimeLimit.truncated"]``) is not
             a termination: the sample's ``dones`` is 0 there (SB3's default). ``False``:
             every ``done`` counts. Both are stored either way.
@@ -126,11 +134,10 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         seed: int | None = None,
         _xp: ReplayBuffer | None = None,
     ):
-        if optimize_memory_usage:
+        if optimize_memory_usage and (storage != "memory" or _xp is not None):
             raise SpecError(
-                "optimize_memory_usage: expected False, got True; next-observation dedup "
-                "(xpbank's FrameStorage) is not wired to this buffer yet (use storage='memmap' for a "
-                "buffer larger than RAM)"
+                f"optimize_memory_usage: True keeps observations in memory (FrameStorage), got "
+                f"storage={storage!r}{' and a loaded bank' if _xp is not None else ''}"
             )
         if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
             raise SpecError(f"n_envs: expected a positive int, got {n_envs!r}")
@@ -142,14 +149,15 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         self.device = _utils.get_device(device)
         self.n_envs = int(n_envs)
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
-        self.optimize_memory_usage = False
+        self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         if _xp is None:
             if seed is None:
                 seed = int(torch.randint(2**62, (), dtype=torch.int64))
+            capacity = self.buffer_size * self.n_envs
+            store: Any = FrameStorage(capacity, spec, stacked=False) if optimize_memory_usage else storage
             _xp = ReplayBuffer(
-                self.buffer_size * self.n_envs, spec, storage=storage, sampler=sampler, seed=seed,
-                num_envs=self.n_envs,
+                capacity, spec, storage=store, sampler=sampler, seed=seed, num_envs=self.n_envs,
             )  # fmt: skip
         elif _xp.spec != spec or _xp.capacity != self.buffer_size * self.n_envs:
             raise SpecError(
@@ -178,6 +186,21 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         """Drop every transition (ids sampled before become stale)."""
         self.xp.clear()
         self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
+
+    @property
+    def dones(self) -> _Dones:  # type: ignore[override]
+        """SB3's ``dones[row]``: read (``terminated or truncated`` of each env, a NumPy
+        row) and the one write SB3 makes, ``dones[pos - 1] = True``.
+
+        With ``optimize_memory_usage``, SB3's ``learn(reset_num_timesteps=True)`` resets
+        the envs and marks the newest row done, so the chain of observations may break
+        there. Here that write ends each env's open episode at its newest step as a
+        **truncation** (``truncated`` stored, the episode index told): the next
+        ``add``'s reset observation starts a new episode, and the cut step keeps its
+        true ``next_obs``, so with ``handle_timeout_termination=True`` it bootstraps
+        (SB3's own buffer makes it a termination instead).
+        """
+        return _Dones(self)
 
     # -- writing -------------------------------------------------------------------
     def add(
@@ -292,3 +315,41 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
             xp.capacity, observation_space, action_space, device, n_envs,
             handle_timeout_termination=handle_timeout_termination, _xp=xp,
         )  # fmt: skip
+
+
+class _Dones:
+    """The ``dones`` SB3's off-policy algorithms touch: rows read, the newest row cut."""
+
+    def __init__(self, buffer: XpbankReplayBuffer):
+        self._buffer = buffer
+
+    def _ids(self, row: Any) -> np.ndarray:
+        b = self._buffer
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < b.buffer_size:
+            raise SpecError(f"dones: expected a row index in [0, {b.buffer_size}), got {row!r}")
+        if row >= b.size():
+            raise SpecError(f"dones: row {row} holds no transition yet ({b.size()} rows stored)")
+        newest = b._next_id - b.n_envs * (1 + (b.pos - 1 - int(row)) % b.buffer_size)
+        return np.arange(newest, newest + b.n_envs, dtype=np.int64)
+
+    def _episodes(self) -> EpisodeIndex:
+        eps = self._buffer.xp.episodes
+        if eps is None:  # never: the buffer is built with num_envs
+            raise RuntimeError("XpbankReplayBuffer: its xpbank buffer keeps no episode index")
+        return eps
+
+    def __getitem__(self, row: Any) -> np.ndarray:
+        return self._episodes().is_end(self._ids(row)).astype(np.float32)
+
+    def __setitem__(self, row: Any, value: Any) -> None:
+        b = self._buffer
+        self._ids(row)  # checks the row
+        if not bool(np.all(np.asarray(value))):
+            raise SpecError(f"dones: only True can be written (an episode cut), got {value!r}")
+        if int(row) != (b.pos - 1) % b.buffer_size:
+            raise SpecError(
+                f"dones: only the newest row ({(b.pos - 1) % b.buffer_size}) can be cut, got row {row}"
+            )
+        cut = self._episodes().truncate_newest()
+        if cut.size:
+            b.xp.update(torch.from_numpy(cut), {"truncated": torch.ones(cut.size, dtype=torch.bool)})
