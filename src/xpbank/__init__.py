@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from xpbank.collect import Collector, ReplaySink
+from xpbank.sinks import RolloutSink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
@@ -90,4 +91,5 @@ __all__ = [
     "EnvContractError",
     "Collector",
     "ReplaySink",
+    "RolloutSink",
 ]
