@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 from xpbank.collect import Collector, ReplaySink
-from xpbank.sinks import RolloutSink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
@@ -46,6 +45,7 @@ from xpbank.rollout import (
     vtrace,
 )
 from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler
+from xpbank.sinks import RolloutSink
 from xpbank.spec import Field, Spec
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 

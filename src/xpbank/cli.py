@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ __all__ = ["main", "build_app", "run_demo"]
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("xpbank-demo")
-AGENTS = ("dqn",)  # "ppo" joins once the RolloutBuffer (issue 7) is merged
+AGENTS = ("dqn", "ppo")
 
 
 def run_demo(
@@ -44,7 +45,7 @@ def run_demo(
     Returns:
         One :class:`~xpbank.demo.report.AgentSummary` per agent.
     """
-    from xpbank.demo import dqn
+    from xpbank.demo import dqn, ppo
     from xpbank.demo.report import AgentSummary, plot_curves, summary_table
 
     unknown = sorted(set(agents) - set(AGENTS))
@@ -55,20 +56,26 @@ def run_demo(
     console = require("rich.console", "demo").Console(width=None if sys.stdout.isatty() else 160)
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
+    trainers: dict[str, Any] = {"dqn": (dqn.DQNConfig, dqn.train), "ppo": (ppo.PPOConfig, ppo.train)}
     rows, files = [], []
     for agent in agents:
-        config = dqn.DQNConfig(env_id=env_id, seed=seed, **({"steps": steps} if steps else {}))
+        config_cls, train = trainers[agent]
+        config = config_cls(env_id=env_id, seed=seed, **({"steps": steps} if steps else {}))
         with tqdm(total=config.steps, desc=agent, unit="step", disable=not show, leave=False) as bar:
 
             def tick(done: int, last: float | None, bar: Any = bar) -> None:
-                bar.update(1)
-                if last is not None and done % 500 == 0:
-                    bar.set_postfix(last_return=f"{last:.0f}")
+                bar.update(done - bar.n)
+                if last is not None:
+                    bar.set_postfix(last_return=f"{last:.0f}", refresh=False)
 
-            result = dqn.train(config, progress=tick)
-        path = out / f"{agent}_replay.pt"
-        bank_bytes = save_and_reload(result.buffer, path)
-        files.append(path)
+            result = train(config, progress=tick)
+        bank_bytes = None
+        if agent == "dqn":
+            path = out / f"{agent}_replay.pt"
+            bank_bytes = save_and_reload(
+                result.buffer, path, partial(dqn.make_buffer, result.buffer.spec, config)
+            )
+            files.append(path)
         rows.append(
             AgentSummary(
                 agent=agent.upper(),
@@ -89,15 +96,14 @@ def run_demo(
     return rows
 
 
-def save_and_reload(buffer: Any, path: Path) -> int:
-    """Save the buffer's full state to ``path``, load it into a fresh buffer, check that
-    both sample the same items next; returns the file's size in bytes."""
-    from xpbank.replay import ReplayBuffer
-
+def save_and_reload(buffer: Any, path: Path, fresh: Any) -> int:
+    """Save the buffer's full state to ``path``, load it into ``fresh()`` (a new buffer built
+    the way the agent builds its own), check that both sample the same items next; returns
+    the file's size in bytes."""
     torch.save(buffer.state_dict(), path)
-    fresh = ReplayBuffer(buffer.capacity, buffer.spec)
-    fresh.load_state_dict(torch.load(path, weights_only=True))
-    if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
+    loaded = fresh()
+    loaded.load_state_dict(torch.load(path, weights_only=True))
+    if len(loaded) != len(buffer) or not torch.equal(loaded.sample(64)["index"], buffer.sample(64)["index"]):
         raise RuntimeError(f"{path}: the reloaded buffer does not sample what the saved one does")
     return path.stat().st_size
 

@@ -125,7 +125,9 @@ def learn(q: nn.Module, target: nn.Module, optim: Any, rb: Any, config: DQNConfi
     for _ in range(config.gradient_steps):
         batch = rb.sample(config.batch_size)
         td = td_errors(q, target, batch)
-        loss = (batch["weight"] * nn.functional.smooth_l1_loss(td, torch.zeros_like(td), reduction="none")).mean()
+        loss = (
+            batch["weight"] * nn.functional.smooth_l1_loss(td, torch.zeros_like(td), reduction="none")
+        ).mean()
         optim.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(q.parameters(), 10.0)
