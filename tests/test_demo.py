@@ -18,7 +18,8 @@ pytest.importorskip("rich")
 pytest.importorskip("tqdm")
 pytest.importorskip("matplotlib")
 
-from xpbank import Field, MissingExtraError, Spec, cli  # noqa: E402
+import xpbank  # noqa: E402
+from xpbank import MissingExtraError, cli  # noqa: E402
 from xpbank.demo import dqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,9 @@ def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
     args = ["demo", "--steps", "1100", "--seed", "3", "--out", str(tmp_path / "out"), "--no-progress"]
     result = runner.invoke(cli.build_app(), args)
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "out" / "dqn_replay.pt").stat().st_size > 1_000 * 4 * 8
+    bank = xpbank.load(tmp_path / "out" / "dqn_replay_bank")
+    assert 1_000 < len(bank) <= 1_100 and bank.spec is not None and ("next", "obs") in bank.spec
+    assert bank.episodes is not None and bank.episodes.num_envs == 4 and "nstep_return" in bank.sample(2)
     png = (tmp_path / "out" / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert "greedy eval" in result.output and "DQN" in result.output and "1,100" in result.output
@@ -38,19 +41,20 @@ def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
 
 def test_save_and_reload_keeps_the_buffers_options(tmp_path: Path) -> None:
     config = dqn.DQNConfig(num_envs=2, n_step=3)
-    spec = Spec({"obs": Field(4), "action": Field((), torch.int64), "reward": Field(())})
+    spec = xpbank.Spec(
+        {"obs": xpbank.Field(4), "action": xpbank.Field((), torch.int64), "reward": xpbank.Field(())}
+    )
     rb = dqn.make_buffer(spec, config)
     env = torch.tensor([0, 1, 0, 1, 1, 1])
     rb.extend({"obs": torch.randn(6, 4), "action": env, "reward": torch.ones(6), "env_id": env})
     rb.update_priority(torch.arange(6), torch.arange(6.0))
-    size = cli.save_and_reload(rb, tmp_path / "rb.pt", lambda: dqn.make_buffer(rb.spec, config))
-    assert size == (tmp_path / "rb.pt").stat().st_size
-    loaded = dqn.make_buffer(rb.spec, config)
-    loaded.load_state_dict(torch.load(tmp_path / "rb.pt", weights_only=True))
+    assert cli.save_and_reload(rb, tmp_path / "bank") > 6 * 4 * 4
+    loaded = xpbank.load(tmp_path / "bank")
     loaded.sample(64)  # save_and_reload drew one sample from the saved buffer to check it
     a, b = rb.sample(32), loaded.sample(32)
     assert torch.equal(a["index"], b["index"]) and 0 not in a["index"].tolist()  # priority 0
     assert torch.equal(a["nstep_return"], b["nstep_return"]) and a["nstep_steps"].max() == 3
+    assert loaded.episodes is not None and loaded.episodes.num_envs == 2
 
 
 def test_demo_rejects_unknown_agents(tmp_path: Path) -> None:

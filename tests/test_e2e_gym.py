@@ -74,7 +74,7 @@ def test_demo_dqn_trains_through_the_collector_and_resumes_identically(tmp_path:
     assert sum(r for _, r in result.curve) <= 1_600  # CartPole pays 1 per step
     assert result.buffer_ops == 1_600 + 8 * len(range(500, 1_600, 100))  # one extend per step
     assert 8.0 <= result.eval_return <= 500.0
-    assert save_and_reload(result.buffer, tmp_path / "replay.pt") > 1_600 * 4 * 8
+    assert save_and_reload(result.buffer, tmp_path / "replay_bank") > 1_600 * 4 * 8
     stored = result.buffer.sample_all()
     done = stored["terminated"] | stored["truncated"]
     chained = torch.all(stored["next", "obs"][:-1] == stored["obs"][1:], dim=-1)

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from xpbank.bank import BankSummary, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.collect import Collector, ReplaySink
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
@@ -24,6 +25,7 @@ from xpbank.errors import (
     MissingExtraError,
     NotReadyError,
     PriorityError,
+    ReadOnlyError,
     SpecError,
     StaleIndexError,
     XpbankError,
@@ -92,4 +94,12 @@ __all__ = [
     "Collector",
     "ReplaySink",
     "RolloutSink",
+    "ReadOnlyError",
+    "save",
+    "load",
+    "open_bank",
+    "list_banks",
+    "merge",
+    "new_session_id",
+    "BankSummary",
 ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +70,8 @@ def run_demo(
             result = train(config, progress=tick)
         bank_bytes = None
         if agent == "dqn":
-            path = out / f"{agent}_replay.pt"
-            bank_bytes = save_and_reload(
-                result.buffer, path, partial(dqn.make_buffer, result.buffer.spec, config)
-            )
+            path = out / f"{agent}_replay_bank"
+            bank_bytes = save_and_reload(result.buffer, path)
             files.append(path)
         rows.append(
             AgentSummary(
@@ -96,16 +93,16 @@ def run_demo(
     return rows
 
 
-def save_and_reload(buffer: Any, path: Path, fresh: Any) -> int:
-    """Save the buffer's full state to ``path``, load it into ``fresh()`` (a new buffer built
-    the way the agent builds its own), check that both sample the same items next; returns
-    the file's size in bytes."""
-    torch.save(buffer.state_dict(), path)
-    loaded = fresh()
-    loaded.load_state_dict(torch.load(path, weights_only=True))
-    if len(loaded) != len(buffer) or not torch.equal(loaded.sample(64)["index"], buffer.sample(64)["index"]):
-        raise RuntimeError(f"{path}: the reloaded buffer does not sample what the saved one does")
-    return path.stat().st_size
+def save_and_reload(buffer: Any, path: Path) -> int:
+    """Save the buffer as a bank at ``path``, load it back, check that both sample the
+    same items next; returns the bank's size on disk in bytes."""
+    import xpbank
+
+    xpbank.save(buffer, path)
+    fresh = xpbank.load(path)
+    if not torch.equal(fresh.sample(64)["index"], buffer.sample(64)["index"]):
+        raise RuntimeError(f"{path}: the reloaded bank does not sample what the saved buffer does")
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def build_app() -> Any:

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,21 @@ class EpisodeKeys:
         if term is None and trunc is None:
             term = _find(spec, self.done, _DONE)
         return term, trunc
+
+    def config(self) -> dict[str, Any]:
+        """The fields as JSON-able values (nested keys as lists): a bank stores this and
+        ``EpisodeKeys.from_config`` rebuilds it.
+
+        Example:
+            >>> EpisodeKeys.from_config(EpisodeKeys(terminated=("next", "term")).config())
+            EpisodeKeys(env='env_id', terminated=('next', 'term'), truncated=None, done=None)
+        """
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in vars(self).items()}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EpisodeKeys:
+        """The inverse of :meth:`config` (lists become nested-key tuples)."""
+        return cls(**{name: tuple(v) if isinstance(v, list) else v for name, v in config.items()})
 
 
 def _find(spec: Spec, given: Any, names: tuple[NestedKey, ...]) -> NestedKey | None:

@@ -21,6 +21,7 @@ __all__ = [
     "PriorityError",
     "BankError",
     "CorruptBankError",
+    "ReadOnlyError",
     "MissingExtraError",
     "DeviceError",
     "EnvContractError",
@@ -69,6 +70,10 @@ class BankError(XpbankError, OSError):
 
 class CorruptBankError(BankError):
     """A bank on disk is malformed or has been tampered with."""
+
+
+class ReadOnlyError(XpbankError, PermissionError):
+    """A write to something opened read-only (e.g. a bank opened with ``mode="r"``)."""
 
 
 class DeviceError(XpbankError, ValueError):

@@ -17,7 +17,7 @@ batch are views into one block (non-contiguous when there are several).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
 from xpbank.nstep import NStep
 from xpbank.ring import Ring
-from xpbank.sampler import Sampler, UniformSampler, epoch_plan
+from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
 from xpbank.sampler.priorities import check_update
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
@@ -97,7 +97,8 @@ class ReplayBuffer:
         episode_keys: which fields hold the env id and episode ends (default: found by
             the usual names; see :class:`~xpbank.EpisodeKeys`).
         nstep: add n-step returns to every :meth:`sample` (see :class:`~xpbank.NStep`);
-            the buffer then keeps an episode index.
+            the buffer then keeps an episode index. ``nstep`` and ``episode_keys`` also
+            take the dicts their ``config()`` gives (how a bank rebuilds a buffer).
         cast: convert a batch's dtypes to the spec's where nothing that matters is lost
             (float64 -> float32, int32 -> int64, Python numbers; see
             :func:`xpbank.cast.is_safe_cast`), after checking the whole batch; a wrong
@@ -126,8 +127,8 @@ class ReplayBuffer:
         sampler: Sampler | None = None,
         seed: int | None = None,
         num_envs: int | None = None,
-        episode_keys: EpisodeKeys | None = None,
-        nstep: NStep | None = None,
+        episode_keys: EpisodeKeys | Mapping[str, Any] | None = None,
+        nstep: NStep | Mapping[str, Any] | None = None,
         cast: bool = True,
     ):
         capacity = check_capacity(capacity)
@@ -143,6 +144,10 @@ class ReplayBuffer:
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         self._ring = Ring(capacity)
+        if isinstance(episode_keys, Mapping):  # a config() from a bank
+            episode_keys = EpisodeKeys.from_config(episode_keys)
+        if isinstance(nstep, Mapping):
+            nstep = NStep(**nstep)
         self._num_envs, self._episode_keys = num_envs, episode_keys or EpisodeKeys()
         if nstep is not None and not isinstance(nstep, NStep):
             raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
@@ -417,17 +422,18 @@ class ReplayBuffer:
             yield self._gather(slots, ids, keys)
 
     # -- state -----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to resume: data, cursor, ids, sampler and RNG state.
 
         Safe to ``torch.save`` and to load with ``torch.load(..., weights_only=True)``.
+        ``data=False`` leaves out the stored items (banks write those themselves).
         """
         return {
             "version": _STATE_VERSION,
             "ring": self._ring.state_dict(),
             "generator": self._generator.get_state(),
             "sampler": self._sampler.state_dict(),
-            "storage": self._storage.state_dict(self._ring.size),
+            "storage": self._storage.state_dict(self._ring.size if data else 0),
             **({"episodes": self._ring.episodes.state_dict()} if self._ring.episodes is not None else {}),
         }
 
@@ -451,6 +457,41 @@ class ReplayBuffer:
             if self._ring.episodes is None:
                 self._ring.episodes = EpisodeIndex(self._ring, self._num_envs, self._episode_keys)
             self._ring.episodes.load_state_dict(state["episodes"])
+
+    def config(self) -> dict[str, Any]:
+        """The JSON-able constructor options a bank rebuilds this buffer from.
+
+        Example:
+            >>> ReplayBuffer(100).config()
+            {'capacity': 100, 'sampler': {'name': 'uniform', 'config': {}}}
+        """
+        out: dict[str, Any] = {"capacity": self.capacity, "sampler": sampler_config(self._sampler)}
+        if self._num_envs is not None:
+            out["num_envs"] = self._num_envs
+        if self._episode_keys != EpisodeKeys():
+            out["episode_keys"] = self._episode_keys.config()
+        if self._nstep is not None:
+            out["nstep"] = self._nstep.config()
+        if not self._cast:
+            out["cast"] = False
+        return out
+
+    def checkpoint(self) -> None:
+        """Commit a bank opened with ``xpbank.open_bank(path, "r+")`` (see
+        :func:`xpbank.bank.checkpoint` for what a crash between checkpoints loses)."""
+        from xpbank.bank import checkpoint
+
+        checkpoint(self)
+
+    def merge_(self, other: Any) -> ReplayBuffer:
+        """Append every item of ``other`` (a buffer or a bank path), oldest first; returns self.
+
+        See :func:`xpbank.merge`. Raises :class:`SpecError` naming the fields that differ.
+        """
+        from xpbank.bank import merge_into
+
+        merge_into(self, other)
+        return self
 
 
 def _keep_last(

@@ -20,6 +20,7 @@ from xpbank.errors import PriorityError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import sumtree
 from xpbank.sampler.priorities import beta_at, importance_weights
+from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
 
 __all__ = ["PrioritizedSampler"]
@@ -36,6 +37,7 @@ def _check_number(name: str, value: Any, low: float, strict: bool = False) -> fl
     return number
 
 
+@register_sampler("prioritized")
 class PrioritizedSampler:
     """Draw items with probability proportional to ``priority ** alpha``.
 

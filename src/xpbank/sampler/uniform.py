@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from xpbank.ring import Ring
+from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
 
 __all__ = ["UniformSampler", "sample_distinct"]
@@ -28,6 +29,7 @@ def sample_distinct(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randperm(n, generator=generator)[:k]
 
 
+@register_sampler("uniform")
 class UniformSampler:
     """Every live item equally likely.
 
@@ -47,6 +49,10 @@ class UniformSampler:
 
     def on_clear(self) -> None:
         """Nothing to track."""
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments (none)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

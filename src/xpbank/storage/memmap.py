@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.errors import SpecError
+from xpbank.errors import ReadOnlyError, SpecError
 from xpbank.spec import NestedKey, Spec, key_str
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import as_torch, numpy_dtype
@@ -76,14 +77,52 @@ class MemmapStorage(StorageBase):
         self._spec: Spec | None = None
         self._arrays: dict[NestedKey, np.memmap] = {}
         self._views: dict[NestedKey, torch.Tensor] = {}
+        self.mode = "w+"
         if spec is not None:
             self.initialize(spec)
+
+    @classmethod
+    def from_arrays(
+        cls, capacity: int, spec: Spec, arrays: Mapping[NestedKey, np.memmap], path: str | Path, mode: str
+    ) -> MemmapStorage:
+        """A storage over memmaps already opened on existing files (e.g. a bank's).
+
+        Args:
+            capacity: number of slots; every array has ``capacity`` rows.
+            spec: the item layout; ``arrays[key]`` has shape ``(capacity, *shape)``.
+            arrays: one memmap per field, as its NumPy storage dtype (:func:`numpy_dtype`).
+            path: the directory the files are in (for messages; nothing is created).
+            mode: ``"r"`` refuses every write with :class:`~xpbank.errors.ReadOnlyError`;
+                ``"r+"`` writes through to the files.
+
+        Raises:
+            SpecError: an array's shape or dtype differs from the spec.
+        """
+        if mode not in ("r", "r+"):
+            raise SpecError(f"mode: expected 'r' or 'r+', got {mode!r}")
+        storage = cls(capacity, path)
+        for key, field in spec.items():
+            array = arrays[key]
+            want = (storage.capacity, *field.shape)
+            if array.shape != want or array.dtype != numpy_dtype(field.dtype):
+                raise SpecError(
+                    f"field {key_str(key)!r}: file holds {array.shape} {array.dtype}, "
+                    f"expected {want} {numpy_dtype(field.dtype)}"
+                )
+        with warnings.catch_warnings():  # read-only maps: torch warns that they are not writable
+            warnings.simplefilter("ignore", UserWarning)
+            storage._views = {key: as_torch(arrays[key], spec[key].dtype) for key in spec}
+        storage._arrays = dict(arrays)
+        storage._spec = spec
+        storage.mode = mode
+        return storage
 
     def __repr__(self) -> str:
         return f"MemmapStorage(capacity={self.capacity}, path={str(self.path)!r}, spec={self._spec})"
 
     def initialize(self, spec: Spec) -> None:
         """Create one sparse ``.npy`` file per field (any existing file is replaced)."""
+        self._check_writable()
         paths = {key: field_path(self.path, key) for key in spec}  # check every name first
         arrays = {}
         for key, field in spec.items():
@@ -95,9 +134,17 @@ class MemmapStorage(StorageBase):
         self._views = {key: as_torch(arr, spec[key].dtype) for key, arr in arrays.items()}
         self._spec = spec
 
+    def _check_writable(self) -> None:
+        if self.mode == "r":
+            raise ReadOnlyError(
+                f"MemmapStorage at {str(self.path)!r} was opened with mode='r' (read-only): "
+                "writes are refused; open it with mode='r+' to append or update"
+            )
+
     def write(self, slots: Slots, batch: Mapping[NestedKey, torch.Tensor]) -> None:
         if self._spec is None:
             raise RuntimeError("MemmapStorage.write before initialize(spec)")
+        self._check_writable()
         if isinstance(slots, slice):
             for key, value in batch.items():
                 self._views[key][slots].copy_(value.detach())
@@ -116,7 +163,13 @@ class MemmapStorage(StorageBase):
             key: self._views[key].index_select(0, index) for key in (self._spec if keys is None else keys)
         }
 
+    def host_view(self, key: NestedKey) -> np.ndarray | None:
+        """Every slot of field ``key``: the memmap itself (no copy). For bulk readers (banks)."""
+        return self._arrays.get(key)
+
     def flush(self) -> None:
         """Write dirty pages to disk (``msync``); the OS does so eventually anyway."""
+        if self.mode == "r":
+            return
         for array in self._arrays.values():
             array.flush()

@@ -286,3 +286,9 @@ class TensorStorage(StorageBase):
     def nbytes(self) -> int:
         """Bytes allocated for the data."""
         return sum(b.data.numel() for b in self._blocks)
+
+    def host_view(self, key: NestedKey) -> np.ndarray | None:
+        """Every slot of field ``key`` as a NumPy view (no copy; strided when packed),
+        or ``None`` on CUDA. For bulk readers (banks); writing through it bypasses checks."""
+        block = self._block_of.get(key)
+        return None if block is None else block.np_views.get(key)

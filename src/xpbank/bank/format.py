@@ -1,0 +1,311 @@
+"""The bank format on disk: layout, ``.npy`` files with checksums, manifest, atomic commit.
+
+Everything here is about bytes and files; :mod:`xpbank.bank.bank` builds buffers on top.
+The format is documented for readers in any language in ``docs/bank-format.md``.
+
+A bank is a directory::
+
+    manifest.json          the JSON manifest (see docs/bank-format.md)
+    data/obs.npy           one plain .npy per field; ("next", "obs") -> data/next/obs.npy
+    state/g3_0.npy         arrays of the non-data state (sampler, RNG), per generation
+
+Nothing on the read path unpickles: ``.npy`` headers are parsed by NumPy's literal
+parser, object dtypes are refused, and every manifest entry is type-checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from xpbank.errors import BankError, CorruptBankError, SpecError
+from xpbank.spec import NestedKey
+from xpbank.storage.memmap import field_path
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "NpyInfo",
+    "bank_file",
+    "commit_dir",
+    "not_open_for_writing",
+    "remove_dead_temporaries",
+    "fsync_dir",
+    "read_manifest",
+    "read_npy_header",
+    "write_json_atomic",
+    "write_npy_header",
+]
+
+FORMAT_NAME = "xpbank-bank"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DATA_DIR = "data"
+STATE_DIR = "state"
+_STATE_NAME = re.compile(r"^state/g[0-9]+_[0-9]+\.npy$")
+
+
+# -- paths -------------------------------------------------------------------------
+def data_relpath(key: NestedKey) -> str:
+    """``data/next/obs.npy`` for ``("next", "obs")`` (a key part that is not a plain
+    file name raises :class:`SpecError`)."""
+    return field_path(Path(DATA_DIR), key).as_posix()
+
+
+def bank_file(root: Path, rel: str, what: str) -> Path:
+    """``root / rel``, refused when it could leave the bank (``..``, absolute, symlink out).
+
+    Raises:
+        CorruptBankError: naming ``what`` and the offending path.
+    """
+    if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise CorruptBankError(f"{root / MANIFEST}: {what} path {rel!r} escapes the bank directory")
+    path = root / rel
+    real_root = root.resolve()
+    try:
+        inside = path.resolve().is_relative_to(real_root)
+    except OSError as exc:  # a symlink loop
+        raise CorruptBankError(f"{path}: {what} cannot be resolved ({exc})") from exc
+    if not inside:
+        raise CorruptBankError(f"{path}: {what} is a link that leaves the bank directory {root}")
+    return path
+
+
+# -- .npy headers ------------------------------------------------------------------
+class NpyInfo:
+    """What a ``.npy`` header says: shape, dtype, and where the data starts."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, offset: int):
+        self.shape, self.dtype, self.offset = shape, dtype, offset
+
+    @property
+    def data_bytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.dtype.itemsize
+
+
+def write_npy_header(f: BinaryIO, shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Write a version 1.0 (2.0 if needed) ``.npy`` header; returns the data offset."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    try:
+        np.lib.format.write_array_header_1_0(f, header)
+    except ValueError:  # header too long for version 1.0
+        np.lib.format.write_array_header_2_0(f, header)
+    return f.tell()
+
+
+def read_npy_header(f: BinaryIO, name: str) -> NpyInfo:
+    """Parse a ``.npy`` header (a literal, never evaluated as code).
+
+    Raises:
+        CorruptBankError: not a ``.npy`` file, Fortran order, or an object dtype.
+    """
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        if major == 1:
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif major in (2, 3):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {major}")
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise CorruptBankError(f"{name}: not a valid .npy file ({exc})") from exc
+    if dtype.hasobject:
+        raise CorruptBankError(f"{name}: holds Python objects (dtype {dtype}); banks hold plain arrays only")
+    if fortran:
+        raise CorruptBankError(f"{name}: Fortran-ordered arrays are not part of the bank format")
+    return NpyInfo(tuple(int(d) for d in shape), dtype, f.tell())
+
+
+# -- manifest ----------------------------------------------------------------------
+def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
+    """The manifest of the bank at ``root`` as a dict, after checking its format header.
+
+    The caller checks the other entries field by field (:mod:`xpbank.bank.manifest`).
+
+    Raises:
+        BankError: there is no manifest (``root`` is not a bank).
+        CorruptBankError: not JSON, not an object, or an unknown format/version.
+    """
+    name = root / MANIFEST
+    try:
+        fd = os.open(MANIFEST if dir_fd is not None else name, os.O_RDONLY, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError as exc:
+        raise BankError(f"{root}: not a bank (no {MANIFEST})") from exc
+    except OSError as exc:
+        raise BankError(f"{name}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptBankError(f"{name}: is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CorruptBankError(f"{name}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT_NAME:
+        raise CorruptBankError(f"{name}: 'format' is {data.get('format')!r}, expected {FORMAT_NAME!r}")
+    version = data.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise CorruptBankError(
+            f"{name}: unknown 'format_version' {version!r}; this xpbank reads versions 1..{FORMAT_VERSION}"
+        )
+    return data
+
+
+def write_json_atomic(root: Path, data: dict[str, Any]) -> None:
+    """Replace ``root/manifest.json`` atomically: temp file, fsync, rename, fsync dir."""
+    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
+    raw = json.dumps(data, indent=1, allow_nan=True).encode("utf-8")
+    with open(tmp, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MANIFEST)
+    fsync_dir(root)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- committing a new bank directory -----------------------------------------------
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def commit_dir(tmp: Path, target: Path) -> Path | None:
+    """Put the finished directory ``tmp`` at ``target`` in one atomic step.
+
+    Returns the path now holding the previous bank (to delete), or ``None``. With an
+    existing ``target`` the two are swapped with ``RENAME_EXCHANGE``; where that is not
+    available the old one is renamed aside first (a short window in which ``target``
+    is missing, which :func:`recover` repairs).
+    """
+    parent = target.parent
+    if not target.exists() and not target.is_symlink():
+        os.rename(tmp, target)
+        fsync_dir(parent)
+        return None
+    if not target.is_dir() or target.is_symlink():
+        raise BankError(f"{target}: exists and is not a bank directory; refusing to replace it")
+    if _exchange(tmp, target):
+        fsync_dir(parent)
+        return tmp
+    aside = parent / f".{target.name}.old"
+    os.rename(target, aside)
+    os.rename(tmp, target)
+    fsync_dir(parent)
+    return aside
+
+
+@contextlib.contextmanager
+def not_open_for_writing(target: Path) -> Iterator[None]:
+    """Hold the lock an ``"r+"`` bank takes, so a save never swaps out a bank that a
+    buffer is writing to (its next checkpoint would land in the new bank)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise BankError(
+                f"save: {target} is open with mode='r+' by a buffer; checkpoint and close it first"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_dead_temporaries(target: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>-*`` left by saves to ``target`` whose process is gone
+    (killed mid-save, or after the swap but before deleting the old copy)."""
+    if not target.parent.is_dir():
+        return
+    for tmp in target.parent.glob(f".{target.name}.tmp-*-*"):
+        pid = tmp.name.removeprefix(f".{target.name}.tmp-").split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # alive (another user's): leave it
+            continue
+
+
+def recover(target: Path) -> None:
+    """Undo a rename-aside interrupted by a crash (only on systems without exchange)."""
+    aside = target.parent / f".{target.name}.old"
+    if not target.exists() and (aside / MANIFEST).exists():
+        os.rename(aside, target)
+
+
+def as_bank_error(exc: OSError, what: str, path: Path) -> BankError:
+    """A :class:`BankError` for an ``OSError`` met while ``what`` at ``path``."""
+    if isinstance(exc, BankError):
+        return exc
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return BankError(f"{what} {path}: {reason} ({getattr(exc, 'filename', None) or path})")
+
+
+def check_spec_key(key: Any, where: str) -> NestedKey:
+    """A manifest key (list of str) as a spec key, or :class:`CorruptBankError`."""
+    if not isinstance(key, list) or not key or not all(isinstance(p, str) for p in key):
+        raise CorruptBankError(f"{where}: a field key must be a non-empty list of strings, got {key!r}")
+    try:
+        data_relpath(tuple(key))
+    except SpecError as exc:
+        raise CorruptBankError(f"{where}: {exc}; the field path would escape the bank directory") from exc
+    return key[0] if len(key) == 1 else tuple(key)
+
+
+def state_relpath(rel: Any, where: str) -> str:
+    """Check a state file name from the manifest (``state/g<gen>_<i>.npy``)."""
+    if not isinstance(rel, str) or not _STATE_NAME.fullmatch(rel):
+        raise CorruptBankError(f"{where}: state file {rel!r} is not named state/g<N>_<i>.npy")
+    return rel

@@ -1,0 +1,136 @@
+"""Operations over several banks and buffers: list what is on disk, merge experience."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xpbank.bank.format import MANIFEST, read_manifest
+from xpbank.bank.manifest import Manifest
+from xpbank.bank.opened import open_bank
+from xpbank.errors import BankError, SpecError
+from xpbank.replay import ReplayBuffer
+from xpbank.sampler import make_sampler, sampler_config
+from xpbank.spec import Spec, key_str
+
+__all__ = ["BankSummary", "list_banks", "merge", "merge_into"]
+
+_MERGE_CHUNK = 4096  # items copied per step
+
+
+@dataclass(frozen=True)
+class BankSummary:
+    """What :func:`list_banks` says about one bank (read from its manifest only).
+
+    ``error`` is set, and the other fields may be empty, for a corrupt manifest.
+    """
+
+    path: Path
+    session_id: str = ""
+    size: int = 0
+    capacity: int = 0
+    spec: str = ""
+    created: str = ""
+    updated: str = ""
+    error: str | None = None
+
+
+def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
+    """Every bank directly inside ``directory``, newest (last updated) first.
+
+    Only manifests are read. Entries that are not banks (files, directories without a
+    ``manifest.json``, hidden temporaries of a save in progress) are skipped; a bank
+    whose manifest is corrupt is listed last with ``error`` set, not raised.
+
+    Example:
+        >>> import tempfile, torch, xpbank
+        >>> root = tempfile.mkdtemp()
+        >>> rb = xpbank.ReplayBuffer(10)
+        >>> _ = rb.extend({"x": torch.zeros(2)})
+        >>> _ = xpbank.save(rb, root + "/a")
+        >>> [(b.path.name, b.size, b.capacity, b.spec) for b in xpbank.list_banks(root)]
+        [('a', 2, 10, "{'x': (*) float32}")]
+    """
+    root = Path(os.fspath(directory))
+    if not root.is_dir():
+        raise BankError(f"list_banks: {root} is not a directory")
+    found, broken = [], []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir() or not (entry / MANIFEST).exists():
+            continue
+        try:
+            m = Manifest.parse(read_manifest(entry), entry)
+        except BankError as exc:
+            broken.append(BankSummary(entry, error=str(exc)))
+            continue
+        spec = "{}" if m.spec is None else repr(m.spec).removeprefix("Spec(").removesuffix(")")
+        found.append(BankSummary(entry, m.session_id, m.size, m.capacity, spec, m.created, m.updated))
+    found.sort(key=lambda b: b.updated, reverse=True)
+    return found + broken
+
+
+def _as_buffer(source: Any, name: str) -> ReplayBuffer:
+    if isinstance(source, ReplayBuffer):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return open_bank(source, "r")
+    raise BankError(f"merge: {name} must be a ReplayBuffer or a bank path, got {type(source).__name__}")
+
+
+def check_same_spec(a: Spec | None, b: Spec | None, names: tuple[str, str]) -> None:
+    """Raise :class:`SpecError` naming the fields where two specs differ."""
+    if a is None or b is None or a == b:
+        return
+    Spec.merge(a, b, names=list(names))  # a key with different fields: names both sources
+    only = [f"{key_str(k)!r} only in {names[0]}" for k in a if k not in b]
+    only += [f"{key_str(k)!r} only in {names[1]}" for k in b if k not in a]
+    raise SpecError(f"merge: the specs differ: field {', field '.join(only)}; merge needs the same fields")
+
+
+def merge(a: Any, b: Any, *, capacity: int | None = None) -> ReplayBuffer:
+    """A new memory buffer with ``a``'s items, then ``b``'s, each oldest first.
+
+    Args:
+        a, b: buffers or bank paths (banks are opened read-only, not loaded whole).
+        capacity: of the result; default ``a.capacity + b.capacity`` (everything fits).
+            When the items do not fit, the oldest go first: ``a``'s oldest, then the
+            rest of ``a``, then ``b``'s, as if ``b`` were extended after ``a``.
+
+    The result has new ids (``0 ..``), ``a``'s sampler kind and a fresh RNG.
+
+    Raises:
+        SpecError: the specs differ (naming the fields).
+
+    Example:
+        >>> import torch, xpbank
+        >>> a, b = xpbank.ReplayBuffer(4), xpbank.ReplayBuffer(4)
+        >>> _ = a.extend({"x": torch.tensor([1.0, 2.0])}); _ = b.extend({"x": torch.tensor([3.0])})
+        >>> xpbank.merge(a, b, capacity=2).sample_all()["x"]
+        tensor([2., 3.])
+    """
+    first, second = _as_buffer(a, "a"), _as_buffer(b, "b")
+    check_same_spec(first.spec, second.spec, ("a", "b"))
+    size = capacity if capacity is not None else first.capacity + second.capacity
+    out = ReplayBuffer(size, first.spec or second.spec, sampler=make_sampler(sampler_config(first.sampler)))
+    _copy_items(first, out)
+    _copy_items(second, out)
+    return out
+
+
+def merge_into(dst: ReplayBuffer, src: Any) -> None:
+    """Append every item of ``src`` (a buffer or a bank path) to ``dst``, oldest first."""
+    source = _as_buffer(src, "other")
+    check_same_spec(dst.spec, source.spec, ("this buffer", "other"))
+    _copy_items(source, dst)
+
+
+def _copy_items(src: ReplayBuffer, dst: ReplayBuffer) -> None:
+    n = len(src)
+    start = max(0, n - dst.capacity)  # older ones would be overwritten by this copy
+    for lo in range(start, n, _MERGE_CHUNK):
+        batch = src.sample_by_index(np.arange(lo, min(n, lo + _MERGE_CHUNK)))
+        dst.extend(batch.exclude("index"))
