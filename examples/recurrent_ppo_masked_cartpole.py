@@ -1,6 +1,6 @@
 """Recurrent PPO (a GRU) on CartPole-v1 with the velocities masked, from an xpbank RolloutBuffer.
 
-    python examples/recurrent_ppo_masked_cartpole.py [--steps 150000] [--seed 0] [--help]
+    python examples/recurrent_ppo_masked_cartpole.py [--steps 100000] [--seed 0] [--help]
 
 Only the cart position and the pole angle are observed, so the policy has to infer the
 velocities from its history: a partially observed task that a feed-forward policy cannot
@@ -32,15 +32,15 @@ log = logging.getLogger("recurrent_ppo")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--env-id", default="CartPole-v1")
-    p.add_argument("--steps", type=int, default=150_000, help="env steps (all envs together)")
+    p.add_argument("--steps", type=int, default=100_000, help="env steps (all envs together)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-envs", type=int, default=8)
-    p.add_argument("--horizon", type=int, default=64, help="steps per env per rollout")
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--num-minibatches", type=int, default=2, help="envs are split among them")
+    p.add_argument("--horizon", type=int, default=32, help="steps per env per rollout")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--num-minibatches", type=int, default=1, help="envs are split among them")
     p.add_argument("--lr", type=float, default=1e-3, help="annealed linearly to 0")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--lam", type=float, default=0.95)
+    p.add_argument("--gamma", type=float, default=0.98)
+    p.add_argument("--lam", type=float, default=0.8)
     p.add_argument("--clip", type=float, default=0.2)
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
