@@ -12,27 +12,12 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from xpbank.demo import dqn
-from xpbank.demo.args import parse_config
-
-log = logging.getLogger("dqn_prioritized_nstep")
+from xpbank.demo.args import run_agent
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    config = parse_config(dqn.DQNConfig, argv, __doc__.splitlines()[0] if __doc__ else None)
-    torch.set_num_threads(1)
-    result = dqn.train(config)
-    out = {
-        "env_steps": result.env_steps,
-        "buffer_items": len(result.buffer),
-        "final_return": result.final_return,
-        "eval_return": result.eval_return,
-        "cpu_seconds": result.cpu_seconds,
-    }
-    log.warning("%s", out)
-    return out
+    return run_agent(dqn.train, dqn.DQNConfig, argv, __doc__)
 
 
 if __name__ == "__main__":

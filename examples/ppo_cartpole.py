@@ -12,27 +12,12 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from xpbank.demo import ppo
-from xpbank.demo.args import parse_config
-
-log = logging.getLogger("ppo_cartpole")
+from xpbank.demo.args import run_agent
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    config = parse_config(ppo.PPOConfig, argv, __doc__.splitlines()[0] if __doc__ else None)
-    torch.set_num_threads(1)
-    result = ppo.train(config)
-    out = {
-        "env_steps": result.env_steps,
-        "episodes": len(result.curve),
-        "final_return": result.final_return,
-        "eval_return": result.eval_return,
-        "cpu_seconds": result.cpu_seconds,
-    }
-    log.warning("%s", out)
-    return out
+    return run_agent(ppo.train, ppo.PPOConfig, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["parse_config"]
+import torch
+
+__all__ = ["parse_config", "run_agent"]
+
+log = logging.getLogger(__name__)
 
 C = TypeVar("C")
 
@@ -22,8 +28,27 @@ def parse_config(cls: type[C], argv: list[str] | None = None, description: str |
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    defaults = cls()  # type: ignore[call-arg]
+    defaults = cls()
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         value: Any = getattr(defaults, f.name)
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value, help=f.name)
     return cls(**vars(parser.parse_args(argv)))
+
+
+def run_agent(
+    train: Callable[[Any], Any], cls: type[Any], argv: list[str] | None, doc: str | None
+) -> dict[str, float]:
+    """Parse ``argv`` into ``cls``, train with one torch thread, log and return a summary."""
+    config = parse_config(cls, argv, doc.splitlines()[0] if doc else None)
+    torch.set_num_threads(1)
+    result = train(config)
+    out = {
+        "env_steps": result.env_steps,
+        "episodes": len(result.curve),
+        "buffer_items": len(result.buffer),
+        "final_return": result.final_return,
+        "eval_return": result.eval_return,
+        "cpu_seconds": result.cpu_seconds,
+    }
+    log.warning("%s: %s", cls.__name__, out)
+    return out
