@@ -1,6 +1,6 @@
 """Double DQN with prioritized 3-step replay on CartPole-v1, learning from xpbank.
 
-    python examples/dqn_prioritized_nstep.py [--steps 30000] [--seed 0] [--help]
+    python examples/dqn_prioritized_nstep.py [--steps 20000] [--seed 0] [--help]
 
 The agent is ``src/xpbank/demo/dqn.py`` (one file, read it top to bottom), the same code
 ``xpbank demo`` runs: a Collector steps 4 envs into a ReplayBuffer with a

@@ -48,7 +48,7 @@ class DQNConfig:
     """
 
     env_id: str = "CartPole-v1"
-    steps: int = 30_000  # env steps (all sub-envs together)
+    steps: int = 20_000  # env steps (all sub-envs together)
     seed: int = 0
     num_envs: int = 4
     buffer_size: int = 100_000
