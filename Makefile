@@ -1,5 +1,5 @@
 # Two commands for a newcomer on a fresh clone:
-#   make demo   set up .venv and run the demo (xpbank demo: DQN on CartPole-v1)
+#   make demo   set up .venv and run the demo (xpbank demo: DQN and PPO on CartPole-v1)
 #   make test   set up .venv and run ruff, mypy and the test suite
 PYTHON ?= python3
 VENV   := .venv

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 pytest.importorskip("gymnasium")
 typer_testing = pytest.importorskip("typer.testing")
@@ -19,6 +20,7 @@ pytest.importorskip("matplotlib")
 
 import xpbank  # noqa: E402
 from xpbank import MissingExtraError, cli  # noqa: E402
+from xpbank.demo import dqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,17 +31,45 @@ def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
     result = runner.invoke(cli.build_app(), args)
     assert result.exit_code == 0, result.output
     bank = xpbank.load(tmp_path / "out" / "dqn_replay_bank")
-    assert len(bank) == 1_100 and bank.spec is not None and ("next", "obs") in bank.spec
+    assert bank.spec is not None and ("next", "obs") in bank.spec
+    items = bank.sample_all()
+    ends = int((items["terminated"] | items["truncated"]).sum())
+    # each episode end costs its env one NEXT_STEP reset row (not stored), unless it
+    # happened on the last of the 275 vector steps of the 4 envs
+    assert 1_100 <= len(bank) + ends <= 1_100 + 4 and ends > 10
+    assert bank.episodes is not None and bank.episodes.num_envs == 4 and "nstep_return" in bank.sample(2)
     png = (tmp_path / "out" / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert "greedy eval" in result.output and "DQN" in result.output and "1,100" in result.output
+    assert "PPO" in result.output  # both agents by default
+
+
+def test_save_and_reload_keeps_the_buffers_options(tmp_path: Path) -> None:
+    config = dqn.DQNConfig(num_envs=2, n_step=3)
+    spec = xpbank.Spec(
+        {"obs": xpbank.Field(4), "action": xpbank.Field((), torch.int64), "reward": xpbank.Field(())}
+    )
+    rb = dqn.make_buffer(spec, config)
+    env = torch.tensor([0, 1, 0, 1, 1, 1])
+    rb.extend({"obs": torch.randn(6, 4), "action": env, "reward": torch.ones(6), "env_id": env})
+    rb.update_priority(torch.arange(6), torch.arange(6.0))
+    assert cli.save_and_reload(rb, tmp_path / "bank") > 6 * 4 * 4
+    loaded = xpbank.load(tmp_path / "bank")
+    loaded.sample(64)  # save_and_reload drew one sample from the saved buffer to check it
+    a, b = rb.sample(32), loaded.sample(32)
+    assert torch.equal(a["index"], b["index"]) and 0 not in a["index"].tolist()  # priority 0
+    assert torch.equal(a["nstep_return"], b["nstep_return"]) and a["nstep_steps"].max() == 3
+    assert loaded.episodes is not None and loaded.episodes.num_envs == 2
 
 
 def test_demo_rejects_unknown_agents(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=re.escape("agents: expected some of ['dqn'], got ['sac']")):
+    with pytest.raises(ValueError, match=re.escape("agents: expected some of ['dqn', 'ppo'], got ['sac']")):
         cli.run_demo(agents=("sac",), out=tmp_path)
-    result = typer_testing.CliRunner().invoke(cli.build_app(), ["demo", "--agents", "ppo,dqn"])
-    assert result.exit_code == 2 and "agents: expected some of ['dqn'], got ['ppo', 'dqn']" in result.output
+    result = typer_testing.CliRunner().invoke(cli.build_app(), ["demo", "--agents", "ppo,a2c"])
+    assert (
+        result.exit_code == 2
+        and "agents: expected some of ['dqn', 'ppo'], got ['ppo', 'a2c']" in result.output
+    )
 
 
 def test_python_dash_m_xpbank_shows_help(
@@ -84,3 +114,34 @@ def test_sac_pendulum_example_runs_a_few_hundred_steps() -> None:
     assert result["buffer_items"] == 300
     assert result["episodes"] == 1 and result["truncated_episodes"] == 1  # 200-step time limit
     assert -2_000.0 < result["eval_return"] <= 0.0  # Pendulum's rewards are in [-16.3, 0]
+
+
+def test_dqn_prioritized_nstep_example_runs_a_few_hundred_steps() -> None:
+    example = _load_example("dqn_prioritized_nstep")
+    args = ["--steps", "400", "--learning-starts", "200", "--train-freq", "100", "--gradient-steps", "4"]
+    out = example.main([*args, "--eval-episodes", "1", "--buffer-size", "1000"])
+    assert out["env_steps"] == 400 and 300 < out["buffer_items"] <= 400  # less the reset rows
+    assert 8.0 <= out["eval_return"] <= 500.0
+
+
+def test_ppo_example_runs_a_few_hundred_steps() -> None:
+    example = _load_example("ppo_cartpole")
+    out = example.main(["--steps", "512", "--epochs", "2", "--eval-episodes", "1"])
+    assert out["env_steps"] >= 512 and out["episodes"] > 0 and 8.0 <= out["eval_return"] <= 500.0
+
+
+def test_recurrent_ppo_example_runs_a_few_hundred_steps() -> None:
+    example = _load_example("recurrent_ppo_masked_cartpole")
+    args = example.parse_args(["--steps", "512", "--horizon", "32", "--epochs", "2", "--eval-episodes", "1"])
+    out = example.train(args)
+    assert out["env_steps"] >= 512 and out["episodes"] > 0 and 8.0 <= out["eval_return"] <= 500.0
+    envs = example.gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=[example.MaskVelocity])
+    assert envs.reset(seed=0)[0].shape == (2, 2)  # only position and angle are observed
+
+
+@pytest.mark.parametrize("name", ["dqn_prioritized_nstep", "ppo_cartpole", "recurrent_ppo_masked_cartpole"])
+def test_examples_have_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    example = _load_example(name)
+    with pytest.raises(SystemExit) as exc:
+        (example.main if hasattr(example, "main") else example.parse_args)(["--help"])
+    assert exc.value.code == 0 and "--steps" in capsys.readouterr().out

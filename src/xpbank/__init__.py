@@ -50,6 +50,7 @@ from xpbank.rollout import (
     vtrace,
 )
 from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
+from xpbank.sinks import RolloutSink
 from xpbank.spec import Field, Spec
 from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
 from xpbank.tools.episode_scan import iter_episodes
@@ -100,6 +101,7 @@ __all__ = [
     "EnvContractError",
     "Collector",
     "ReplaySink",
+    "RolloutSink",
     "ReadOnlyError",
     "save",
     "load",

@@ -23,7 +23,7 @@ __all__ = ["main", "build_app", "run_demo"]
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("xpbank-demo")
-AGENTS = ("dqn",)  # "ppo" joins once the RolloutBuffer (issue 7) is merged
+AGENTS = ("dqn", "ppo")
 
 
 def run_demo(
@@ -47,7 +47,7 @@ def run_demo(
     Returns:
         One :class:`~xpbank.demo.report.AgentSummary` per agent.
     """
-    from xpbank.demo import dqn
+    from xpbank.demo import dqn, ppo
     from xpbank.demo.report import AgentSummary, plot_curves, summary_table
 
     unknown = sorted(set(agents) - set(AGENTS))
@@ -58,20 +58,24 @@ def run_demo(
     console = require("rich.console", "demo").Console(width=None if sys.stdout.isatty() else 160)
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
+    trainers: dict[str, Any] = {"dqn": (dqn.DQNConfig, dqn.train), "ppo": (ppo.PPOConfig, ppo.train)}
     rows, files = [], []
     for agent in agents:
-        config = dqn.DQNConfig(env_id=env_id, seed=seed, **({"steps": steps} if steps else {}))
+        config_cls, train = trainers[agent]
+        config = config_cls(env_id=env_id, seed=seed, **({"steps": steps} if steps else {}))
         with tqdm(total=config.steps, desc=agent, unit="step", disable=not show, leave=False) as bar:
 
             def tick(done: int, last: float | None, bar: Any = bar) -> None:
-                bar.update(1)
-                if last is not None and done % 500 == 0:
-                    bar.set_postfix(last_return=f"{last:.0f}")
+                bar.update(done - bar.n)
+                if last is not None:
+                    bar.set_postfix(last_return=f"{last:.0f}", refresh=False)
 
-            result = dqn.train(config, progress=tick)
-        path = out / f"{agent}_replay_bank"
-        bank_bytes = save_and_reload(result.buffer, path)
-        files.append(path)
+            result = train(config, progress=tick)
+        bank_bytes = None
+        if agent == "dqn":
+            path = out / f"{agent}_replay_bank"
+            bank_bytes = save_and_reload(result.buffer, path)
+            files.append(path)
         rows.append(
             AgentSummary(
                 agent=agent.upper(),

@@ -29,15 +29,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
 
 from xpbank.errors import BatchTypeError, EnvContractError, check_positive_int
+from xpbank.sinks import ReplaySink, RolloutSink, Sink
 from xpbank.spec import NestedKey
 
-__all__ = ["Collector", "Episode", "ReplaySink", "Sink", "autoreset_mode"]
+__all__ = ["Collector", "Episode", "ReplaySink", "RolloutSink", "Sink", "autoreset_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -73,49 +74,6 @@ def autoreset_mode(envs: Any) -> tuple[Mode, bool]:
         raise EnvContractError(
             f"envs.metadata['autoreset_mode']: expected one of {[m.value for m in Mode]}, got {value!r}"
         ) from None
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """Where a :class:`Collector` writes: one call per vector step.
-
-    ``step`` holds one row per sub-env (``[E, ...]`` tensors): ``obs``, ``action``,
-    ``reward`` (float32), ``terminated``, ``truncated``, ``("next", "obs")``, the
-    policy's extras and, with a ``value_fn``, ``("next", "value")``. ``valid[e]`` is
-    False for a sub-env whose row is not a transition (the reset step of a NEXT_STEP
-    env); such a row must not be learned from.
-    """
-
-    def write(self, step: dict[NestedKey, torch.Tensor], valid: torch.Tensor) -> None: ...
-
-
-class ReplaySink:
-    """Writes the valid rows of each step into a :class:`~xpbank.ReplayBuffer` (``extend``).
-
-    Example:
-        >>> import torch, xpbank
-        >>> rb = xpbank.ReplayBuffer(10)
-        >>> ReplaySink(rb).write({"x": torch.arange(3.0)}, torch.tensor([True, False, True]))
-        >>> rb.sample_all()["x"].tolist()
-        [0.0, 2.0]
-    """
-
-    def __init__(self, buffer: Any):
-        self.buffer = buffer
-
-    def write(self, step: dict[NestedKey, torch.Tensor], valid: torch.Tensor) -> None:
-        if bool(valid.all()):
-            self.buffer.extend(step)
-        elif bool(valid.any()):
-            self.buffer.extend({key: value[valid] for key, value in step.items()})
-
-
-# INTEGRATION POINT (issue 7, RolloutBuffer): an on-policy sink is
-#     class RolloutSink:
-#         def write(self, step, valid): rollout.add(step)   # [E] tensors per step
-# with ``valid`` kept as a field (or the env built SAME_STEP, where every row is valid)
-# and ``xpbank.gae(..., next_values=step["next", "value"], ...)`` bootstrapping from the
-# true final observation. tests/test_collect.py's ListSink is the reference for it.
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ class AgentSummary:
     buffer_seconds: float
     final_return: float
     eval_return: float
-    bank_bytes: int
+    bank_bytes: int | None  # the saved replay (None: the agent keeps no replay)
     curve: Sequence[tuple[int, float]]
 
     @property
@@ -78,7 +78,7 @@ def summary_table(rows: Sequence[AgentSummary], files: Sequence[Path]) -> object
             f"{r.buffer_ops_per_s:,.0f}",
             f"{r.final_return:.1f}",
             f"{r.eval_return:.1f}",
-            f"{r.bank_bytes / 2**20:.1f} MiB",
+            "-" if r.bank_bytes is None else f"{r.bank_bytes / 2**20:.1f} MiB",
         )
     return table
 
