@@ -33,7 +33,7 @@ from xpbank.nstep import NStep
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
 from xpbank.sampler.priorities import check_update
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec import NestedKey, Spec, key_str, normalize_key, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
 
@@ -79,13 +79,8 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check_reserved(spec: Spec) -> Spec:
     """Reject a spec with a key that sampled batches use for their own entries."""
-    clash = sorted(key_str(k) for k in spec if k in RESERVED_KEYS)
-    if clash:
-        raise SpecError(
-            f"field {clash[0]!r} is reserved: sampled batches carry the items' ids under "
-            f"'index', which would hide the stored field; rename it"
-        )
-    return spec
+    why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
+    return reject_reserved(spec, RESERVED_KEYS, why)
 
 
 class ReplayBuffer:

@@ -37,6 +37,20 @@ def key_str(key: NestedKey) -> str:
     return key if isinstance(key, str) else ".".join(key)
 
 
+def reject_reserved(spec: Spec, reserved: frozenset[Any], why: str) -> Spec:
+    """``spec``, or a :class:`SpecError` naming its first field under a ``reserved`` name
+    (``why``: what the front-end puts under those names).
+
+    Example:
+        >>> reject_reserved(Spec({"obs": Field((2,))}), frozenset({"index"}), "ids go there")
+        Spec({'obs': (*, 2) float32})
+    """
+    clash = sorted(key_str(k) for k in spec if k in reserved)
+    if clash:
+        raise SpecError(f"field {clash[0]!r} is reserved: {why}; rename it")
+    return spec
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xpbank.errors import SpecError
-from xpbank.spec import Field, NestedKey, Spec, key_str
+from xpbank.spec import Field, NestedKey, Spec, reject_reserved
 
 __all__ = ["RolloutKeys", "RESERVED_KEYS", "DERIVED", "check_reserved"]
 
@@ -35,10 +34,5 @@ class RolloutKeys:
 
 def check_reserved(spec: Spec) -> Spec:
     """``spec``, or a :class:`SpecError` when a field uses a name minibatches reserve."""
-    clash = sorted(key_str(k) for k in spec if k in RESERVED_KEYS)
-    if clash:
-        raise SpecError(
-            f"field {clash[0]!r} is reserved: rollout minibatches carry their own "
-            f"{sorted(RESERVED_KEYS)} entries, which would hide it; rename it"
-        )
-    return spec
+    why = f"rollout minibatches carry their own {sorted(RESERVED_KEYS)} entries, which would hide it"
+    return reject_reserved(spec, RESERVED_KEYS, why)
