@@ -13,11 +13,12 @@ Example:
     >>> import torch
     >>> from xpbank.storage import TensorStorage
     >>> from xpbank.spec import Spec, Field
-    >>> storage = TensorStorage(1000, Spec({"x": Field((256,))}))
-    >>> filler = prefault(storage, storage.spec)
-    >>> filler.join()
+    >>> storage = TensorStorage(8192, Spec({"x": Field((256,))}))  # 8 MB
+    >>> filler = prefault(storage, storage.spec)  # None where madvise is missing
+    >>> if filler is not None:
+    ...     filler.join()
     >>> storage.host_view("x").shape
-    (1000, 256)
+    (8192, 256)
 """
 
 from __future__ import annotations
