@@ -9,7 +9,6 @@ The format is in :mod:`xpbank.bank.format` and ``docs/bank-format.md``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import shutil
@@ -36,6 +35,7 @@ from xpbank.bank.format import (
     write_npy_header,
 )
 from xpbank.bank.manifest import FileEntry, Manifest, check_metadata, new_session_id, utc_now
+from xpbank.bank.prefault import prefault
 from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.replay import ReplayBuffer
@@ -332,9 +332,12 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
     def use(snap: Snapshot) -> ReplayBuffer:
         m = snap.manifest
         buffer = new_buffer(m, root, TensorStorage(m.capacity, m.spec, device=device))
-        if m.spec is not None:
-            advise_huge_pages(buffer.storage, m.spec)
-        _read_data(snap, buffer, verify)
+        filler = prefault(buffer.storage, m.spec) if m.spec is not None else None
+        try:
+            _read_data(snap, buffer, verify)
+        finally:
+            if filler is not None:
+                filler.join()
         restore(buffer, read_state(snap), root)
         ORIGINS[buffer] = Origin(root, "memory", m)
         return buffer
@@ -346,10 +349,10 @@ def _read_data(snap: Snapshot, buffer: ReplayBuffer, verify: bool) -> None:
     """Copy the counted rows of every data file into the buffer's storage.
 
     All files are read in lockstep, one chunk of rows at a time (each by its own
-    read-ahead thread that also checksums), and written a cache-sized run of whole rows
-    at a time: into a packed storage that is the fast path (rows assembled in cache,
-    then one contiguous copy), where field by field it would be a strided pass over the
-    whole buffer per field (measured 5x slower).
+    read-ahead thread that also checksums), and copied a cache-sized run of rows at a
+    time: on the host, every field of the run straight into the storage's rows through
+    its ``host_view`` (one copy; a strided pass over the whole buffer per field measured
+    5x slower), elsewhere (CUDA) through ``storage.write``.
     """
     m, spec, storage = snap.manifest, buffer.spec, buffer.storage
     if spec is None:
@@ -367,50 +370,34 @@ def _read_data(snap: Snapshot, buffer: ReplayBuffer, verify: bool) -> None:
                 algorithm = algorithm_to_check(entry, verify)
                 reader = ChunkReader(f, m.size * row[entry.key], algorithm, step * row[entry.key])
                 readers[entry.key] = stack.enter_context(reader)
+        dtypes = {key: numpy_dtype(field.dtype) for key, field in spec.items()}
+        host_view = getattr(storage, "host_view", None)
+        views = {key: host_view(key) for key in readers} if host_view is not None else {}
+        direct = host_view is not None and all(v is not None for v in views.values())
         first = 0
         for chunks in zip(*readers.values(), strict=True):
             n = len(chunks[0]) // row[next(iter(readers))]
-            got = dict(zip(readers, chunks, strict=True))
-            batch = {}
-            for key, field in spec.items():
-                if key in got:
-                    batch[key] = as_torch(
-                        got[key].view(numpy_dtype(field.dtype)).reshape(n, *field.shape), field.dtype
-                    )
-                else:  # a field of zero bytes
-                    batch[key] = torch.empty((n, *field.shape), dtype=field.dtype)
-            for start in range(0, n, run):
-                stop = min(n, start + run)
-                part = batch if (start, stop) == (0, n) else {k: v[start:stop] for k, v in batch.items()}
-                storage.write(slice(first + start, first + stop), part)
+            got = {
+                key: c.view(dtypes[key]).reshape(n, *spec[key].shape)
+                for key, c in zip(readers, chunks, strict=True)
+            }
+            if direct:
+                for start in range(0, n, run):  # straight into the rows, a cache-sized run at a time
+                    stop = min(n, start + run)
+                    for key, rows in got.items():
+                        views[key][first + start : first + stop] = rows[start:stop]
+            else:  # CUDA or a storage without host views: through its write
+                batch = {
+                    key: as_torch(got[key], field.dtype)
+                    if key in got
+                    else torch.empty((n, *field.shape), dtype=field.dtype)  # a field of zero bytes
+                    for key, field in spec.items()
+                }
+                for start in range(0, n, run):
+                    stop = min(n, start + run)
+                    part = batch if (start, stop) == (0, n) else {k: v[start:stop] for k, v in batch.items()}
+                    storage.write(slice(first + start, first + stop), part)
             first += n
         for entry in m.data:
             if entry.key in readers:
                 check_value(snap, entry, readers[entry.key].value(), m.size * row[entry.key], verify)
-
-
-def advise_huge_pages(storage: Any, spec: Any) -> None:
-    """Ask for transparent huge pages for a fresh host storage about to be filled.
-
-    First touch of fresh memory costs a page fault per 4 KB (measured here: 0.9 GB/s,
-    the largest part of a load); with huge pages 4 GB/s. Only advice: ignored where
-    the system has no ``madvise`` or THP.
-    """
-    host_view = getattr(storage, "host_view", None)
-    if host_view is None or not hasattr(os, "sysconf"):
-        return
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return
-    page = os.sysconf("SC_PAGE_SIZE")
-    regions = set()
-    for key in spec:
-        view = host_view(key)
-        if view is None or view.size == 0:
-            continue
-        start = view.ctypes.data
-        regions.add((start - start % page, start + view.strides[0] * view.shape[0]))
-    for start, end in regions:
-        if end - start >= 4 << 20:
-            madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 14)  # MADV_HUGEPAGE
