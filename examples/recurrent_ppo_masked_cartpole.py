@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=0.2)
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument("--reward-scale", type=float, default=0.1, help="rewards as stored for learning")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--eval-episodes", type=int, default=10)
     return p.parse_args(argv)
@@ -107,14 +108,16 @@ class RecurrentAgent(nn.Module):
 
 
 class ResetHidden:
-    """A sink in front of the RolloutSink: after each step, the agent's state moves on,
-    and is zeroed for envs whose episode ended (or that only reset, NEXT_STEP)."""
+    """A sink in front of the RolloutSink: it scales the rewards it passes on (small value
+    targets keep the critic's gradients from eating the shared gradient-norm clip; RL Zoo
+    normalizes rewards for this); after each step, the agent's state moves on, and is
+    zeroed for envs whose episode ended (or that only reset, NEXT_STEP)."""
 
-    def __init__(self, sink: xpbank.RolloutSink, agent: RecurrentAgent):
-        self.sink, self.agent = sink, agent
+    def __init__(self, sink: xpbank.RolloutSink, agent: RecurrentAgent, reward_scale: float):
+        self.sink, self.agent, self.reward_scale = sink, agent, reward_scale
 
     def write(self, step: dict[Any, torch.Tensor], valid: torch.Tensor) -> None:
-        self.sink.write(step, valid)
+        self.sink.write({**step, "reward": step["reward"] * self.reward_scale}, valid)
         reset = step["terminated"] | step["truncated"] | ~valid
         self.agent.h = torch.where(reset.unsqueeze(1), 0.0, self.agent.h_next)
 
@@ -162,7 +165,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     agent = RecurrentAgent(n_obs, n_actions, args.hidden, args.num_envs)
     optim = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
     sink = xpbank.RolloutSink(xpbank.RolloutBuffer(args.num_envs, args.horizon, seed=args.seed))
-    collector = xpbank.Collector(envs, agent.act, ResetHidden(sink, agent), value_fn=agent.next_value)
+    collector = xpbank.Collector(envs, agent.act, ResetHidden(sink, agent, args.reward_scale), value_fn=agent.next_value)
     collector.reset(seed=args.seed)
     iterations = max(1, args.steps // (args.num_envs * args.horizon))
     for it in range(iterations):
