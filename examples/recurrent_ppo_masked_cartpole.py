@@ -165,7 +165,8 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     agent = RecurrentAgent(n_obs, n_actions, args.hidden, args.num_envs)
     optim = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
     sink = xpbank.RolloutSink(xpbank.RolloutBuffer(args.num_envs, args.horizon, seed=args.seed))
-    collector = xpbank.Collector(envs, agent.act, ResetHidden(sink, agent, args.reward_scale), value_fn=agent.next_value)
+    writer = ResetHidden(sink, agent, args.reward_scale)
+    collector = xpbank.Collector(envs, agent.act, writer, value_fn=agent.next_value)
     collector.reset(seed=args.seed)
     iterations = max(1, args.steps // (args.num_envs * args.horizon))
     for it in range(iterations):
