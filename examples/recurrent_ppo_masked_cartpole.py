@@ -9,7 +9,8 @@ agent had BEFORE it (``"hidden"``); ``RolloutBuffer.recurrent_minibatches`` cuts
 rollout into trajectories at episode ends, pads them, and hands back each trajectory's
 first hidden state, from which the GRU is unrolled over the trajectory (BPTT) for the
 clipped PPO loss (``xpbank.demo.ppo.clipped_surrogate``). The hidden state is reset to 0
-at every episode start, in training and in evaluation.
+at every episode start, in training and in evaluation. Settings follow RL Zoo's
+recurrent PPO on CartPoleNoVel; at the defaults the greedy return is 500 (seeds 0, 1).
 """
 
 from __future__ import annotations
