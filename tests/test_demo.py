@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,7 +137,10 @@ def test_recurrent_ppo_example_runs_a_few_hundred_steps() -> None:
     out = example.train(args)
     assert out["env_steps"] >= 512 and out["episodes"] > 0 and 8.0 <= out["eval_return"] <= 500.0
     envs = example.gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=[example.MaskVelocity])
-    assert envs.reset(seed=0)[0].shape == (2, 2)  # only position and angle are observed
+    obs = envs.reset(seed=0)[0]
+    assert obs.shape == (2, 2)  # only position and angle are observed, scaled by the thresholds
+    full = example.gym.make_vec("CartPole-v1", 2, vectorization_mode="sync").reset(seed=0)[0]
+    np.testing.assert_allclose(obs, full[:, [0, 2]] / [2.4, 12 * 2 * np.pi / 360], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["dqn_prioritized_nstep", "ppo_cartpole", "recurrent_ppo_masked_cartpole"])
