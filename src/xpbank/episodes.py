@@ -394,18 +394,50 @@ class EpisodeIndex:
             transposed view of a step-major ``[n, B]`` array); ``steps`` is the window's
             length ``k`` (int64).
         """
+        if self.lockstep is not None:  # the window's ids from its length
+            e = self.lockstep
+            _, steps = self.walk_slots(ids, n)
+            ahead = np.minimum(np.arange(n, dtype=np.int64)[:, None], steps - 1)
+            return (ids + e * ahead).T, steps
         b, c = ids.shape[0], self._ring.capacity
         rows = np.empty((n, b), dtype=np.int64)  # step-major: each step is one contiguous row
         rows[0] = ids
         slots = np.empty(b, dtype=np.int64)
         for j in range(1, n):
             np.remainder(rows[j - 1], c, out=slots)
-            np.take(self._next, slots, out=rows[j])
+            np.take(self._next, slots, out=rows[j], mode="wrap")  # "raise" would buffer `out`
             # a successor's id is larger than the item's, and -1 (ended, or not written
             # yet) smaller: the max steps forward or stays on the window's last item
             np.maximum(rows[j], rows[j - 1], out=rows[j])
         steps = np.count_nonzero(rows[1:] != rows[:-1], axis=0) + 1
         return rows.T, steps
+
+    def walk_slots(self, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`walk` as slots: ``(slots, steps)``, ``slots`` step-major ``[n, B]`` (not
+        checked: n-step sampling's hot path).
+
+        In lockstep mode an env's next item is ``num_envs`` ids later, so the window's
+        slots are computed, not followed: one lookup of ``next`` for all of them says
+        where each window stops (``-1``: the episode ended there, or the next step is not
+        written yet; a slot past such a step may hold an older item, whose link the
+        running "or" over the steps ignores), a few vector ops for ``[n, B]``.
+        """
+        e, c = self.lockstep, self._ring.capacity
+        if e is None:
+            walked, steps = self.walk(ids, n)
+            return walked.T % c, steps
+        slots = np.empty((n, ids.shape[0]), dtype=np.int64)
+        np.remainder(ids, c, out=slots[0])
+        for j in range(1, n):
+            np.add(slots[j - 1], e, out=slots[j])
+        np.remainder(slots, c, out=slots)
+        cut = self._next.take(slots[:-1]) < 0  # cut[j]: step j + 1 is not in the window
+        for j in range(1, n - 1):
+            np.logical_or(cut[j], cut[j - 1], out=cut[j])
+        for j in range(1, n):  # stay on the window's last item
+            np.copyto(slots[j], slots[j - 1], where=cut[j - 1])
+        steps = n - cut.sum(axis=0, dtype=np.int64)
+        return slots, steps
 
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""

@@ -45,6 +45,7 @@ from xpbank.nstep_returns import nstep_reduce
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
+from xpbank.storage.dtypes import numpy_native
 
 __all__ = ["NStep"]
 
@@ -142,9 +143,11 @@ class NStep:
         """The fields ``keys`` (default all) of live items ``ids`` (in ``slots``) with their
         n-step entries merged in: the next fields from each window's last item.
 
-        One storage gather reads the items' rows and their windows' last rows together
-        (``2B`` slots), one more the rewards of the ``B * (n - 2)`` steps in between;
-        the window walk and the reduction are a few NumPy calls over ``[B, n]``.
+        The window is :meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`
+        (computed in lockstep mode); one storage read gives the items' rows with their windows' last
+        rows (``2B`` slots, ``gather_pairs`` where the storage has it), one more the
+        rewards of the whole ``[n, B]`` window (from the storage's ``host_view`` of the
+        reward field where it has one); the reduction is a few NumPy calls over ``[n, B]``.
         """
         episodes = ring.episodes
         spec = storage.spec
@@ -152,42 +155,50 @@ class NStep:
             raise RuntimeError("NStep.gather needs the buffer's episode index")
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
-        if keys is not None:
-            next_keys = [k for k in next_keys if k in keys]
-        b, c, n = ids.shape[0], ring.capacity, self.n
-        walked, steps = episodes.walk(ids.cpu().numpy(), n)
-        window = walked.T % c  # [n, B] slots, step-major (contiguous rows)
-        # the items' slots, then their windows' last slots (unless every window is one step)
-        both = window[0] if n == 1 else window[:: n - 1].reshape(-1)
-        read = wanted if reward_key in wanted else [*wanted, reward_key]
-        rows = storage.gather(torch.from_numpy(both), read)
-        second = 0 if n == 1 else b
-        out = {k: v[second:] if k in next_keys else v[:b] for k, v in rows.items() if k in wanted}
-        middle = None
-        if n > 2:  # the steps in between: their rewards only
-            middle = storage.gather(torch.from_numpy(window[1:-1].reshape(-1)), [reward_key])[reward_key]
+        n = self.n
+        window, steps = episodes.walk_slots(_numpy(ids), n)  # [n, B] slots, step-major
+        if n == 1:  # every window is the item itself
+            out = storage.gather(torch.from_numpy(window[0]), wanted)
+        else:  # the items' slots, then their windows' last slots
+            out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         terminated = episodes.terminated_of_slots(window[-1])
-        ret, disc = nstep_reduce(self._rewards(rows[reward_key], middle, b), steps, terminated, self._powers)
+        rewards = _window_rewards(storage, spec, reward_key, window)
+        ret, disc = nstep_reduce(rewards.T, steps, terminated, self._powers)
         out["nstep_return"] = torch.from_numpy(ret)
         out["nstep_discount"] = torch.from_numpy(disc)
         out["nstep_steps"] = torch.from_numpy(steps)
         out["nstep_terminated"] = torch.from_numpy(terminated)
         return out
 
-    def _rewards(self, ends: torch.Tensor, middle: torch.Tensor | None, b: int) -> np.ndarray:
-        """The window rewards ``[B, n]`` (a view of a step-major array) from those of the
-        first and last steps (``ends``, ``[2B]``; ``[B]`` for ``n = 1``) and the
-        ``(n - 2) * B`` steps in between (step-major)."""
-        n = self.n
-        out = np.empty((n, b))
-        out[0 :: max(n - 1, 1)] = _numpy(ends).reshape(-1, b)
-        if middle is not None:
-            out[1:-1] = _numpy(middle).reshape(n - 2, b)
-        return out.T
+
+def _gather_pairs(
+    storage: Storage, both: np.ndarray, keys: list[NestedKey], second: list[NestedKey]
+) -> dict[NestedKey, torch.Tensor]:
+    """Fields ``keys`` of the items in the first half of ``both``, those in ``second``
+    from the items in its second half: the storage's ``gather_pairs`` where it has one,
+    else one :meth:`~xpbank.storage.base.Storage.gather` of all of ``both``, split."""
+    pairs = getattr(storage, "gather_pairs", None)
+    if pairs is not None:
+        return pairs(both, keys, second)  # type: ignore[no-any-return]
+    b = both.shape[0] // 2
+    rows = storage.gather(torch.from_numpy(both), keys)
+    return {k: v[b:] if k in second else v[:b] for k, v in rows.items()}
+
+
+def _window_rewards(storage: Storage, spec: Spec, key: NestedKey, window: np.ndarray) -> np.ndarray:
+    """The rewards of the window's slots ``[n, B]`` (NumPy): one fancy index of the
+    storage's ``host_view`` of the field where it has one NumPy holds as itself, else a
+    storage gather."""
+    host_view = getattr(storage, "host_view", None)
+    host = host_view(key) if host_view is not None and numpy_native(spec[key].dtype) else None
+    if host is not None:
+        return host[window].reshape(window.shape)  # type: ignore[no-any-return]
+    rewards = storage.gather(torch.from_numpy(window.reshape(-1)), [key])[key]
+    return _numpy(rewards).reshape(window.shape)
 
 
 def _numpy(values: torch.Tensor) -> np.ndarray:
-    """A gathered field as NumPy (bfloat16, which NumPy lacks, as float32)."""
+    """A CPU tensor (ids, a gathered field) as NumPy (bfloat16, which NumPy lacks, as float32)."""
     try:
         return values.numpy()  # a CPU field of a gathered batch: a view (the common case)
     except (RuntimeError, TypeError):  # on a device, or bfloat16 (which NumPy lacks)

@@ -73,9 +73,9 @@ def nstep_reduce(
         ([1.75, 2.0], [0.125, 0.0])
     """
     n = rewards.shape[1]
-    by_step = np.array(rewards.T, dtype=np.float64)  # [n, B], a copy we may zero
+    by_step = rewards.T.astype(np.float64)  # [n, B], a copy we may zero
     np.copyto(by_step, 0.0, where=np.arange(n)[:, None] >= steps)
-    returns = (powers[:n] @ by_step).astype(np.float32)
-    discounts = powers[steps].astype(np.float32)
+    returns = np.dot(powers[:n], by_step).astype(np.float32)
+    discounts = powers.astype(np.float32)[steps]  # float32 of float64: as rounding once
     np.copyto(discounts, _ZERO, where=terminated)
     return returns, discounts

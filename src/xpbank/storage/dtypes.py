@@ -11,7 +11,7 @@ import torch
 
 from xpbank.errors import SpecError
 
-__all__ = ["numpy_dtype", "to_numpy", "as_torch"]
+__all__ = ["numpy_dtype", "numpy_native", "to_numpy", "as_torch"]
 
 # dtypes NumPy lacks are stored as same-width integers and viewed back on read.
 _BITS_AS = {torch.bfloat16: torch.int16}
@@ -27,6 +27,16 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
         return np.dtype(torch.empty((), dtype=stored).numpy().dtype)
     except TypeError as exc:
         raise SpecError(f"dtype {dtype} cannot be stored in a .npy file") from exc
+
+
+def numpy_native(dtype: torch.dtype) -> bool:
+    """Whether NumPy holds ``dtype`` as itself (bfloat16 and float8 it holds as integers).
+
+    Example:
+        >>> numpy_native(torch.float32), numpy_native(torch.bfloat16)
+        (True, False)
+    """
+    return dtype not in _BITS_AS
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
