@@ -114,6 +114,7 @@ class EpisodeIndex:
         self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
         self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._links = np.zeros(0, dtype=np.int64)  # apply's reused buffer of next links
+        self._strides = np.zeros((0, 1), dtype=np.int64)  # walk_slots: (num_envs * arange(n))[:, None]
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
@@ -418,26 +419,24 @@ class EpisodeIndex:
 
         In lockstep mode an env's next item is ``num_envs`` ids later, so the window's
         slots are computed, not followed: one lookup of ``next`` for all of them says
-        where each window stops (``-1``: the episode ended there, or the next step is not
-        written yet; a slot past such a step may hold an older item, whose link the
-        running "or" over the steps ignores), a few vector ops for ``[n, B]``.
+        where each window stops: at its first step with no next item in its episode (the
+        episode ended there, or the next step is not written yet; the slots after it may
+        hold older items, whose links are never looked at).
         """
         e, c = self.lockstep, self._ring.capacity
         if e is None:
             walked, steps = self.walk(ids, n)
             return walked.T % c, steps
-        slots = np.empty((n, ids.shape[0]), dtype=np.int64)
-        np.remainder(ids, c, out=slots[0])
-        for j in range(1, n):
-            np.add(slots[j - 1], e, out=slots[j])
+        if self._strides.shape[0] != n:
+            self._strides = (e * np.arange(n, dtype=np.int64))[:, None]
+        slots = ids + self._strides
         np.remainder(slots, c, out=slots)
-        cut = self._next.take(slots[:-1]) < 0  # cut[j]: step j + 1 is not in the window
-        for j in range(1, n - 1):
-            np.logical_or(cut[j], cut[j - 1], out=cut[j])
+        ends = np.ones(slots.shape, dtype=bool)  # the last row: a window has at most n steps
+        np.less(self._next.take(slots[:-1]), 0, out=ends[:-1])
+        last = ends.argmax(axis=0)  # each window's last step: the first that ends it
         for j in range(1, n):  # stay on the window's last item
-            np.copyto(slots[j], slots[j - 1], where=cut[j - 1])
-        steps = n - cut.sum(axis=0, dtype=np.int64)
-        return slots, steps
+            np.copyto(slots[j], slots[j - 1], where=last < j)
+        return slots, last + 1
 
     def terminated_of_slots(self, slots: np.ndarray) -> np.ndarray:
         """:meth:`terminated` for live slots (not checked: the sampler's hot path)."""

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_returns import nstep_reduce
+from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
@@ -163,7 +163,8 @@ class NStep:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         terminated = episodes.terminated_of_slots(window[-1])
         rewards = _window_rewards(storage, spec, reward_key, window)
-        ret, disc = nstep_reduce(rewards.T, steps, terminated, self._powers)
+        past = window[1:] == window[:-1]  # a window stays on its last slot past its end
+        ret, disc = nstep_sum(rewards, past, steps, terminated, self._powers)
         out["nstep_return"] = torch.from_numpy(ret)
         out["nstep_discount"] = torch.from_numpy(disc)
         out["nstep_steps"] = torch.from_numpy(steps)
@@ -186,7 +187,7 @@ def _gather_pairs(
 
 
 def _window_rewards(storage: Storage, spec: Spec, key: NestedKey, window: np.ndarray) -> np.ndarray:
-    """The rewards of the window's slots ``[n, B]`` (NumPy): one fancy index of the
+    """The rewards of the window's slots ``[n, B]`` (a fresh NumPy array): one fancy index of the
     storage's ``host_view`` of the field where it has one NumPy holds as itself, else a
     storage gather."""
     host_view = getattr(storage, "host_view", None)
@@ -194,7 +195,7 @@ def _window_rewards(storage: Storage, spec: Spec, key: NestedKey, window: np.nda
     if host is not None:
         return host[window].reshape(window.shape)  # type: ignore[no-any-return]
     rewards = storage.gather(torch.from_numpy(window.reshape(-1)), [key])[key]
-    return _numpy(rewards).reshape(window.shape)
+    return _numpy(rewards).reshape(window.shape).copy()  # ours to zero past the windows
 
 
 def _numpy(values: torch.Tensor) -> np.ndarray:

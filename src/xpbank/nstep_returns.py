@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nstep_reduce", "nstep_return"]
+__all__ = ["nstep_reduce", "nstep_return", "nstep_sum"]
 
 _ZERO = np.float32(0.0)
 
@@ -72,10 +72,38 @@ def nstep_reduce(
         >>> ret.tolist(), disc.tolist()
         ([1.75, 2.0], [0.125, 0.0])
     """
-    n = rewards.shape[1]
     by_step = rewards.T.astype(np.float64)  # [n, B], a copy we may zero
-    np.copyto(by_step, 0.0, where=np.arange(n)[:, None] >= steps)
-    returns = np.dot(powers[:n], by_step).astype(np.float32)
-    discounts = powers.astype(np.float32)[steps]  # float32 of float64: as rounding once
+    past = np.arange(1, rewards.shape[1])[:, None] >= steps
+    return nstep_sum(by_step, past, steps, terminated, powers)
+
+
+def nstep_sum(
+    by_step: np.ndarray, past: np.ndarray, steps: np.ndarray, terminated: np.ndarray, powers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nstep_reduce` for a step-major window whose steps past each window's end
+    are flagged (n-step sampling's hot path: a window read as slots flags them for free).
+
+    Args:
+        by_step: ``[n, B]`` rewards, step-major; ZEROED IN PLACE past each window's end
+            (pass a copy you own). Any float dtype: the sum runs in float64.
+        past: ``[n - 1, B]`` bool, ``past[j]``: step ``j + 1`` is past the window's end.
+        steps: ``[B]`` each window's length ``k`` (``past`` says the same).
+        terminated: ``[B]`` whether each window's last step terminated its episode.
+        powers: ``gamma ** arange(n + 1)`` (float64).
+
+    Returns:
+        ``(returns, discounts)``, float32 ``[B]`` each.
+
+    Example:
+        >>> import numpy as np
+        >>> r = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, np.inf]])  # [n = 3, B = 2]
+        >>> past = np.array([[False, False], [False, True]])
+        >>> ret, disc = nstep_sum(r, past, np.array([3, 2]), np.array([False, True]), 0.5 ** np.arange(4.0))
+        >>> ret.tolist(), disc.tolist()
+        ([1.75, 2.0], [0.125, 0.0])
+    """
+    np.copyto(by_step[1:], 0, where=past)
+    returns = np.dot(powers[: by_step.shape[0]], by_step).astype(np.float32)  # float64 sums
+    discounts = powers[steps].astype(np.float32)
     np.copyto(discounts, _ZERO, where=terminated)
     return returns, discounts
