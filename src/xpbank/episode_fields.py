@@ -25,6 +25,7 @@ from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 __all__ = ["MAX_ENV_ID", "EpisodeKeys", "read_env_ids", "read_flag", "wants_episodes"]
 
 MAX_ENV_ID = 1 << 20  # env ids beyond this need num_envs (per-env state is an array)
+_BOOL = np.dtype(bool)
 
 _TERMINATED = (("next", "terminated"), "terminated")
 _TRUNCATED = (("next", "truncated"), "truncated")
@@ -105,17 +106,17 @@ def read_flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int
     if key is None:
         return np.zeros(n, dtype=bool)
     value = flat[key]
-    if value.numel() != n:
-        raise SpecError(
-            f"field {key_str(key)!r}: expected one episode-end flag per item, got {tuple(value.shape)}"
-        )
     try:
         arr = value.numpy()  # the common case, a plain CPU tensor: no copy (the write copies)
     except (RuntimeError, TypeError):  # requires grad, or not on the CPU
         arr = value.detach().cpu().numpy()
+    if arr.size != n:
+        raise SpecError(
+            f"field {key_str(key)!r}: expected one episode-end flag per item, got {tuple(value.shape)}"
+        )
     if arr.ndim != 1:
         arr = arr.reshape(n)
-    return arr if arr.dtype == bool else arr != 0
+    return arr if arr.dtype is _BOOL else arr != 0
 
 
 def read_env_ids(value: torch.Tensor, key: NestedKey, n: int, limit: int) -> np.ndarray:
