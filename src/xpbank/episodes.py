@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Plan:
     """What one write adds, computed (and checked) before anything is written."""
 
@@ -68,8 +68,9 @@ class _Plan:
     terminated: np.ndarray
     truncated: np.ndarray
     env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
-    link: np.ndarray  # the item continues its predecessor's episode (prev's next is the item)
+    link: np.ndarray | None  # the item continues its predecessor's episode (None: ~fresh)
     step: int = 0  # lockstep: items per env step (an item's prev is the id ``step`` before it); 0: not
+    fresh: np.ndarray | None = None  # lockstep, one env step: ~link (the items that start an episode)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class EpisodeIndex:
         self._last_id = np.full(n, -1, dtype=np.int64)  # each env's newest item
         self._last_end = np.zeros(n, dtype=bool)
         self._cur_start = np.full(n, -1, dtype=np.int64)
-        self._continues = np.zeros(n, dtype=bool)  # lockstep: the env's next item continues an episode
+        self._fresh = np.ones(n, dtype=bool)  # lockstep: the env's next item starts an episode
 
     # -- writing ---------------------------------------------------------------
     def plan(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> _Plan:
@@ -189,13 +190,13 @@ class EpisodeIndex:
         """
         n, end = ids.shape[0], term | trunc
         if n == e:  # one step of every env: the common vector-env write
-            link1 = self._continues  # prev >= 0 and prev did not end its episode
-            start1 = ids.copy()
-            np.copyto(start1, self._cur_start, where=link1)
+            fresh = self._fresh  # no predecessor, or it ended its episode
+            start1 = self._cur_start.copy()
+            np.copyto(start1, ids, where=fresh)
             state1 = (self._envs, ids, end, start1)
-            return _Plan(ids, env, self._last_id, start1, term, trunc, state1, link1, e)
+            return _Plan(ids, env, self._last_id, start1, term, trunc, state1, None, e, fresh)
         link = np.empty(n, dtype=bool)
-        link[:e] = self._continues
+        np.logical_not(self._fresh, out=link[:e])
         np.logical_not(end[:-e], out=link[e:])
         prev = np.empty(n, dtype=np.int64)
         prev[:e], prev[e:] = self._last_id, ids[:-e]
@@ -223,7 +224,7 @@ class EpisodeIndex:
             return
         if envs is self._envs:  # lockstep: every env's state is new (fresh arrays)
             self._last_id, self._last_end, self._cur_start = last_id, last_end, start
-            self._continues = ~last_end
+            self._fresh = last_end
         else:
             self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
         c, n = self._ring.capacity, plan.ids.shape[0]
@@ -239,7 +240,8 @@ class EpisodeIndex:
         self._term[slots] = plan.terminated[keep]
         self._trunc[slots] = plan.truncated[keep]
         self._next[slots] = -1
-        live = plan.link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
+        link = plan.link if plan.link is not None else ~plan.fresh  # type: ignore[operator]
+        live = link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
         self._next[plan.prev[live] % c] = plan.ids[live]
 
     def _apply_lockstep(self, plan: _Plan, c: int, n: int) -> bool:
@@ -262,8 +264,12 @@ class EpisodeIndex:
         if self._links.shape[0] != n + e:
             self._links = np.full(n + e, -1, dtype=np.int64)
         head = self._links[:n]
-        head.fill(-1)
-        np.copyto(head, plan.ids, where=plan.link)
+        if plan.fresh is not None:  # one env step: no negation needed
+            head[...] = plan.ids
+            np.copyto(head, _MINUS_ONE, where=plan.fresh)
+        else:
+            head.fill(-1)
+            np.copyto(head, plan.ids, where=plan.link)
         self._next[back:hi] = self._links
         return True
 
@@ -296,7 +302,7 @@ class EpisodeIndex:
         self._trunc[ids % c] = True
         self._next[ids % c] = -1
         self._last_end = self._last_end | live  # replaced, not mutated: a plan may hold it
-        self._continues = self._continues & ~live
+        self._fresh = self._fresh | live
         return ids
 
     def _env_key(self, spec: Spec) -> NestedKey | None:
@@ -491,7 +497,7 @@ class EpisodeIndex:
         self._last_id = _array(state["last_id"], np.int64).copy()
         self._last_end = _array(state["last_end"], bool).copy()
         self._cur_start = _array(state["cur_start"], np.int64).copy()
-        self._continues = (self._last_id >= 0) & ~self._last_end
+        self._fresh = (self._last_id < 0) | self._last_end
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"

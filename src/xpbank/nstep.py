@@ -180,7 +180,7 @@ def _gather_pairs(
     else one :meth:`~xpbank.storage.base.Storage.gather` of all of ``both``, split."""
     pairs = getattr(storage, "gather_pairs", None)
     if pairs is not None:
-        return pairs(both, keys, second)  # type: ignore[no-any-return]
+        return pairs(both, keys, second)
     b = both.shape[0] // 2
     rows = storage.gather(torch.from_numpy(both), keys)
     return {k: v[b:] if k in second else v[:b] for k, v in rows.items()}
@@ -193,7 +193,7 @@ def _window_rewards(storage: Storage, spec: Spec, key: NestedKey, window: np.nda
     host_view = getattr(storage, "host_view", None)
     host = host_view(key) if host_view is not None and numpy_native(spec[key].dtype) else None
     if host is not None:
-        return host[window].reshape(window.shape)  # type: ignore[no-any-return]
+        return host[window].reshape(window.shape)
     rewards = storage.gather(torch.from_numpy(window.reshape(-1)), [key])[key]
     return _numpy(rewards).reshape(window.shape).copy()  # ours to zero past the windows
 

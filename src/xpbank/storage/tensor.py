@@ -102,9 +102,10 @@ class _Block:
         self.np_views = {} if self.np_data is None else {m.key: _numpy_view(self.np_data, m) for m in members}
         # one NumPy record per row: viewing gathered rows as records exposes every
         # field at once (one view op instead of three per field)
+        self.names = [f"f{i}" for i in range(len(members))]  # the record's field of each member
         self.record = np.dtype(
             {
-                "names": [f"f{i}" for i in range(len(members))],
+                "names": self.names,
                 "formats": [(m.np_dtype, m.shape) if m.shape else m.np_dtype for m in members],
                 "offsets": [m.start for m in members],
                 "itemsize": row_bytes,
@@ -303,7 +304,7 @@ class TensorStorage(StorageBase):
             records = block.np_data.take(slots, axis=0).view(block.record)[:, 0]
             halves = records[:b], records[b:]
             for i, m in chosen:
-                out[m.key] = as_torch(halves[m.key in second][block.record.names[i]], m.dtype)
+                out[m.key] = as_torch(halves[m.key in second][block.names[i]], m.dtype)
         return {k: out[k] for k in keys}
 
     def view(self, key: NestedKey) -> torch.Tensor:
