@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from test_nstep_paths import _check, _stream
-from xpbank import Field, NStep, ReplayBuffer, Spec, TensorStorage
-from xpbank.nstep_returns import nstep_sum
+from xpbank import Field, NStep, ReplayBuffer, Spec, TensorStorage, nstep_sum
 
 
 class Model:

@@ -35,7 +35,7 @@ from xpbank.errors import (
 )
 from xpbank.integrations.minari import export_minari, import_minari
 from xpbank.nstep import NStep
-from xpbank.nstep_returns import nstep_reduce, nstep_return
+from xpbank.nstep_returns import nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
 from xpbank.rollout import (
     RecurrentBatch,
@@ -85,6 +85,7 @@ __all__ = [
     "NStep",
     "nstep_return",
     "nstep_reduce",
+    "nstep_sum",
     "XpbankError",
     "SpecError",
     "BatchTypeError",
