@@ -157,14 +157,16 @@ class NStep:
         wanted = list(spec) if keys is None else keys
         n = self.n
         window, steps = episodes.walk_slots(_numpy(ids), n)  # [n, B] slots, step-major
-        if n == 1:  # every window is the item itself
-            out = storage.gather(torch.from_numpy(window[0]), wanted)
-        else:  # the items' slots, then their windows' last slots
-            out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
+        # the small NumPy work first, while its code and data are still in cache ...
         terminated = episodes.terminated_of_slots(window[-1])
         rewards = _window_rewards(storage, spec, reward_key, window)
         past = window[1:] == window[:-1]  # a window stays on its last slot past its end
         ret, disc = nstep_sum(rewards, past, steps, terminated, self._powers)
+        # ... then the rows: the items', and their windows' last items' (n = 1: the same)
+        if n == 1:
+            out = storage.gather(torch.from_numpy(window[0]), wanted)
+        else:
+            out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         out["nstep_return"] = torch.from_numpy(ret)
         out["nstep_discount"] = torch.from_numpy(disc)
         out["nstep_steps"] = torch.from_numpy(steps)
