@@ -128,10 +128,20 @@ class Ring:
         self.next_id, self.size = int(state["next_id"]), int(state["size"])
 
 
+def _to_numpy(values: Any) -> np.ndarray:
+    """``values`` as a NumPy array: a CPU tensor's memory shared, others converted."""
+    if isinstance(values, torch.Tensor):
+        try:
+            return values.numpy()  # no detach/cpu calls (~2 µs) for the usual CPU tensor
+        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
+            return values.detach().cpu().numpy()
+    return np.asarray(values)
+
+
 def _as_index_array(values: Any, name: str) -> np.ndarray:
     """A 1-D int64 NumPy array of indices from an int, sequence, range, array or tensor."""
-    arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+    arr = _to_numpy(values)
+    if arr.dtype.kind not in "iu":  # np.integer's kinds (bool is "b")
         if arr.size == 0:
             return np.zeros(0, dtype=np.int64)
         raise XpbankIndexError(f"{name}: expected integers, got dtype {arr.dtype}")
