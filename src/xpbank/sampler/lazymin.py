@@ -86,17 +86,20 @@ class LazyMin:
             old: their values before the write (a view is fine if read before writing).
             new: their values after the write, or one value broadcast to all of them.
         """
+        count = slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0]
+        if count <= 0:
+            return
         if self._known:
-            low = float(new.min()) if new.size else math.inf
+            low = float(new.min())
             if not low > 0:  # 0 can never be drawn: the smallest positive one
-                low = float(_positive(new).min()) if new.size else math.inf
+                low = float(_positive(new).min())
             if low <= self._value:
                 self._value = low
             elif (old == self._value).any():
                 self._known = False
         if self._rebuild:
             return
-        self._count += slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0]
+        self._count += count
         if self._count > self._limit:
             self._pending, self._rebuild = [], True
         else:
@@ -119,7 +122,7 @@ class LazyMin:
     def _flush(self) -> None:
         tree, leaves = self._tree, self._leaves
         if self._rebuild:
-            tree[0][:] = _positive(leaves)
+            tree[0][: leaves.shape[0]] = _positive(leaves)  # the padding stays inf
             sumtree.rebuild(tree, np.minimum)
         else:
             arrays = [s for s in self._pending if not isinstance(s, slice)]
