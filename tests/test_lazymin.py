@@ -111,15 +111,15 @@ def test_random_batches_with_the_minimum_raised(n: int) -> None:
 def test_pending_writes_are_replayed_without_a_rebuild() -> None:
     """Few small writes (slots and ranges) are refreshed one by one, not by a rebuild."""
     rng = np.random.default_rng(3)
-    leaves = np.zeros(5000)
+    leaves = np.zeros(20_000)  # up to 20_000 // 64 = 312 pending leaves before a rebuild
     lazy = LazyMin(leaves)
     for step in range(12):
         if step % 2:
-            start = int(rng.integers(0, 4990))
+            start = int(rng.integers(0, 19_990))
             lazy.changed(slice(start, start + 7), leaves[start : start + 7], np.full(1, 1.0 + step))
             leaves[start : start + 7] = 1.0 + step
         else:
-            slots = rng.integers(0, 5000, 9)
+            slots = rng.integers(0, 20_000, 9)
             old = leaves[slots]
             leaves[slots] = rng.random(9) + 0.5
             lazy.changed(slots, old, leaves[slots])

@@ -13,8 +13,12 @@ So the minimum is kept as a number, and the min-tree (leaves: the sum-tree's lea
 as ``inf``) is brought up to date only when the minimum is unknown and asked for: the
 leaves written since the last flush (a list of slot arrays and ranges) are refreshed
 from the sum-tree's leaves in ``O(k log N)`` for ``k`` pending leaves, or, once more than
-``N / 16`` leaves are pending, the whole tree is rebuilt in ``O(N)``, which is then paid
-for by the ``N / 16`` leaves written since the last flush. Every leaf is exactly the
+``N / 64`` leaves are pending, the whole tree is rebuilt in ``O(N)`` (a contiguous pass,
+about as costly as refreshing ``N / 64`` scattered leaves one by one here), which is
+then paid for by the ``N / 64`` leaves written since the last flush. At worst (the
+minimum's leaf raised every few calls) a flush costs what eager min-tree updates would
+have; when the minimum's leaf is seldom raised (the usual case: it is the item least
+likely to be drawn and updated) the min-tree costs next to nothing. Every leaf is exactly the
 value it would hold under eager updates, and a minimum does not depend on the order of
 its operands, so a flushed tree is bit-identical to one rebuilt from the leaves.
 
@@ -65,7 +69,7 @@ class LazyMin:
     def __init__(self, leaves: np.ndarray) -> None:
         self._leaves = leaves
         self._tree = sumtree.new_tree(leaves.shape[0], np.minimum)
-        self._limit = max(1, leaves.shape[0] // sumtree.FANOUT)
+        self._limit = max(1, leaves.shape[0] // 64)
         self._value = math.inf
         self._known = True  # self._value is the minimum
         self._pending: list[Slots] = []  # leaves written since the tree was last brought up to date
