@@ -97,6 +97,7 @@ class PrioritizedSampler:
         self._sum: sumtree.Tree = []
         self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
         self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
+        self._draws = torch.empty(0, dtype=torch.float64)  # reused: torch.rand's bits, no allocation
 
     @property
     def beta(self) -> float:
@@ -140,7 +141,10 @@ class PrioritizedSampler:
                 f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
                 "can be drawn; use eps > 0 or give some item a positive priority"
             )
-        draws = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
+        if self._draws.shape[0] != batch_size:
+            self._draws = torch.empty(batch_size, dtype=torch.float64)
+        # bit for bit torch.rand(batch_size, generator=generator, dtype=torch.float64)
+        draws = self._draws.uniform_(generator=generator).numpy()
         fractions = (np.arange(batch_size) + draws) / batch_size
         slots, total = sumtree.find_prefix_sum(self._sum, fractions, self._cums)
         stored = self._sum[0][slots]
