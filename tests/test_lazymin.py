@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -162,3 +163,32 @@ def test_sampler_weights_follow_a_raised_minimum() -> None:
     batch = rb.sample(64)
     weight = dict(zip(batch["index"].tolist(), batch["weight"].tolist(), strict=True))
     assert weight == pytest.approx({0: 0.25, 1: 1.0, 2: 0.5})
+
+
+def test_sampler_sees_every_write_after_a_cached_sample() -> None:
+    """The top's prefix sums are kept between samples: each kind of write must drop them."""
+    rb = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0), seed=0)
+    rb.extend({"obs": np.arange(2.0)})
+    rb.sample(8)
+    rb.update_priority([0], [0.0])
+    assert set(rb.sample(64)["index"].tolist()) == {1}
+    rb.update_priority([1], [0.0])
+    rb.extend({"obs": np.arange(1.0)})  # id 2, the largest priority so far
+    assert set(rb.sample(64)["index"].tolist()) == {2}
+    rb.clear()
+    rb.extend({"obs": np.arange(3.0)})
+    assert set(rb.sample(256)["index"].tolist()) == {4, 5, 6}
+    other = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0), seed=0)
+    other.extend({"obs": np.arange(1.0)})
+    other.sample(8)
+    other.load_state_dict(rb.state_dict())
+    assert set(other.sample(256)["index"].tolist()) == {4, 5, 6}
+
+
+def test_priorities_that_require_grad_are_taken() -> None:
+    """``td_error.abs()`` straight from the loss (requires grad) needs no ``.detach()``."""
+    rb = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0), seed=0)
+    rb.extend({"obs": np.arange(2.0)})
+    td_error = torch.tensor([0.5, -2.0], requires_grad=True) * 1.0
+    rb.update_priority(torch.tensor([0, 1], dtype=torch.int32), td_error.abs())
+    assert rb.sampler.priority([0, 1]).tolist() == [0.5, 2.0]
