@@ -166,7 +166,7 @@ def find_prefix_sum(
     for j in range(len(tree) - 2, -1, -1):
         children = np.take(tree[j].reshape(-1, FANOUT), node, axis=0)
         prefix = _PREFIX @ children.T  # [FANOUT + 1, B]: prefix[c] = sum of children before c
-        child = (prefix[1:] <= u).sum(0)  # a bool sum: 3x faster than count_nonzero(axis=0)
+        child = (prefix[1:] <= u).sum(0)  # a bool sum: 2.5x faster than count_nonzero(axis=0)
         if child.max() >= FANOUT:
             over = child >= FANOUT
             child[over] = FANOUT - 1 - np.argmax(children[over][:, ::-1] > 0, axis=1)
