@@ -8,7 +8,8 @@ Part 1, prioritized replay: 1M items (obs float32[64], reward), batch 256. One t
 is ``sample(256)`` then an update of the 256 sampled items' priorities (precomputed
 random values), for xpbank's PrioritizedSampler, cpprb's PrioritizedReplayBuffer and
 TorchRL's PrioritizedSampler (where its compiled extension loads). Also xpbank's sample
-and update alone, and a plain uniform sample of the same batch.
+and update alone (the update of 64 drawn batches' ids in turn), and a plain uniform
+sample of the same batch.
 
 Part 2, n-step: 1M items from 8 envs (obs/next_obs float32[64], reward, terminated,
 truncated; random episode ends), batch 256: xpbank's uniform sample with ``NStep(3,
@@ -91,7 +92,10 @@ def xpbank_per(capacity: int) -> Timed:
     prios = [torch.from_numpy(p) for p in priorities()]
     batch = rb.sample(BATCH)
     assert batch["obs"].shape == (BATCH, OBS) and batch["weight"].shape == (BATCH,)
-    ids = rb.sample(BATCH)["index"]
+    # update alone: the ids of 64 drawn batches in turn (each with the same priorities every
+    # round: this times the trees' work; "sample + update" times everything, the upkeep of
+    # the smallest priority included)
+    ids = [rb.sample(BATCH)["index"] for _ in range(64)]
 
     def step(i: int) -> None:
         b = rb.sample(BATCH)
@@ -100,7 +104,7 @@ def xpbank_per(capacity: int) -> Timed:
     return {
         "xpbank sample + update": step,
         "xpbank sample": lambda i: rb.sample(BATCH),
-        "xpbank update": lambda i: rb.update_priority(ids, prios[i % len(prios)]),
+        "xpbank update": lambda i: rb.update_priority(ids[i % len(ids)], prios[i % len(prios)]),
         "xpbank uniform sample": lambda i: uniform.sample(BATCH),
     }
 

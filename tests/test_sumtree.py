@@ -86,3 +86,18 @@ def test_descent_never_returns_a_zero_leaf_under_rounding() -> None:
     edge = np.nextafter(1.0, 0.0)
     slots, _ = sumtree.find_prefix_sum(tree, np.concatenate([rng.random(4000), np.full(8, edge)]))
     assert (leaves[slots] > 0).all()
+
+
+def test_descent_with_shared_top_prefix_sums() -> None:
+    """``top_prefix`` computed once and passed in gives the same leaves and total."""
+    rng = np.random.default_rng(2)
+    tree = sumtree.new_tree(70_000, np.add)
+    sumtree.set_leaves(tree, np.arange(70_000), rng.random(70_000), np.add)
+    cums = sumtree.top_prefix(tree)
+    assert cums[0] == 0.0 and cums.shape == (tree[-1].shape[0] + 1,)
+    np.testing.assert_array_equal(cums[1:], np.cumsum(tree[-1]))  # the same sequential sums
+    fractions = rng.random(300)
+    slots, total = sumtree.find_prefix_sum(tree, fractions, cums)
+    again, total_again = sumtree.find_prefix_sum(tree, fractions)
+    np.testing.assert_array_equal(slots, again)
+    assert total == total_again == cums[-1]

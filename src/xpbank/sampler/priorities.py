@@ -19,10 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
-from xpbank.ring import Ring, _as_index_array
+from xpbank.ring import Ring, _as_index_array, _to_numpy
 
 __all__ = ["beta_at", "check_update", "importance_weights"]
 
@@ -69,12 +68,11 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
     if stale not in ("raise", "skip"):
         raise PriorityError(f"stale: expected 'raise' or 'skip', got {stale!r}")
     ids = _as_index_array(indices, "indices")
-    values = (
-        priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
-    )
-    if values.dtype == bool or not np.issubdtype(values.dtype, np.number):
+    values = _to_numpy(priorities)
+    if values.dtype.kind not in "iufc":  # np.number's kinds (bool is "b")
         raise PriorityError(f"priorities: expected numbers, got dtype {values.dtype}")
-    values = values.astype(np.float64).reshape(-1) if values.ndim <= 1 or values.shape[1:] == (1,) else values
+    if values.ndim <= 1 or values.shape[1:] == (1,):  # float64, copied only if it is not already
+        values = values.astype(np.float64, copy=False).reshape(-1)
     if values.ndim != 1 or values.shape[0] != ids.shape[0]:
         raise PriorityError(
             f"priorities: expected one per index ({ids.shape[0]}), got shape {tuple(np.shape(priorities))}"
@@ -87,6 +85,8 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
             f"priorities: expected finite values >= 0, got {values[i]} at position {i}; nothing was updated"
         )
     low, high = int(ids.min()), int(ids.max())
+    if low >= ring.first_id and high < ring.next_id:  # the usual case: every id is live
+        return ids % ring.capacity, values
     if low < 0 or high >= ring.next_id:
         never = ids[(ids < 0) | (ids >= ring.next_id)][0]
         raise XpbankIndexError(

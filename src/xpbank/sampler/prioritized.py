@@ -1,11 +1,14 @@
-"""Proportional prioritized sampling (Schaul et al. 2016) over a sum-tree and a min-tree.
+"""Proportional prioritized sampling (Schaul et al. 2016) over a sum-tree and a lazy min.
 
 Both trees are NumPy arrays on the CPU, whatever device the data lives on (slots go to
 the storage's device for the gather). A batch is drawn with stratified segments: the
 total priority is cut into ``batch_size`` equal segments and one point is drawn
 uniformly in each, then the whole batch descends the sum-tree level by level. Priority
 updates write the leaves and recompute their ancestors level by level. Neither loops
-over items: O(B log N) in a few NumPy calls per level.
+over items: O(B log N) in a few NumPy calls per level. The smallest stored priority (for
+the weights' normalization) is kept by :class:`~xpbank.sampler.lazymin.LazyMin`, whose
+min-tree is only brought up to date when a write raised the minimum's leaf. The top's
+prefix sums are kept between samples until the next write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from xpbank.errors import PriorityError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import sumtree
+from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
@@ -91,7 +95,9 @@ class PrioritizedSampler:
         self._samples = 0  # sample() calls so far: the schedule's position
         self._filled = 0  # slots [0, filled) have been written since the last clear
         self._sum: sumtree.Tree = []
-        self._min: sumtree.Tree = []
+        self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
+        self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
+        self._draws = torch.empty(0, dtype=torch.float64)  # reused: torch.rand's bits, no allocation
 
     @property
     def beta(self) -> float:
@@ -111,7 +117,13 @@ class PrioritizedSampler:
 
     def _allocate(self, capacity: int) -> None:
         self._sum = sumtree.new_tree(capacity, np.add)
-        self._min = sumtree.new_tree(capacity, np.minimum)
+        self._smallest = LazyMin(self._sum[0])
+        self._cums = None
+
+    @property
+    def _min(self) -> sumtree.Tree:
+        """The min-tree of the stored priorities (0 as ``inf``), brought up to date."""
+        return self._smallest.tree if self._sum else []
 
     # -- the Sampler protocol ------------------------------------------------------
     def sample(
@@ -122,15 +134,21 @@ class PrioritizedSampler:
                 "replace=False: prioritized sampling draws with replacement (one stratified "
                 "point per segment of the total priority); sample with replace=True"
             )
-        if not self._sum[-1].any():
+        if self._cums is None:
+            self._cums = sumtree.top_prefix(self._sum)
+        if not self._cums[-1] > 0:
             raise PriorityError(
                 f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
                 "can be drawn; use eps > 0 or give some item a positive priority"
             )
-        draws = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
-        slots, total = sumtree.find_prefix_sum(self._sum, (np.arange(batch_size) + draws) / batch_size)
+        if self._draws.shape[0] != batch_size:
+            self._draws = torch.empty(batch_size, dtype=torch.float64)
+        # bit for bit torch.rand(batch_size, generator=generator, dtype=torch.float64)
+        draws = self._draws.uniform_(generator=generator).numpy()
+        fractions = (np.arange(batch_size) + draws) / batch_size
+        slots, total = sumtree.find_prefix_sum(self._sum, fractions, self._cums)
         stored = self._sum[0][slots]
-        smallest = sumtree.top_reduce(self._min, np.minimum)
+        smallest = self._smallest.value if self.normalize_weights else math.inf  # unused if not
         weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
         self._samples += 1
         return torch.from_numpy(slots), {"weight": torch.from_numpy(weights.astype(np.float32))}
@@ -139,17 +157,19 @@ class PrioritizedSampler:
         """New items start at the largest priority so far."""
         if not self._sum:
             self._allocate(ring.capacity)
-        value = self.max_priority**self.alpha
+        value = np.full(1, self.max_priority**self.alpha)
+        leaves = self._sum[0]
         if isinstance(slots, slice):
             stop = slots.stop
-            sumtree.set_range(self._sum, slots.start, stop, value, np.add)
-            sumtree.set_range(self._min, slots.start, stop, value, np.minimum)
+            self._smallest.changed(slots, leaves[slots], value)  # the old values, before the write
+            sumtree.set_range(self._sum, slots.start, stop, float(value[0]), np.add)
         else:
             s = slots.cpu().numpy()
-            sumtree.set_leaves(self._sum, s, np.full(s.shape, value), np.add)
-            sumtree.set_leaves(self._min, s, np.full(s.shape, value), np.minimum)
+            self._smallest.changed(s, leaves[s], value)
+            sumtree.set_leaves(self._sum, s, np.full(s.shape, value[0]), np.add)
             stop = int(s.max()) + 1 if s.size else 0
         self._filled = max(self._filled, stop)
+        self._cums = None
 
     def on_clear(self) -> None:
         if self._sum:
@@ -165,10 +185,11 @@ class PrioritizedSampler:
             return
         p = priorities + self.eps
         self.max_priority = max(self.max_priority, float(p.max()))
-        stored = p**self.alpha
-        sumtree.set_leaves(self._sum, slots, stored, np.add)
-        # the min-tree holds the smallest priority an item can be drawn with: 0 is left out
-        sumtree.set_leaves(self._min, slots, np.where(stored > 0, stored, np.inf), np.minimum)
+        leaves = self._sum[0]
+        old = leaves[slots]
+        sumtree.set_leaves(self._sum, slots, p**self.alpha, np.add)
+        self._smallest.changed(slots, old, leaves[slots])  # read back: a repeated slot keeps its last
+        self._cums = None
 
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
@@ -193,9 +214,8 @@ class PrioritizedSampler:
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
             self._sum[0][: leaves.shape[0]] = leaves
-            self._min[0][: leaves.shape[0]] = np.where(leaves > 0, leaves, np.inf)
             sumtree.rebuild(self._sum, np.add)
-            sumtree.rebuild(self._min, np.minimum)
+            self._smallest.reset()
         self._filled = leaves.shape[0]
         self.max_priority = float(state["max_priority"])
         self._samples = int(state["samples"])

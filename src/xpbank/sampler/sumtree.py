@@ -11,6 +11,14 @@ the fan-out, so few levels are cheap; 16 float64 children are 128 contiguous byt
 cache lines). The top is searched in one go: a cumulative sum of at most ``TOP`` values
 and a ``searchsorted``. For 1M slots that is two levels of 16 below a top of 4,096.
 Each call is O(B log N) plus the top's bounded constant; nothing loops over items.
+The top's prefix sums (:func:`top_prefix`) can be computed once and reused by every
+descent until the next write (``find_prefix_sum(..., cums=...)``).
+
+Exactness: the trees are float64. A node's sum is its 16 children added by one dot
+product, the top's prefix sums are torch's sequential cumulative sum; a rebuild from the
+leaves repeats the same operations and so gives bit-identical trees. Integer priorities
+(below 2**53 in total) make every partial sum exact, so a descent then returns exactly
+the naive inverse CDF's leaf.
 
 Example:
     >>> import numpy as np
@@ -28,7 +36,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["FANOUT", "TOP", "find_prefix_sum", "new_tree", "rebuild", "set_leaves", "set_range", "top_reduce"]
+__all__ = [
+    "FANOUT",
+    "TOP",
+    "find_prefix_sum",
+    "new_tree",
+    "rebuild",
+    "refresh_leaves",
+    "refresh_range",
+    "set_leaves",
+    "set_range",
+    "top_prefix",
+    "top_reduce",
+]
 
 FANOUT = 16
 TOP = 4096
@@ -59,7 +79,14 @@ def top_reduce(tree: Tree, op: np.ufunc) -> float:
 
 
 def _reduce_rows(rows: np.ndarray, op: np.ufunc) -> np.ndarray:
-    return rows @ _ONES if op is np.add else op.reduce(rows, axis=1)
+    if op is np.add:
+        return rows @ _ONES
+    # pairwise halving over the flat rows: 4 long vectorized passes, 2x (a batch) to 6x (a
+    # rebuild) faster than minimum.reduce(axis=1), whose per-row loops are 16 long
+    flat = rows.reshape(-1)
+    while flat.shape[0] > rows.shape[0]:
+        flat = op(flat[0::2], flat[1::2])
+    return flat
 
 
 def set_leaves(tree: Tree, slots: np.ndarray, values: np.ndarray, op: np.ufunc) -> None:
@@ -68,6 +95,11 @@ def set_leaves(tree: Tree, slots: np.ndarray, values: np.ndarray, op: np.ufunc) 
     A slot given twice keeps its last value (NumPy assigns repeated indices in order).
     """
     tree[0][slots] = values
+    refresh_leaves(tree, slots, op)
+
+
+def refresh_leaves(tree: Tree, slots: np.ndarray, op: np.ufunc) -> None:
+    """Recompute the ancestors of leaves ``slots`` (after the leaves were written)."""
     idx = slots
     for j in range(1, len(tree)):
         idx = idx // FANOUT
@@ -79,6 +111,13 @@ def set_range(tree: Tree, start: int, stop: int, value: float, op: np.ufunc) -> 
     if stop <= start:
         return
     tree[0][start:stop] = value
+    refresh_range(tree, start, stop, op)
+
+
+def refresh_range(tree: Tree, start: int, stop: int, op: np.ufunc) -> None:
+    """Recompute the ancestors of leaves ``[start, stop)`` (after the leaves were written)."""
+    if stop <= start:
+        return
     lo, hi = start, stop
     for j in range(1, len(tree)):
         lo, hi = lo // FANOUT, (hi - 1) // FANOUT + 1
@@ -91,18 +130,32 @@ def rebuild(tree: Tree, op: np.ufunc) -> None:
         tree[j][:] = _reduce_rows(tree[j - 1].reshape(-1, FANOUT), op)
 
 
-def find_prefix_sum(tree: Tree, fractions: np.ndarray) -> tuple[np.ndarray, float]:
+def top_prefix(tree: Tree) -> np.ndarray:
+    """The top's prefix sums: ``cums[i] = sum(top[:i])``, ``cums[-1]`` the total.
+
+    Valid until the tree's next write; pass it to :func:`find_prefix_sum` to share it.
+    """
+    top = tree[-1]
+    cums = np.zeros(top.shape[0] + 1)
+    # torch's cumsum: the same sequential sums, bit for bit, at about a third of NumPy's cost
+    torch.cumsum(torch.from_numpy(top), 0, out=torch.from_numpy(cums[1:]))
+    return cums
+
+
+def find_prefix_sum(
+    tree: Tree, fractions: np.ndarray, cums: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
     """The leaves at ``fractions`` (in ``[0, 1)``) of a sum-tree's total, and that total.
 
     For ``u = fraction * total`` the leaf ``i`` with ``sum(leaves[:i]) <= u <
     sum(leaves[:i + 1])``: leaf ``i`` is drawn with probability ``leaves[i] / total`` when
     the fraction is uniform. Never returns a zero leaf while the total is positive (when
     rounding puts ``u`` at or past a node's sum, the last positive child is taken).
+    ``cums``: the tree's :func:`top_prefix`, if already computed since its last write.
     """
     b, top = fractions.shape[0], tree[-1]
-    cums = np.zeros(top.shape[0] + 1)  # cums[i] = sum of top[:i]
-    # torch's cumsum: the same sequential sums, bit for bit, at about a third of NumPy's cost
-    torch.cumsum(torch.from_numpy(top), 0, out=torch.from_numpy(cums[1:]))
+    if cums is None:
+        cums = top_prefix(tree)
     total = float(cums[-1])
     u = fractions * total
     node = np.searchsorted(cums[1:], u, side="right")
@@ -113,10 +166,11 @@ def find_prefix_sum(tree: Tree, fractions: np.ndarray) -> tuple[np.ndarray, floa
     for j in range(len(tree) - 2, -1, -1):
         children = np.take(tree[j].reshape(-1, FANOUT), node, axis=0)
         prefix = _PREFIX @ children.T  # [FANOUT + 1, B]: prefix[c] = sum of children before c
-        child = np.count_nonzero(prefix[1:] <= u, axis=0)
+        child = (prefix[1:] <= u).sum(0)  # a bool sum: 2.5x faster than count_nonzero(axis=0)
         if child.max() >= FANOUT:
             over = child >= FANOUT
             child[over] = FANOUT - 1 - np.argmax(children[over][:, ::-1] > 0, axis=1)
         u -= prefix.ravel()[child * b + flat_rows]
-        node = node * FANOUT + child
+        node *= FANOUT
+        node += child
     return node, total

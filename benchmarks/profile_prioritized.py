@@ -1,0 +1,151 @@
+"""Where the time of one prioritized ``sample(256)`` + ``update_priority`` goes.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/profile_prioritized.py --threads 1 [--quick] [--cprofile]
+
+The same buffer as ``bench_prioritized.py`` (1M items: obs float32[64], reward; 100k with
+``--quick``). The real functions of the sample and update paths are wrapped with timers
+(no copy of their code), and ``--steps`` calls of ``rb.sample(256)`` then
+``rb.update_priority(batch["index"], p)`` are run ``--repeats`` times; each phase's median
+time per step is printed, inclusive of the phases nested in it (indented). A wrapper
+costs ~0.3 µs per call, so the phases' sum exceeds an unwrapped step by a few µs.
+``--cprofile`` prints cProfile's top functions instead (its overhead is larger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from _common import freeze_heap
+from bench_prioritized import BATCH, per_data, priorities
+from xpbank import PrioritizedSampler, ReplayBuffer
+from xpbank import replay as replay_module
+from xpbank.ring import Ring
+from xpbank.sampler import lazymin, sumtree
+from xpbank.sampler import prioritized as prioritized_module
+
+# (label, depth): the phases in call order; depth is the nesting shown by the indentation
+PHASES = [
+    ("rb.sample", 0),
+    ("sampler.sample", 1),
+    ("top prefix sums (top_prefix)", 2),
+    ("descent (find_prefix_sum)", 2),
+    ("smallest priority (LazyMin flush)", 2),
+    ("importance_weights", 2),
+    ("ring.ids_of_slots", 1),
+    ("storage gather + TensorDict (_gather)", 1),
+    ("rb.update_priority", 0),
+    ("check_update", 1),
+    ("sampler.update_priority", 1),
+    ("sum-tree write (set_leaves)", 2),
+    ("smallest priority upkeep (LazyMin.changed)", 2),
+]
+
+
+def build(capacity: int) -> ReplayBuffer:
+    rb = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha=0.6, beta=0.4), seed=0)
+    for part in per_data(capacity):
+        rb.extend({k: torch.from_numpy(v) for k, v in part.items()})
+    return rb
+
+
+def timed(acc: dict[str, int], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[label] = acc.get(label, 0) + time.perf_counter_ns() - start
+
+    return run
+
+
+def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
+    """Wrap the real functions of both paths (module attributes, methods, instances)."""
+    sampler = rb.sampler
+    patches: list[tuple[Any, str, str]] = [
+        (rb, "sample", "rb.sample"),
+        (rb, "update_priority", "rb.update_priority"),
+        (sampler, "sample", "sampler.sample"),
+        (sampler, "update_priority", "sampler.update_priority"),
+        (rb, "_gather", "storage gather + TensorDict (_gather)"),
+        (sumtree, "top_prefix", "top prefix sums (top_prefix)"),
+        (sumtree, "find_prefix_sum", "descent (find_prefix_sum)"),
+        (sumtree, "set_leaves", "sum-tree write (set_leaves)"),
+        (prioritized_module, "importance_weights", "importance_weights"),
+        (replay_module, "check_update", "check_update"),
+        (Ring, "ids_of_slots", "ring.ids_of_slots"),
+        (lazymin.LazyMin, "_flush", "smallest priority (LazyMin flush)"),
+        (lazymin.LazyMin, "changed", "smallest priority upkeep (LazyMin.changed)"),
+    ]
+    for owner, name, label in patches:
+        setattr(owner, name, timed(acc, label, getattr(owner, name)))
+
+
+def run_steps(rb: ReplayBuffer, prios: list[torch.Tensor], steps: int) -> None:
+    for i in range(steps):
+        batch = rb.sample(BATCH)
+        rb.update_priority(batch["index"], prios[i % len(prios)])
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="100k items, fewer steps (seconds)")
+    p.add_argument("--steps", type=int, default=None, help="steps per repeat (default 2000; quick 300)")
+    p.add_argument("--repeats", type=int, default=5, help="repeats; the median of each phase is shown")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--cprofile", action="store_true", help="print cProfile's top 25 functions instead")
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 300 if args.quick else 2000
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    capacity = 100_000 if args.quick else 1_000_000
+    rb = build(capacity)
+    prios = [torch.from_numpy(p) for p in priorities()]
+    freeze_heap()
+    run_steps(rb, prios, 200)  # warm up
+    print(f"# prioritized sample({BATCH}) + update_priority, {capacity:,} items, µs per step\n")
+    if args.cprofile:
+        profile = cProfile.Profile()
+        profile.runcall(run_steps, rb, prios, args.steps)
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+        return 0
+    start = time.perf_counter()
+    run_steps(rb, prios, args.steps)
+    plain = (time.perf_counter() - start) / args.steps
+    acc: dict[str, int] = {}
+    instrument(rb, acc)
+    runs = []
+    for _ in range(args.repeats):
+        acc.clear()
+        run_steps(rb, prios, args.steps)
+        runs.append({k: v / args.steps / 1e3 for k, v in acc.items()})
+    for label, depth in PHASES:
+        values = [r.get(label, 0.0) for r in runs]
+        print(f"{'  ' * depth}{label:<{48 - 2 * depth}} {statistics.median(values):8.1f}")
+    print(f"\none step without timers (one run): {plain * 1e6:.1f} µs")
+    print(f"load average: {np.round(__import__('os').getloadavg(), 2).tolist()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
