@@ -19,6 +19,9 @@ What is timed (wall clock, one process, files in ``--dir``):
 * ``xpbank.save`` (every file fsynced, then the atomic rename) and ``xpbank.load``
   (cold, checksums verified; packed rows, the default, and ``pack=False``), as rates over
   the bank's data bytes and as ratios to both raw read rates.
+* ``--faults``: the fault experiment in the same rounds: touching new memory of the
+  bank's size (one byte per page) and the raw read into fresh memory, each with and
+  without ``MADV_HUGEPAGE``.
 * The raw reads and the loads run ``--rounds`` times, interleaved, each in a fresh
   process (a load's memory is then new to the process, as for a user's first load);
   the table gives the median of each.
@@ -32,6 +35,8 @@ What is timed (wall clock, one process, files in ``--dir``):
 from __future__ import annotations
 
 import argparse
+import ctypes
+import mmap
 import os
 import shutil
 import statistics
@@ -123,9 +128,28 @@ def read_reused(path: Path) -> None:
             pass
 
 
-def read_fresh(path: Path) -> np.ndarray:
+def fresh_memory(nbytes: int, huge: bool) -> np.ndarray:
+    """``nbytes`` of new memory, with ``MADV_HUGEPAGE`` advice when ``huge`` (Linux)."""
+    out = np.empty(nbytes, np.uint8)
+    if huge:
+        page = mmap.PAGESIZE
+        start = out.ctypes.data - out.ctypes.data % page
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise(start, out.ctypes.data + nbytes - start, 14)  # MADV_HUGEPAGE
+    return out
+
+
+def touch(path: Path, huge: bool = False) -> np.ndarray:
+    """The fault experiment: write one byte per page of new memory of the file's size."""
+    out = fresh_memory(os.path.getsize(path), huge)
+    out[:: mmap.PAGESIZE] = 1
+    return out
+
+
+def read_fresh(path: Path, huge: bool = False) -> np.ndarray:
     """The raw cold read into fresh memory: the file into one new array of its size."""
-    out = np.empty(os.path.getsize(path), np.uint8)
+    out = fresh_memory(os.path.getsize(path), huge)
     view, got = memoryview(out), 0
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(view[got : got + CHUNK]):
@@ -138,6 +162,9 @@ CHILD_OPS = {
     "raw-fresh": read_fresh,
     "load": lambda path: xpbank.load(path),
     "load-unpacked": lambda path: xpbank.load(path, pack=False),
+    "touch": touch,
+    "touch-huge": lambda path: touch(path, huge=True),
+    "raw-fresh-huge": lambda path: read_fresh(path, huge=True),
 }
 
 
@@ -265,6 +292,11 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=None, help="rounds of fresh-process reads/loads (default 7; --quick 3)"
     )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="also time touching / reading into new memory (with/without THP)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("OP", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -291,6 +323,8 @@ def main() -> None:
         log(f"raw cold reads and xpbank.load: {rounds} interleaved rounds, a fresh process each")
         raw_file = root / "raw.bin"
         ops = {"raw": raw_file, "raw-fresh": raw_file, "load": path, "load-unpacked": path}
+        if args.faults:
+            ops.update({"touch": raw_file, "touch-huge": raw_file, "raw-fresh-huge": raw_file})
         rates = {op: nbytes / t for op, t in fresh_process_times(ops, rounds, args.threads).items()}
         raw_file.unlink()
         raw_r, raw_f = rates["raw"], rates["raw-fresh"]
@@ -338,6 +372,20 @@ def main() -> None:
     print(f"Reads and loads: median of {rounds} fresh-process rounds.\n")
     header = ["", "write", "read (cold)", "write / raw", "read / raw", "read / raw fresh"]
     print(markdown_table(header, rows))
+    if args.faults:
+        print("\nFresh memory (the same rounds, fresh processes, medians):\n")
+        names = {
+            "touch": "touch new memory (a byte per page)",
+            "touch-huge": "touch new memory, MADV_HUGEPAGE",
+            "raw-fresh": "raw cold read into fresh memory",
+            "raw-fresh-huge": "raw cold read into fresh memory, MADV_HUGEPAGE",
+            "raw": "raw cold read (one reused 16 MB buffer)",
+        }
+        print(
+            markdown_table(
+                ["", "seconds"], [[name, f"{nbytes / rates[op]:.3f} s"] for op, name in names.items()]
+            )
+        )
     print()
     print(
         markdown_table(
