@@ -72,17 +72,20 @@ def _check_against_files(loaded: xpbank.ReplayBuffer, path, rb: xpbank.ReplayBuf
         assert torch.equal(x[key], y[key]), key
 
 
-@pytest.mark.parametrize("host", [True, False], ids=["host_view", "storage_write"])
+@pytest.mark.parametrize("host", ["all", "none", "one_missing"])
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
 @pytest.mark.parametrize("run_bytes", [1, 100, 1 << 21], ids=["row", "runs", "one_run"])
 def test_load_bit_for_bit_both_layouts(tmp_path, monkeypatch, pack, run_bytes, host):
     """Runs of 1 row, ~3 rows, all rows; into host views, or through storage.write (the
-    CUDA path, taken on the CPU by hiding the host views)."""
+    CUDA path, taken on the CPU by hiding the host views; all of them when any is missing)."""
     monkeypatch.setattr(fill_module, "RUN_BYTES", run_bytes)
     rb = _buffer(50, 63)  # wraps
     path = xpbank.save(rb, tmp_path / "b")
-    if not host:
-        monkeypatch.setattr(TensorStorage, "host_view", lambda self, key: None)
+    shown = TensorStorage.host_view
+    if host != "all":
+        hidden = "action" if host == "one_missing" else None
+        view = lambda self, key: shown(self, key) if hidden and key != hidden else None  # noqa: E731
+        monkeypatch.setattr(TensorStorage, "host_view", view)
     loaded = xpbank.load(path, pack=pack)
     monkeypatch.undo()
     assert loaded.storage.pack is pack

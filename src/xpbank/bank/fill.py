@@ -88,6 +88,9 @@ def fill(snap: Snapshot, storage: Any, spec: Spec, verify: bool) -> None:
         CorruptBankError: a file ends early or its checksum does not match, naming it.
     """
     m = snap.manifest
+    host_view = getattr(storage, "host_view", None)
+    views = {key: host_view(key) for key in spec} if host_view is not None else {}
+    host = bool(views) and all(v is not None for v in views.values())  # else: storage.write
     with contextlib.ExitStack() as stack:
         files = []
         for entry in m.data:
@@ -96,34 +99,32 @@ def fill(snap: Snapshot, storage: Any, spec: Spec, verify: bool) -> None:
             row = int(np.prod(entry.shape[1:], dtype=np.int64)) * entry.dtype.itemsize
             if row and m.size and entry.key is not None:
                 hasher = hasher_for(algorithm_to_check(entry, verify))
-                dest = _contiguous_bytes(storage, entry.key)
+                dest = _contiguous_bytes(views[entry.key]) if host else None
                 files.append(_File(entry, entry.key, f.fileno(), offset, row, dest, hasher))
         if files:
-            _copy_runs(snap, storage, spec, files, m.size)
+            _copy_runs(snap, storage, spec, files, m.size, views if host else None)
         for file in files:
             check_value(snap, file.entry, file.hasher.value(), m.size * file.row, verify)
 
 
-def _contiguous_bytes(storage: Any, key: NestedKey) -> np.ndarray | None:
-    """The storage's rows of ``key`` as one ``[capacity, row bytes]`` array, or ``None``
-    when they are not contiguous (packed rows) or not in host memory."""
-    host_view = getattr(storage, "host_view", None)
-    view = host_view(key) if host_view is not None else None
-    if view is None or not view.flags.c_contiguous:
+def _contiguous_bytes(view: np.ndarray) -> np.ndarray | None:
+    """A field's host view as one ``[capacity, row bytes]`` array, or ``None`` when its
+    rows are not contiguous (packed rows)."""
+    if not view.flags.c_contiguous:
         return None
     return view.reshape(view.shape[0], -1).view(np.uint8)
 
 
-def _copy_runs(snap: Snapshot, storage: Any, spec: Spec, files: list[_File], size: int) -> None:
+def _copy_runs(
+    snap: Snapshot, storage: Any, spec: Spec, files: list[_File], size: int, views: dict[Any, Any] | None
+) -> None:
     """Read the files run by run (helper thread); checksum each run, then copy the staged
-    fields into the storage (this thread)."""
+    fields into the storage (this thread): into its host ``views``, or (``None``: CUDA)
+    through ``storage.write``."""
     run = max(1, min(size, RUN_BYTES // sum(f.row for f in files)))
     staged = [f for f in files if f.dest is None]
     for f in staged:  # 3 buffers: one being read, one queued, one being copied
         f.staged = [np.empty((run, f.row), np.uint8) for _ in range(3)]
-    host_view = getattr(storage, "host_view", None)
-    views = {f.key: host_view(f.key) for f in staged} if host_view is not None else {}
-    host = all(v is not None for v in views.values()) and len(views) == len(staged)
     typed = {f.key: (numpy_dtype(spec[f.key].dtype), spec[f.key].shape) for f in staged}
 
     def rows(f: _File, i: int, n: int) -> np.ndarray:  # staged bytes as the field's rows
@@ -134,7 +135,7 @@ def _copy_runs(snap: Snapshot, storage: Any, spec: Spec, files: list[_File], siz
         for i, first, n in reader:
             for f in files:
                 f.hasher.update(f.part(i, first, n).reshape(-1).data)
-            if host:
+            if views is not None:
                 for f in staged:  # into the storage's (strided) rows
                     views[f.key][first : first + n] = rows(f, i, n)
             elif staged:  # CUDA or a storage without host views: through its write
