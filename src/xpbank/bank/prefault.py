@@ -9,10 +9,11 @@ copies, so the faults overlap the reads instead of stalling the copy loop. Only
 advice: where the system lacks ``madvise`` it does nothing, and the copies then take
 the faults themselves. The contents are not changed (the memory is fresh either way).
 
-Measured again later (fresh processes, the VM up for hours): touching 1 GB of fresh
-memory took 0.10-0.39 s (0.10-0.25 s with ``MADV_HUGEPAGE``), but reading 1 GB into
-fresh memory without huge pages used ~0.6 s more CPU than into a reused buffer (4 KB
-faults taken inside ``read``); with huge pages the difference was within the noise.
+Measured again later (fresh processes, ``benchmarks/bench_bank.py --faults``): touching
+1 GB of new memory took 0.10-0.39 s in one hour and 0.57 s (1.12 s with
+``MADV_HUGEPAGE``) in another, so the cost depends on the VM's state. Interleaved A/B
+loads of a 1 GB bank with and without the huge-page advice (medians of 5, loaded
+machine): packed 1.53 s / 1.00 s CPU with it, 1.78 s / 1.56 s without.
 
 Example:
     >>> import torch
