@@ -3,17 +3,28 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/bench_bank.py --threads 1            # 1 GB bank (~4 GB RAM, ~6 GB disk)
+    .venv/bin/python benchmarks/bench_bank.py --threads 1 --rounds 9 # more fresh-process rounds
     .venv/bin/python benchmarks/bench_bank.py --quick --threads 1    # 64 MB: a smoke test
 
 What is timed (wall clock, one process, files in ``--dir``):
 
 * raw write + fsync: one ``.npy``-sized file written in 16 MB chunks, then ``fsync``.
-* raw cold read: the same file read back in 16 MB chunks after
-  ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` (issued after the fsync) dropped
-  its pages from the page cache. Every "cold" read below is prepared the same way.
+* raw cold read: the same file read back in 16 MB chunks into ONE reused 16 MB buffer
+  after ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` (issued after the fsync)
+  dropped its pages from the page cache. Every "cold" read below is prepared the same way.
+* raw cold read into fresh memory: the same file read (16 MB ``readinto`` calls) into
+  one new ``np.empty`` array of its size, what ``np.fromfile`` costs: the floor for any
+  loader that returns new memory, which pays the first-touch page faults the reused
+  buffer never pays.
 * ``xpbank.save`` (every file fsynced, then the atomic rename) and ``xpbank.load``
-  (cold, checksums verified), as rates over the bank's data bytes and as ratios to the
-  raw rates.
+  (cold, checksums verified; packed rows, the default, and ``pack=False``), as rates over
+  the bank's data bytes and as ratios to both raw read rates.
+* ``--faults``: the fault experiment in the same rounds: touching new memory of the
+  bank's size (one byte per page) and the raw read into fresh memory, each with and
+  without ``MADV_HUGEPAGE``.
+* The raw reads and the loads run ``--rounds`` times, interleaved, each in a fresh
+  process (a load's memory is then new to the process, as for a user's first load);
+  the table gives the median of each.
 * ``xpbank.open_bank`` and ``buffer.checkpoint()`` (after appending 256 items) on a
   small bank and the large one: median of several calls.
 * ``torch.save(rb.state_dict())`` + fsync and ``torch.load(weights_only=True)`` (cold) +
@@ -24,9 +35,12 @@ What is timed (wall clock, one process, files in ``--dir``):
 from __future__ import annotations
 
 import argparse
+import ctypes
+import mmap
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,9 +105,8 @@ def drop_cache(root: Path) -> None:
             os.close(fd)
 
 
-def raw_rates(directory: Path, nbytes: int) -> tuple[float, float]:
-    """(write + fsync, cold read) in bytes/s for one file of ``nbytes``."""
-    path = directory / "raw.bin"
+def raw_write(path: Path, nbytes: int) -> float:
+    """Write + fsync rate in bytes/s of one file of ``nbytes`` (kept for the reads)."""
     block = np.random.default_rng(0).integers(0, 255, CHUNK, dtype=np.uint8)
     start = time.perf_counter()
     with open(path, "wb") as f:
@@ -104,16 +117,78 @@ def raw_rates(directory: Path, nbytes: int) -> tuple[float, float]:
             left -= n
         f.flush()
         os.fsync(f.fileno())
-    write = nbytes / (time.perf_counter() - start)
-    drop_cache(path)
+    return nbytes / (time.perf_counter() - start)
+
+
+def read_reused(path: Path) -> None:
+    """The raw cold read: the file through one reused 16 MB buffer."""
     buf = bytearray(CHUNK)
-    start = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass
-    read = nbytes / (time.perf_counter() - start)
-    path.unlink()
-    return write, read
+
+
+def fresh_memory(nbytes: int, huge: bool) -> np.ndarray:
+    """``nbytes`` of new memory, with ``MADV_HUGEPAGE`` advice when ``huge`` (Linux)."""
+    out = np.empty(nbytes, np.uint8)
+    if huge:
+        page = mmap.PAGESIZE
+        start = out.ctypes.data - out.ctypes.data % page
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise(start, out.ctypes.data + nbytes - start, 14)  # MADV_HUGEPAGE
+    return out
+
+
+def touch(path: Path, huge: bool = False) -> np.ndarray:
+    """The fault experiment: write one byte per page of new memory of the file's size."""
+    out = fresh_memory(os.path.getsize(path), huge)
+    out[:: mmap.PAGESIZE] = 1
+    return out
+
+
+def read_fresh(path: Path, huge: bool = False) -> np.ndarray:
+    """The raw cold read into fresh memory: the file into one new array of its size."""
+    out = fresh_memory(os.path.getsize(path), huge)
+    view, got = memoryview(out), 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view[got : got + CHUNK]):
+            got += n
+    return out
+
+
+CHILD_OPS = {
+    "raw": read_reused,
+    "raw-fresh": read_fresh,
+    "load": lambda path: xpbank.load(path),
+    "load-unpacked": lambda path: xpbank.load(path, pack=False),
+    "touch": touch,
+    "touch-huge": lambda path: touch(path, huge=True),
+    "raw-fresh-huge": lambda path: read_fresh(path, huge=True),
+}
+
+
+def child(op: str, path: Path) -> None:
+    """Run one timed operation in this (fresh) process; print its wall seconds."""
+    start = time.perf_counter()
+    CHILD_OPS[op](path)
+    print(time.perf_counter() - start)
+
+
+def fresh_process_times(ops: dict[str, Path], rounds: int, threads: int | None) -> dict[str, float]:
+    """Median seconds of each ``op`` (a key of ``CHILD_OPS``), each call in a fresh
+    process with its files' pages dropped first, the ops interleaved round by round."""
+    times: dict[str, list[float]] = {op: [] for op in ops}
+    for r in range(rounds):
+        for op, path in ops.items():
+            drop_cache(path)
+            cmd = [sys.executable, __file__, "--child", op, str(path)]
+            if threads:
+                cmd += ["--threads", str(threads)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            times[op].append(float(out.split()[-1]))
+        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{op} {t[-1]:.3f} s" for op, t in times.items()))
+    return {op: statistics.median(t) for op, t in times.items()}
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -214,9 +289,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--repeat", type=int, default=7, help="calls per open/checkpoint median")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of fresh-process reads/loads (default 7; --quick 3)"
+    )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="also time touching / reading into new memory (with/without THP)",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("OP", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.child:
+        child(args.child[0], Path(args.child[1]))
+        return
+    rounds = args.rounds or (3 if args.quick else 7)
     big_mb = 64 if args.quick else 1024
     item = 526
     root = Path(tempfile.mkdtemp(prefix="xpbank-bench-", dir=args.dir))
@@ -224,22 +312,30 @@ def main() -> None:
         log(f"building a {big_mb} MB buffer")
         rb = make_buffer(big_mb * 2**20 // item)
         nbytes = data_bytes(rb)
-        log("raw write + fsync / cold read")
-        raw_w, raw_r = raw_rates(root, nbytes)
-        log("xpbank.save / load")
+        log("raw write + fsync")
+        raw_w = raw_write(root / "raw.bin", nbytes)
+        log("xpbank.save")
         t_save, path = timed(lambda: xpbank.save(rb, root / "big"))
-        drop_cache(path)
-        t_load, back = timed(lambda: xpbank.load(path))
-        assert torch.equal(back.sample_all()["obs"], rb.sample_all()["obs"])
-        del back
-        save_rate, load_rate = nbytes / t_save, nbytes / t_load
+        for pack in (True, False):  # what the timed loads return, checked once here
+            back = xpbank.load(path, pack=pack)
+            assert torch.equal(back.sample_all()["obs"], rb.sample_all()["obs"])
+            del back
+        log(f"raw cold reads and xpbank.load: {rounds} interleaved rounds, a fresh process each")
+        raw_file = root / "raw.bin"
+        ops = {"raw": raw_file, "raw-fresh": raw_file, "load": path, "load-unpacked": path}
+        if args.faults:
+            ops.update({"touch": raw_file, "touch-huge": raw_file, "raw-fresh-huge": raw_file})
+        rates = {op: nbytes / t for op, t in fresh_process_times(ops, rounds, args.threads).items()}
+        raw_file.unlink()
+        raw_r, raw_f = rates["raw"], rates["raw-fresh"]
+        save_rate = nbytes / t_save
         log("torch.save / torch.load")
         torch_rates = bench_torch(rb, root, nbytes)
         log("torchrl dumps / loads")
         trl_rates = bench_torchrl(rb, root, nbytes)
         log("open_bank / checkpoint")
         small = xpbank.save(make_buffer(10 * 2**20 // item, seed=1), root / "small")
-        ops = {
+        small_ops = {
             "10 MB": bench_small_ops(small, args.repeat),
             f"{big_mb} MB": bench_small_ops(path, args.repeat),
         }
@@ -249,41 +345,54 @@ def main() -> None:
     versions = {"xpbank": xpbank.__version__}
     print(f"Environment: {environment(versions)} · load_average_at_end {load_average():.2f}\n")
     print(f"Bank of {nbytes / 2**20:.0f} MiB ({len(rb):,} items of {item} bytes, 6 fields)\n")
+
+    def row(name: str, write: float | None, read: float) -> list[str]:
+        return [
+            name,
+            gbs(write) if write else "",
+            gbs(read),
+            f"{write / raw_w:.2f}x" if write else "",
+            f"{read / raw_r:.2f}x",
+            f"{read / raw_f:.2f}x",
+        ]
+
     rows = [
-        ["raw write + fsync / raw cold read", gbs(raw_w), gbs(raw_r), "1.00x", "1.00x"],
-        [
-            "xpbank save / load",
-            gbs(save_rate),
-            gbs(load_rate),
-            f"{save_rate / raw_w:.2f}x",
-            f"{load_rate / raw_r:.2f}x",
-        ],
-        [
-            "torch.save(state_dict) / torch.load",
-            gbs(torch_rates["save"]),
-            gbs(torch_rates["load"]),
-            f"{torch_rates['save'] / raw_w:.2f}x",
-            f"{torch_rates['load'] / raw_r:.2f}x",
-        ],
+        row("raw write + fsync / raw cold read (one reused 16 MB buffer)", raw_w, raw_r),
+        row("raw cold read into fresh memory (np.fromfile-like)", None, raw_f),
+        row("xpbank save / load (packed rows, the default)", save_rate, rates["load"]),
+        row("xpbank load(pack=False) (one block per field)", None, rates["load-unpacked"]),
+        row(
+            "torch.save(state_dict) / torch.load (one run, in process)",
+            torch_rates["save"],
+            torch_rates["load"],
+        ),
     ]
     if trl_rates:
-        rows.append(
-            [
-                "TorchRL dumps / loads",
-                gbs(trl_rates["save"]),
-                gbs(trl_rates["load"]),
-                f"{trl_rates['save'] / raw_w:.2f}x",
-                f"{trl_rates['load'] / raw_r:.2f}x",
-            ]
+        rows.append(row("TorchRL dumps / loads (one run, in process)", trl_rates["save"], trl_rates["load"]))
+    print(f"Reads and loads: median of {rounds} fresh-process rounds.\n")
+    header = ["", "write", "read (cold)", "write / raw", "read / raw", "read / raw fresh"]
+    print(markdown_table(header, rows))
+    if args.faults:
+        print("\nFresh memory (the same rounds, fresh processes, medians):\n")
+        names = {
+            "touch": "touch new memory (a byte per page)",
+            "touch-huge": "touch new memory, MADV_HUGEPAGE",
+            "raw-fresh": "raw cold read into fresh memory",
+            "raw-fresh-huge": "raw cold read into fresh memory, MADV_HUGEPAGE",
+            "raw": "raw cold read (one reused 16 MB buffer)",
+        }
+        print(
+            markdown_table(
+                ["", "seconds"], [[name, f"{nbytes / rates[op]:.3f} s"] for op, name in names.items()]
+            )
         )
-    print(markdown_table(["", "write", "read (cold)", "write / raw", "read / raw"], rows))
     print()
     print(
         markdown_table(
             ["bank", "open_bank (r)", "append 256 + checkpoint"],
             [
                 [name, f"{o['open'] * 1e3:.2f} ms", f"{o['checkpoint'] * 1e3:.2f} ms"]
-                for name, o in ops.items()
+                for name, o in small_ops.items()
             ],
         )
     )

@@ -8,7 +8,6 @@ The format is in :mod:`xpbank.bank.format` and ``docs/bank-format.md``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -17,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from xpbank.bank.checksum import CHUNK_BYTES, ChecksumWriter, ChunkReader
+from xpbank.bank.checksum import CHUNK_BYTES, ChecksumWriter
 from xpbank.bank.codec import encode
+from xpbank.bank.fill import fill
 from xpbank.bank.format import (
     MANIFEST,
     STATE_DIR,
@@ -36,12 +35,12 @@ from xpbank.bank.format import (
 )
 from xpbank.bank.manifest import FileEntry, Manifest, check_metadata, new_session_id, utc_now
 from xpbank.bank.prefault import prefault
-from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value, read_state, snapshot
+from xpbank.bank.snapshot import Snapshot, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.replay import ReplayBuffer
 from xpbank.sampler import make_sampler
 from xpbank.storage import TensorStorage
-from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.dtypes import numpy_dtype, to_numpy
 
 __all__ = [
     "save",
@@ -299,7 +298,9 @@ def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path) -> None:
 
 
 # -- load ------------------------------------------------------------------------------
-def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = True) -> ReplayBuffer:
+def load(
+    path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = True, pack: bool = True
+) -> ReplayBuffer:
     """Read a bank into a memory :class:`~xpbank.ReplayBuffer`, restored bit for bit.
 
     Same items in the same slots, same ids (indices sampled before the save still
@@ -309,9 +310,15 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
     Args:
         path: the bank directory.
         device: where the loaded buffer keeps its data.
-        verify: check every data file's CRC-32 against the manifest (the read is
-            overlapped with the checksum). Files modified in place by an ``"r+"`` bank
-            carry no checksum; their shapes and sizes are checked either way.
+        verify: check every data file's checksum against the manifest (computed in the
+            same pass as the copy, while the bytes are in cache). Files modified in
+            place by an ``"r+"`` bank carry no checksum; their shapes and sizes are
+            checked either way.
+        pack: the loaded buffer's layout (``TensorStorage(pack=...)``). ``True``: all
+            fields of an item in one row (faster sampling; the rows are assembled from
+            the per-field files). ``False``: one block per field, read straight from
+            the files into the buffer's memory (a faster load). The contents, ids and
+            samples are the same either way.
 
     Raises:
         BankError: ``path`` is not a bank.
@@ -331,10 +338,11 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
 
     def use(snap: Snapshot) -> ReplayBuffer:
         m = snap.manifest
-        buffer = new_buffer(m, root, TensorStorage(m.capacity, m.spec, device=device))
+        buffer = new_buffer(m, root, TensorStorage(m.capacity, m.spec, device=device, pack=pack))
         filler = prefault(buffer.storage, m.spec) if m.spec is not None else None
         try:
-            _read_data(snap, buffer, verify)
+            if m.spec is not None:
+                fill(snap, buffer.storage, m.spec, verify)
         finally:
             if filler is not None:
                 filler.join()
@@ -343,61 +351,3 @@ def load(path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = Tr
         return buffer
 
     return snapshot(root, use)
-
-
-def _read_data(snap: Snapshot, buffer: ReplayBuffer, verify: bool) -> None:
-    """Copy the counted rows of every data file into the buffer's storage.
-
-    All files are read in lockstep, one chunk of rows at a time (each by its own
-    read-ahead thread that also checksums), and copied a cache-sized run of rows at a
-    time: on the host, every field of the run straight into the storage's rows through
-    its ``host_view`` (one copy; a strided pass over the whole buffer per field measured
-    5x slower), elsewhere (CUDA) through ``storage.write``.
-    """
-    m, spec, storage = snap.manifest, buffer.spec, buffer.storage
-    if spec is None:
-        return
-    row = {e.key: int(np.prod(e.shape[1:], dtype=np.int64)) * e.dtype.itemsize for e in m.data}
-    total = max(1, sum(row.values()))
-    step = max(1, CHUNK_BYTES // total)
-    run = max(1, (1 << 20) // total) if storage.device.type == "cpu" else step
-    with contextlib.ExitStack() as stack:
-        readers: dict[Any, ChunkReader] = {}
-        for entry in m.data:
-            f, _ = snap.open(entry)
-            stack.enter_context(f)
-            if row[entry.key] and m.size:
-                algorithm = algorithm_to_check(entry, verify)
-                reader = ChunkReader(f, m.size * row[entry.key], algorithm, step * row[entry.key])
-                readers[entry.key] = stack.enter_context(reader)
-        dtypes = {key: numpy_dtype(field.dtype) for key, field in spec.items()}
-        host_view = getattr(storage, "host_view", None)
-        views = {key: host_view(key) for key in readers} if host_view is not None else {}
-        direct = host_view is not None and all(v is not None for v in views.values())
-        first = 0
-        for chunks in zip(*readers.values(), strict=True):
-            n = len(chunks[0]) // row[next(iter(readers))]
-            got = {
-                key: c.view(dtypes[key]).reshape(n, *spec[key].shape)
-                for key, c in zip(readers, chunks, strict=True)
-            }
-            if direct:
-                for start in range(0, n, run):  # straight into the rows, a cache-sized run at a time
-                    stop = min(n, start + run)
-                    for key, rows in got.items():
-                        views[key][first + start : first + stop] = rows[start:stop]
-            else:  # CUDA or a storage without host views: through its write
-                batch = {
-                    key: as_torch(got[key], field.dtype)
-                    if key in got
-                    else torch.empty((n, *field.shape), dtype=field.dtype)  # a field of zero bytes
-                    for key, field in spec.items()
-                }
-                for start in range(0, n, run):
-                    stop = min(n, start + run)
-                    part = batch if (start, stop) == (0, n) else {k: v[start:stop] for k, v in batch.items()}
-                    storage.write(slice(first + start, first + stop), part)
-            first += n
-        for entry in m.data:
-            if entry.key in readers:
-                check_value(snap, entry, readers[entry.key].value(), m.size * row[entry.key], verify)
