@@ -35,9 +35,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from xpbank.errors import CapacityError, RateLimitTimeout, check_positive_int
@@ -145,10 +147,8 @@ class RateLimiter:
             RateLimitTimeout: still not admitted after ``timeout`` seconds (nothing counted).
             CapacityError: ``n`` could never be admitted (see :meth:`check_fits`).
         """
-        self._await("insert", n, timeout, self.can_insert)
-        with self._cond:
+        with self._await("insert", n, timeout, self.can_insert):
             self.inserts += n
-            self._cond.notify_all()
 
     def await_sample(self, n: int, timeout: float) -> None:
         """Wait until ``n`` items may be sampled, then count them.
@@ -157,22 +157,25 @@ class RateLimiter:
             RateLimitTimeout: still not admitted after ``timeout`` seconds (nothing counted).
             CapacityError: ``n`` could never be admitted (see :meth:`check_fits`).
         """
-        self._await("sample", n, timeout, self.can_sample)
-        with self._cond:
+        with self._await("sample", n, timeout, self.can_sample):
             self.samples += n
-            self._cond.notify_all()
 
-    def _await(self, what: str, n: int, timeout: float, ready: Any) -> None:
+    @contextlib.contextmanager
+    def _await(self, what: str, n: int, timeout: float, ready: Any) -> Iterator[None]:
+        """Hold the lock from the moment ``n`` is admitted until it is counted."""
         n = check_positive_int(f"{what} count", n)
         timeout = _finite("timeout", timeout, 0.0)
-        self.check_fits(n, what)
         deadline = time.monotonic() + timeout
         with self._cond:
+            if not ready(n):
+                self.check_fits(n, what)  # e.g. inserts below min_size_to_sample may be wider
             while not ready(n):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RateLimitTimeout(self._blocked(what, n, timeout))
                 self._cond.wait(left)
+            yield
+            self._cond.notify_all()
 
     def _blocked(self, what: str, n: int, timeout: float) -> str:
         why = (
