@@ -369,6 +369,18 @@ class RayReplayBuffer:
                 if s not in self._health.down:
                     self._link.submit(s, "set_max_priority", top)
 
+    def clear(self) -> None:
+        """Drop every item on every shard that is up, and this client's pending rows.
+
+        Ids handed out before become stale (each shard's ``ReplayBuffer.clear``).
+
+        Raises:
+            ShardUnavailableError: a shard is down (the others were cleared).
+        """
+        self._writer.discard()
+        answers = self._link.call_each({s: ("clear", ()) for s in range(self.num_shards)})
+        _raise_if_down(answers, "clear", "cleared")
+
     # -- checkpoints and shutdown ---------------------------------------------------
     def checkpoint(self) -> list[Path]:
         """Flush, then save every shard that is up as a bank now; returns their paths.
@@ -378,9 +390,7 @@ class RayReplayBuffer:
         """
         self._writer.flush()
         answers = self._link.call_each({s: ("checkpoint", ()) for s in range(self.num_shards)})
-        down = [s for s, a in answers.items() if isinstance(a, ShardUnavailableError)]
-        if down:
-            raise ShardUnavailableError(f"checkpoint: shard(s) {down} are down; the others were saved")
+        _raise_if_down(answers, "checkpoint", "saved")
         return [Path(answers[s]["path"]) for s in range(self.num_shards)]
 
     def close(self) -> None:
@@ -413,3 +423,9 @@ def _check_checkpoint_dir(directory: Path, resume: bool) -> None:
             f"checkpoint_dir {directory} holds shard checkpoints of an earlier buffer "
             f"({banks or 'id marks'}); pass resume=True to load them, or give an empty directory"
         )
+
+
+def _raise_if_down(answers: dict[int, Any], what: str, done: str) -> None:
+    down = [s for s, a in answers.items() if isinstance(a, ShardUnavailableError)]
+    if down:
+        raise ShardUnavailableError(f"{what}: shard(s) {down} are down; the others were {done}")

@@ -153,6 +153,12 @@ class Shard:
                 self.checkpoint()
             return {"first": ids.start + self.offset, "count": len(ids)}
 
+    def clear(self) -> None:
+        """Drop every item (ids handed out so far become stale)."""
+        with self.rb.lock:
+            self.rb.clear()
+            self._mark_issued()
+
     def set_max_priority(self, value: float) -> None:
         """Raise the priority new items start at to the largest any shard has seen."""
         sampler = self.rb.sampler

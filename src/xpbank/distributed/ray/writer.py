@@ -157,6 +157,13 @@ class RayWriter:
         self._rows[shard] += n
         self._bytes += sum(v.numel() * v.element_size() for v in flat.values())
 
+    def discard(self) -> int:
+        """Drop the pending rows without sending them; returns how many were dropped."""
+        dropped = sum(self._rows)
+        self._pending = [[] for _ in range(self._link.num_shards)]
+        self._rows, self._bytes = [0] * self._link.num_shards, 0
+        return dropped
+
     def flush(self) -> int:
         """Send every pending row (waits for the rate limiter and the shards); returns rows stored.
 
@@ -170,8 +177,7 @@ class RayWriter:
         self._link.admit_insert(total)
         parts = {s: _concat(chunks) for s, chunks in enumerate(self._pending) if chunks}
         rows = list(self._rows)
-        self._pending = [[] for _ in range(self._link.num_shards)]
-        self._rows, self._bytes = [0] * self._link.num_shards, 0
+        self.discard()
         answers = self._link.call_each({s: ("extend", (part,)) for s, part in parts.items()})
         stored = 0
         for s in parts:
