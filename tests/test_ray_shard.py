@@ -12,11 +12,11 @@ import torch
 
 pytest.importorskip("ray")
 
-from xpbank import PrioritizedSampler, StaleIndexError, XpbankIndexError  # noqa: E402
-from xpbank.distributed.ray.ids import decode, encode, id_problem, split_by_shard  # noqa: E402
-from xpbank.distributed.ray.shard import Shard  # noqa: E402
-from xpbank.distributed.ray.weights import global_weights  # noqa: E402
-from xpbank.errors import CorruptBankError  # noqa: E402
+from xpbank import PrioritizedSampler, StaleIndexError, XpbankIndexError
+from xpbank.distributed.ray.ids import decode, encode, id_problem, split_by_shard
+from xpbank.distributed.ray.shard import Shard
+from xpbank.distributed.ray.weights import global_weights
+from xpbank.errors import CorruptBankError
 
 UNIFORM = {"sampler": {"name": "uniform", "config": {}}, "seed": 0}
 PRIORITIZED = {

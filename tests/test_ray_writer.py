@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("ray")
 
-from xpbank import Field, ShardUnavailableError, Spec, SpecError  # noqa: E402
-from xpbank.distributed.ray.writer import RayWriter  # noqa: E402
+from xpbank import Field, ShardUnavailableError, Spec, SpecError
+from xpbank.distributed.ray.writer import RayWriter
 
 SPEC = Spec({"obs": Field((4,), torch.float32), "env_id": Field((), torch.int64)})
 ROW_BYTES = 4 * 4 + 8
@@ -56,7 +56,7 @@ def test_rows_of_one_env_go_to_one_shard_in_order() -> None:
         for env in part["env_id"].unique().tolist():  # each env's rows in the order written
             mine = part["obs"][part["env_id"] == env, 0]
             assert torch.equal(mine, torch.arange(env, 20, 5, dtype=torch.float32))
-    assert sorted(sum((p["obs"][:, 0].tolist() for p in sent.values()), [])) == list(range(20))
+    assert sorted(torch.cat([p["obs"][:, 0] for p in sent.values()]).tolist()) == list(range(20))
     assert link.admitted == [20] and writer.pending == 0
 
 

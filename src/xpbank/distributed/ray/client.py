@@ -88,6 +88,8 @@ class RayReplayBuffer:
         flush_bytes: the batch size of writes to a shard.
         timeout: seconds any blocking call (a write, a sample, a rate limiter wait) may take.
         probe_timeout: seconds a shard may take to answer before a sample goes on without it.
+        start_timeout: seconds the shard actors may take to start (their processes import
+            xpbank and torch).
         max_restarts: how often Ray restarts a dead shard (``-1``: always).
         max_concurrency: threads per shard actor (sampling need not queue behind writes).
         actor_options: more ``ray.remote`` options for the shard actors (e.g.
@@ -124,6 +126,7 @@ class RayReplayBuffer:
         flush_bytes: int = 1 << 20,
         timeout: float = 60.0,
         probe_timeout: float = 5.0,
+        start_timeout: float = 300.0,
         max_restarts: int = -1,
         max_concurrency: int = 8,
         actor_options: Mapping[str, Any] | None = None,
@@ -186,12 +189,13 @@ class RayReplayBuffer:
         self._health = Health(self._link)
         self._samples = 0  # sample() calls: the beta schedule's position
         self._max_priority = self._sampler.max_priority if self._prioritized else 0.0  # type: ignore[attr-defined]
-        started = self._link.collect({s: self._link.submit(s, "ping") for s in range(num_shards)}, timeout)
+        pings = {s: self._link.submit(s, "ping") for s in range(num_shards)}
+        started = self._link.collect(pings, start_timeout)
         failed = {s: a for s, a in started.items() if isinstance(a, ShardUnavailableError)}
         if failed:
             self.close()
             raise ShardUnavailableError(
-                f"shard(s) {sorted(failed)} did not start within {timeout:g} s: {failed}"
+                f"shard(s) {sorted(failed)} did not start within {start_timeout:g} s: {failed}"
             )
 
     # -- properties ------------------------------------------------------------
@@ -254,8 +258,14 @@ class RayReplayBuffer:
         """Send this client's pending rows now; returns how many were stored."""
         return self._writer.flush()
 
+    def rate_limiter_state(self) -> dict[str, float] | None:
+        """The rate limiter's counters and bounds (``None`` without one)."""
+        limiter = self._link.limiter
+        return None if limiter is None else ray.get(limiter.state.remote(), timeout=self._link.timeout)
+
     def shard_status(self) -> list[ShardStatus]:
-        """The state of every shard (polls them first)."""
+        """The state of every shard (flushes this client's writer, then polls them)."""
+        self._writer.flush()
         return self._health.status(self._writer.lost)
 
     # -- sampling --------------------------------------------------------------
@@ -330,10 +340,11 @@ class RayReplayBuffer:
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
         """Set priorities by the ids a sample returned; each update goes to its id's shard.
 
-        Every involved shard checks its ids first (in parallel), then all write. With
-        ``stale="raise"`` an id overwritten (or lost in a restart) raises and nothing is
-        written; an item overwritten between the check and the write is dropped.
-        Updates for a shard that is down are dropped (logged).
+        Flushes this client's writer first. Every involved shard checks its ids first
+        (in parallel), then all write. With ``stale="raise"`` an id overwritten (or lost
+        in a restart) raises and nothing is written; an item overwritten between the
+        check and the write is dropped. Updates for a shard that is down are dropped
+        (logged).
 
         Raises:
             PriorityError, XpbankIndexError, StaleIndexError: as :meth:`ReplayBuffer.update_priority`.
@@ -344,6 +355,7 @@ class RayReplayBuffer:
                 "with sampler=PrioritizedSampler()"
             )
         ids, values = check_values(indices, priorities, stale)
+        self._writer.flush()
         ids, rows = split_by_shard(ids, self.num_shards)
         local = {s: ids[r] // self.num_shards for s, r in enumerate(rows) if r.size}
         checks = self._link.call_each({s: ("check_ids", (loc,)) for s, loc in local.items()})
