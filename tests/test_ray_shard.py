@@ -16,7 +16,7 @@ from xpbank import PrioritizedSampler, StaleIndexError, XpbankIndexError
 from xpbank.distributed.ray.ids import decode, encode, id_problem, split_by_shard
 from xpbank.distributed.ray.shard import Shard
 from xpbank.distributed.ray.weights import global_weights
-from xpbank.errors import CorruptBankError
+from xpbank.errors import BankError, CorruptBankError
 
 UNIFORM = {"sampler": {"name": "uniform", "config": {}}, "seed": 0}
 PRIORITIZED = {
@@ -154,3 +154,15 @@ def test_update_priority_drops_ids_that_are_not_live_and_raises_the_start_priori
     assert float(shard.rb.sampler.priority(np.array([2]))[0]) == 6.0  # type: ignore[attr-defined]
     stats = shard.stats()
     assert stats["total"] == pytest.approx(2 + 3 + 6 + 5 * 1.0) and stats["smallest"] == 1.0
+
+
+def test_a_checkpoint_dir_of_an_earlier_buffer_needs_resume(tmp_path: Path) -> None:
+    from xpbank.distributed.ray.client import _check_checkpoint_dir
+
+    _check_checkpoint_dir(tmp_path / "new", resume=False)  # missing or empty: fine
+    make(tmp_path).checkpoint()
+    with pytest.raises(
+        BankError, match=r"holds shard checkpoints of an earlier buffer \(\['shard-1'\]\); pass resume"
+    ):
+        _check_checkpoint_dir(tmp_path, resume=False)
+    _check_checkpoint_dir(tmp_path, resume=True)
