@@ -157,12 +157,12 @@ def test_update_priority_drops_ids_that_are_not_live_and_raises_the_start_priori
 
 
 def test_a_checkpoint_dir_of_an_earlier_buffer_needs_resume(tmp_path: Path) -> None:
-    from xpbank.distributed.ray.client import _check_checkpoint_dir
+    from xpbank.distributed.ray.spawn import check_checkpoint_dir
 
-    _check_checkpoint_dir(tmp_path / "new", resume=False)  # missing or empty: fine
+    check_checkpoint_dir(tmp_path / "new", resume=False)  # missing or empty: fine
     make(tmp_path).checkpoint()
     with pytest.raises(
         BankError, match=r"holds shard checkpoints of an earlier buffer \(\['shard-1'\]\); pass resume"
     ):
-        _check_checkpoint_dir(tmp_path, resume=False)
-    _check_checkpoint_dir(tmp_path, resume=True)
+        check_checkpoint_dir(tmp_path, resume=False)
+    check_checkpoint_dir(tmp_path, resume=True)

@@ -18,12 +18,11 @@ from xpbank.batch import to_tensordict
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.health import Health, ShardStatus
 from xpbank.distributed.ray.ids import encode, id_problem, split_by_shard
-from xpbank.distributed.ray.link import LimiterHost, ShardLink
-from xpbank.distributed.ray.shard import Shard
+from xpbank.distributed.ray.link import ShardLink
+from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
 from xpbank.distributed.ray.weights import global_weights
 from xpbank.distributed.ray.writer import RayWriter
 from xpbank.errors import (
-    BankError,
     CapacityError,
     EmptyBufferError,
     PriorityError,
@@ -39,11 +38,6 @@ from xpbank.spec import Spec
 __all__ = ["RayReplayBuffer", "ShardStatus"]
 
 log = logging.getLogger(__name__)
-
-
-def _capacities(capacity: int, num_shards: int) -> list[int]:
-    base, extra = divmod(capacity, num_shards)
-    return [base + (s < extra) for s in range(num_shards)]
 
 
 class RayReplayBuffer:
@@ -145,6 +139,15 @@ class RayReplayBuffer:
             raise CapacityError(
                 f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}"
             )
+        flush_bytes = check_positive_int("flush_bytes", flush_bytes)
+        every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
+        for name, value in [
+            ("timeout", timeout),
+            ("probe_timeout", probe_timeout),
+            ("start_timeout", start_timeout),
+        ]:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise CapacityError(f"{name}: expected a number of seconds > 0, got {value!r}")
         self._sampler = sampler if sampler is not None else UniformSampler()
         described = sampler_config(self._sampler)  # refuses an unregistered sampler
         self._prioritized = isinstance(self._sampler, PrioritizedSampler)
@@ -153,50 +156,29 @@ class RayReplayBuffer:
             if checkpoint_dir is not None
             else Path(tempfile.mkdtemp(prefix="xpbank-ray-"))
         )
-        _check_checkpoint_dir(self._dir, resume)
+        check_checkpoint_dir(self._dir, resume)
         options = {"sampler": described, "nstep": None if nstep is None else nstep.config(), "seed": seed}
-        remote = ray.remote(Shard).options(
-            max_restarts=max_restarts, max_concurrency=max_concurrency, **dict(actor_options or {})
-        )
-        every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
-        shards = [
-            remote.remote(
-                s,
-                num_shards,
-                cap,
-                None if spec is None else spec.to_dict(),
-                options,
-                str(self._dir),
-                every,
-                checkpoint_seconds,
-            )
-            for s, cap in enumerate(_capacities(capacity, num_shards))
-        ]
-        limiter = None
-        if rate_limiter is not None:
-            host = ray.remote(LimiterHost).options(max_concurrency=64, max_restarts=max_restarts)
-            limiter = host.remote(
-                rate_limiter.samples_per_insert, rate_limiter.min_size_to_sample, _error_buffer(rate_limiter)
-            )
+        plan = ShardPlan(num_shards, capacity, spec, options, str(self._dir), every, checkpoint_seconds)
+        ray_options = {
+            "max_restarts": max_restarts,
+            "max_concurrency": max_concurrency,
+            **(actor_options or {}),
+        }
+        shards, limiter = spawn(plan, rate_limiter, ray_options)
         self._link = ShardLink(shards, limiter, float(timeout), float(probe_timeout))
-        self._capacity, self._spec = capacity, spec
+        self._capacity = capacity
         self._rng = np.random.default_rng(seed)
         self._pinned = nstep is not None or bool(getattr(self._sampler, "needs_episodes", False))
-        self._writer = RayWriter(
-            self._link, spec, 0, self._pinned, check_positive_int("flush_bytes", flush_bytes)
-        )
+        self._writer = RayWriter(self._link, spec, 0, self._pinned, flush_bytes)
         self._writers = 1
         self._health = Health(self._link)
         self._samples = 0  # sample() calls: the beta schedule's position
         self._max_priority = self._sampler.max_priority if self._prioritized else 0.0  # type: ignore[attr-defined]
-        pings = {s: self._link.submit(s, "ping") for s in range(num_shards)}
-        started = self._link.collect(pings, start_timeout)
-        failed = {s: a for s, a in started.items() if isinstance(a, ShardUnavailableError)}
-        if failed:
+        try:
+            wait_started(self._link, start_timeout)
+        except ShardUnavailableError:
             self.close()
-            raise ShardUnavailableError(
-                f"shard(s) {sorted(failed)} did not start within {start_timeout:g} s: {failed}"
-            )
+            raise
 
     # -- properties ------------------------------------------------------------
     @property
@@ -419,22 +401,6 @@ class RayReplayBuffer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _error_buffer(limiter: RateLimiter) -> float | None:
-    if limiter.samples_per_insert is None:
-        return None
-    return (limiter.max_diff - limiter.min_diff) / 2
-
-
-def _check_checkpoint_dir(directory: Path, resume: bool) -> None:
-    banks = sorted(p.name for p in directory.glob("shard-*") if p.is_dir()) if directory.is_dir() else []
-    marks = list(directory.glob("shard-*.issued")) if directory.is_dir() else []
-    if (banks or marks) and not resume:
-        raise BankError(
-            f"checkpoint_dir {directory} holds shard checkpoints of an earlier buffer "
-            f"({banks or 'id marks'}); pass resume=True to load them, or give an empty directory"
-        )
 
 
 def _raise_if_down(answers: dict[int, Any], what: str, done: str) -> None:
