@@ -22,6 +22,7 @@ pytest.importorskip("ray")
 
 from test_uniform_stats import P_MIN, chi2_pvalue
 from xpbank import (
+    CapacityError,
     NStep,
     PrioritizedSampler,
     PriorityError,
@@ -138,6 +139,8 @@ def test_update_priority_routes_by_id_and_refuses_stale_ids(prio: RayReplayBuffe
         prio.update_priority([old[19], old[3]], [50.0, 50.0])
     with pytest.raises(XpbankIndexError, match=r"item 2000001 was never issued \(shard 1, live ids"):
         prio.update_priority([2_000_001], [1.0])
+    with pytest.raises(PriorityError, match=r"replace=False: prioritized sampling draws with replacement"):
+        prio.sample(4, replace=False)
     with pytest.raises(PriorityError, match=r"expected finite values >= 0, got nan at position 1"):
         prio.update_priority([old[19], old[18]], [1.0, float("nan")])
     assert shard_totals(prio) == totals  # nothing written by any refused call
@@ -247,6 +250,11 @@ def test_uniform_draws_are_uniform_over_unequal_shards(nstep_rb: RayReplayBuffer
         np.add.at(counts, nstep_rb.sample(500)["uid"].numpy(), 1)
     p_value = chi2_pvalue(counts, counts.sum() / 120)
     assert p_value > P_MIN, f"chi-square p = {p_value:.2e} <= {P_MIN} (seeded)"
+    assert sorted(nstep_rb.sample(120, replace=False)["uid"].tolist()) == list(range(120))
+    distinct = nstep_rb.sample(60, replace=False)["uid"]
+    assert distinct.unique().numel() == 60
+    with pytest.raises(CapacityError, match=r"121 distinct items asked for \(replace=False\), but only 120"):
+        nstep_rb.sample(121, replace=False)
 
 
 @pytest.mark.slow

@@ -251,8 +251,13 @@ class RayReplayBuffer:
         return self._health.status(self._writer.lost)
 
     # -- sampling --------------------------------------------------------------
-    def sample(self, batch_size: int, fields: Sequence[Any] | None = None) -> TensorDict:
-        """Draw ``batch_size`` items over every shard that is up (with replacement).
+    def sample(
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+    ) -> TensorDict:
+        """Draw ``batch_size`` items over every shard that is up.
+
+        ``replace=False`` (uniform only) gives distinct items: per-shard counts from a
+        multivariate hypergeometric draw over the shard sizes, distinct within each shard.
 
         Flushes this client's writer and waits for the rate limiter first. Rows come
         grouped by shard. With a :class:`~xpbank.PrioritizedSampler` the batch carries
@@ -262,8 +267,13 @@ class RayReplayBuffer:
             EmptyBufferError: no shard that is up holds an item.
             ShardUnavailableError: every shard is down.
             RateLimitTimeout: the rate limiter held the sample past ``timeout``.
+            CapacityError: ``replace=False`` and more items asked for than are stored.
         """
         batch_size = check_positive_int("batch_size", batch_size)
+        if not replace and self._prioritized:
+            raise PriorityError(
+                "replace=False: prioritized sampling draws with replacement; sample with replace=True"
+            )
         keys = None if fields is None else ([fields] if isinstance(fields, (str, tuple)) else list(fields))
         self._writer.flush()
         self._link.admit_sample(batch_size)
@@ -286,9 +296,17 @@ class RayReplayBuffer:
                 raise PriorityError(
                     "sample: every stored priority is 0, so no item can be drawn; use eps > 0"
                 )
-            counts = self._rng.multinomial(need, mass / mass.sum())
+            if not replace and need > mass.sum():
+                raise CapacityError(
+                    f"sample: {need} distinct items asked for (replace=False), but only "
+                    f"{int(mass.sum())} are stored (on the shards that are up)"
+                )
+            if replace:
+                counts = self._rng.multinomial(need, mass / mass.sum())
+            else:  # distinct items: uniform without replacement over the union of the shards
+                counts = self._rng.multivariate_hypergeometric(mass.astype(np.int64), need)
             calls = {
-                s: ("sample", (int(k), keys, self._prioritized))
+                s: ("sample", (int(k), keys, self._prioritized, replace))
                 for s, k in zip(shards, counts, strict=True)
                 if k
             }
@@ -299,6 +317,8 @@ class RayReplayBuffer:
                     need += calls[s][1][0]
                 else:
                     parts.append((s, answer))
+            if need and not replace:  # redraw all: a shard asked twice could repeat an item
+                parts, need = [], batch_size
         self._samples += 1
         return self._assemble(parts, stats, batch_size)
 

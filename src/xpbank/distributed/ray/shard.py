@@ -212,14 +212,16 @@ class Shard:
             "checkpointed": self.checkpointed,
         }
 
-    def sample(self, count: int, fields: list[Any] | None, priorities: bool) -> dict[str, Any]:
+    def sample(
+        self, count: int, fields: list[Any] | None, priorities: bool, replace: bool = True
+    ) -> dict[str, Any]:
         """``count`` items drawn by this shard's sampler, as flat tensors, with their ids.
 
         ``priorities``: also return the drawn items' stored priorities and this shard's
         totals at the moment of the draw (the client weights the batch globally).
         """
         with self.rb.lock:
-            batch = self.rb.sample(count, fields=fields)
+            batch = self.rb.sample(count, replace=replace, fields=fields)
             flat = {key: batch.get(key) for key in batch.keys(True, True)}
             ring_ids = flat.pop("index")
             out: dict[str, Any] = {"data": flat, "ids": ring_ids + self.offset}
