@@ -3,12 +3,17 @@ the global id encoding, and the global importance weights."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 pytest.importorskip("ray")
 
@@ -166,3 +171,66 @@ def test_a_checkpoint_dir_of_an_earlier_buffer_needs_resume(tmp_path: Path) -> N
     ):
         check_checkpoint_dir(tmp_path, resume=False)
     check_checkpoint_dir(tmp_path, resume=True)
+
+
+class ShardRestartMachine(RuleBasedStateMachine):
+    """Writes, checkpoints and crashes of one shard against a list model of its live items.
+
+    The model: live ``(id, uid)`` pairs oldest first, the pairs of the last checkpoint,
+    and the next id ever handed out. A crash keeps the checkpoint's items; if ids were
+    handed out after it, the restored items are renumbered from that mark on.
+    """
+
+    @initialize()
+    def start(self) -> None:
+        self.dir = tempfile.mkdtemp()
+        self.shard = Shard(0, 1, 6, None, UNIFORM, self.dir)
+        self.live: list[tuple[int, int]] = []
+        self.saved: list[tuple[int, int]] = []
+        self.next_id = self.uid = 0
+
+    @rule(n=st.integers(1, 9))
+    def extend(self, n: int) -> None:
+        first = self.shard.extend(rows(self.uid, n))["first"]
+        assert first == self.next_id  # never an id handed out before
+        self.live = (self.live + [(first + i, self.uid + i) for i in range(n)])[-6:]
+        self.next_id, self.uid = first + n, self.uid + n
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.shard.checkpoint()
+        self.saved = list(self.live)
+
+    @rule()
+    def crash(self) -> None:
+        self.shard = Shard(0, 1, 6, None, UNIFORM, self.dir)
+        saved_next = self.saved[-1][0] + 1 if self.saved else 0
+        if self.next_id > saved_next or not self.saved:  # lost items: renumber from the mark
+            self.live = [(self.next_id + i, uid) for i, (_, uid) in enumerate(self.saved)]
+            self.next_id += len(self.saved)
+        else:
+            self.live = list(self.saved)
+        self.saved = list(self.live) if self.saved else []  # the bank on disk holds the same items
+
+    @invariant()
+    def items_and_ids_match_the_model(self) -> None:
+        rb = self.shard.rb
+        if len(rb):
+            stored = rb.sample_all()
+            ids = (stored["index"] + self.shard.offset).tolist()
+            got = list(zip(ids, stored["obs"][:, 0].long().tolist(), strict=True))
+        else:
+            got = []
+        assert got == self.live
+        assert self.shard.stats()["next"] == self.next_id
+        live_ids = {i for i, _ in self.live}
+        for old in range(max(0, self.next_id - 12), self.next_id):
+            problem = self.shard.check_ids(np.array([old]))
+            assert (problem is None) == (old in live_ids)
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestShardRestartMachine = ShardRestartMachine.TestCase
+TestShardRestartMachine.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)

@@ -97,11 +97,13 @@ class Shard:
                 nstep=options.get("nstep"),
                 seed=None if seed is None else int(seed) * 1_000_003 + index,
             )
-        self._skip_issued()
+        renumbered = self._skip_issued()
         Path(directory).mkdir(parents=True, exist_ok=True)
         self._issued = os.open(Path(directory) / f"shard-{index}.issued", os.O_RDWR | os.O_CREAT, 0o600)
         self.incarnation = self._count_incarnation()
         self._mark_issued()
+        if renumbered and len(self.rb):  # the bank must hold the new ids, or the next restart
+            self.checkpoint()  # would renumber these items again
 
     # -- restarts ----------------------------------------------------------------
     def _restore(self) -> ReplayBuffer:
@@ -116,8 +118,11 @@ class Shard:
         self.restored = self.checkpointed = len(rb)
         return rb
 
-    def _skip_issued(self) -> None:
-        """Never hand out an id twice: start above every id issued before a restart."""
+    def _skip_issued(self) -> bool:
+        """Never hand out an id twice: start above every id issued before a restart.
+
+        Returns whether the ids were moved (items written after the checkpoint were lost).
+        """
         ring = self.rb._ring  # the shard owns this buffer; it only reads the ring's ids
         issued = _read_mark(Path(self.directory) / f"shard-{self.index}.issued")
         if issued > ring.next_id + self.offset:  # ids were handed out after the checkpoint
@@ -128,6 +133,8 @@ class Shard:
                 issued - (ring.next_id + self.offset),
             )
             self.offset = issued - ring.first_id  # the restored items get ids >= the mark
+            return True
+        return False
 
     def _count_incarnation(self) -> int:
         path = Path(self.directory) / f"shard-{self.index}.incarnation"
