@@ -64,6 +64,9 @@ class RayReplayBuffer:
     samples come from the others (logged; :meth:`shard_status` says which) and rows
     sent to it are lost (at most once, never twice).
 
+    The client object is for one thread (the learner's); give each collector its own
+    :meth:`writer`. Not picklable: send writers, not the buffer.
+
     Args:
         num_shards: how many actors.
         capacity: the most items held in all (split as evenly as possible).
