@@ -65,7 +65,7 @@ class RayReplayBuffer:
     sent to it are lost (at most once, never twice).
 
     The client object is for one thread (the learner's); give each collector its own
-    :meth:`writer`. Not picklable: send writers, not the buffer.
+    :meth:`writer` (send writers to collector tasks or actors, not the buffer).
 
     Args:
         num_shards: how many actors.
