@@ -35,6 +35,8 @@ from xpbank import (
 )
 from xpbank.distributed.ray import RayReplayBuffer
 
+pytestmark = pytest.mark.slow  # actors take 10-30 s to start on the shared 2-core machine
+
 ALPHA, BETA, EPS = 0.7, 0.5, 0.01
 
 
@@ -257,7 +259,6 @@ def test_uniform_draws_are_uniform_over_unequal_shards(nstep_rb: RayReplayBuffer
         nstep_rb.sample(121, replace=False)
 
 
-@pytest.mark.slow
 def test_a_killed_shard_comes_back_with_its_checkpoint(
     prio: RayReplayBuffer, ray_session: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
