@@ -17,8 +17,9 @@ from tensordict import TensorDict
 from xpbank.batch import to_tensordict
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.health import Health, ShardStatus
-from xpbank.distributed.ray.ids import encode, id_problem, split_by_shard
+from xpbank.distributed.ray.ids import encode
 from xpbank.distributed.ray.link import ShardLink
+from xpbank.distributed.ray.routing import route_priorities
 from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
 from xpbank.distributed.ray.weights import global_weights
 from xpbank.distributed.ray.writer import RayWriter
@@ -361,23 +362,7 @@ class RayReplayBuffer:
             )
         ids, values = check_values(indices, priorities, stale)
         self._writer.flush()
-        ids, rows = split_by_shard(ids, self.num_shards)
-        local = {s: ids[r] // self.num_shards for s, r in enumerate(rows) if r.size}
-        checks = self._link.call_each({s: ("check_ids", (loc,)) for s, loc in local.items()})
-        for s, problem in checks.items():
-            if isinstance(problem, ShardUnavailableError):
-                self._health.mark_down(s, problem)
-                local.pop(s)
-            elif problem is not None:
-                error = id_problem(s, problem, self.num_shards, stale)
-                if error is not None:
-                    raise error
-        writes = self._link.call_each(
-            {s: ("update_priority", (loc, values[rows[s]])) for s, loc in local.items()}
-        )
-        for s, answer in writes.items():
-            if isinstance(answer, ShardUnavailableError):
-                self._health.mark_down(s, answer)
+        route_priorities(self._link, self._health, ids, values, stale)
         sampler: PrioritizedSampler = self._sampler  # type: ignore[assignment]
         top = float(values.max()) + sampler.eps if values.size else -math.inf
         if top > self._max_priority:  # new items on every shard start at the global largest
