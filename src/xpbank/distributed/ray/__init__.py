@@ -4,9 +4,11 @@
 ``extend``, ``sample``, ``update_priority``, ``len``) over ``num_shards`` actors, each a
 local buffer; :class:`RayWriter` is the batching handle a collector process writes
 through; a :class:`~xpbank.distributed.limiter.RateLimiter` keeps samples and inserts at
-a ratio. Modules: ``client`` (the buffer), ``writer`` (batching and routing), ``shard``
-(the actor body: a buffer, restart-proof ids, bank checkpoints), ``link`` (Ray calls,
-timeouts, the limiter's actor), ``ids`` (global id encoding), ``routing`` (priority updates by id), ``spawn`` (starting the actors), ``health`` (which shards are up), ``weights`` (global importance weights).
+a ratio. Modules: ``client`` (the buffer), ``writer`` (batching and routing of rows),
+``shard`` (the actor body: a buffer, restart-proof ids, bank checkpoints), ``link`` (Ray
+calls, timeouts, the limiter's actor), ``ids`` (global id encoding), ``routing``
+(priority updates by id), ``spawn`` (starting the actors), ``health`` (which shards are
+up), ``weights`` (global importance weights).
 
 Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
 naming ``pip install 'xpbank[ray]'``.
