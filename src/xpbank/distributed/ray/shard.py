@@ -204,20 +204,22 @@ class Shard:
 
     # -- reading ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Size, id range, priority mass and checkpoint state (read without the lock)."""
-        ring = self.rb._ring
-        totals = getattr(self.rb.sampler, "totals", None)
-        total, smallest = totals() if totals is not None else (float(ring.size), 1.0)
-        return {
-            "size": ring.size,
-            "capacity": ring.capacity,
-            "next": ring.next_id + self.offset,
-            "total": total,
-            "smallest": smallest,
-            "incarnation": self.incarnation,
-            "restored": self.restored,
-            "checkpointed": self.checkpointed,
-        }
+        """Size, id range, priority mass and checkpoint state (under the buffer's lock: a
+        sampler may bring lazy state up to date when asked for its totals)."""
+        with self.rb.lock:
+            ring = self.rb._ring
+            totals = getattr(self.rb.sampler, "totals", None)
+            total, smallest = totals() if totals is not None else (float(ring.size), 1.0)
+            return {
+                "size": ring.size,
+                "capacity": ring.capacity,
+                "next": ring.next_id + self.offset,
+                "total": total,
+                "smallest": smallest,
+                "incarnation": self.incarnation,
+                "restored": self.restored,
+                "checkpointed": self.checkpointed,
+            }
 
     def sample(
         self, count: int, fields: list[Any] | None, priorities: bool, replace: bool = True
