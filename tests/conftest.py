@@ -97,3 +97,18 @@ def rich_spec() -> Spec:
             ("next", "info", "flag"): Field((), torch.bool),
         }
     )
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray (2 CPUs, no dashboard) for every test that needs it, shut down at the end.
+
+    Ray takes seconds to start and each actor seconds to import xpbank: tests share this.
+    """
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    if started:
+        ray.shutdown()

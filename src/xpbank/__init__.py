@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.collect import Collector, ReplaySink
+from xpbank.distributed.limiter import RateLimiter
 from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
@@ -27,7 +28,9 @@ from xpbank.errors import (
     MissingExtraError,
     NotReadyError,
     PriorityError,
+    RateLimitTimeout,
     ReadOnlyError,
+    ShardUnavailableError,
     SpecError,
     StaleIndexError,
     XpbankError,
@@ -119,4 +122,7 @@ __all__ = [
     "import_minari",
     "BufferTimeoutError",
     "ChannelError",
+    "RateLimitTimeout",
+    "ShardUnavailableError",
+    "RateLimiter",
 ]

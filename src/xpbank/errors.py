@@ -27,6 +27,8 @@ __all__ = [
     "EnvContractError",
     "BufferTimeoutError",
     "ChannelError",
+    "RateLimitTimeout",
+    "ShardUnavailableError",
 ]
 
 
@@ -92,6 +94,14 @@ class BufferTimeoutError(XpbankError, TimeoutError):
 
 class ChannelError(XpbankError, RuntimeError):
     """A shared-memory writer channel cannot be used (taken by another process, closed, resized)."""
+
+
+class RateLimitTimeout(BufferTimeoutError):
+    """A rate limiter kept an insert or a sample waiting longer than its timeout."""
+
+
+class ShardUnavailableError(XpbankError, RuntimeError):
+    """A shard of a distributed buffer (a Ray actor) is down or did not answer in time."""
 
 
 class MissingExtraError(XpbankError, ImportError):

@@ -23,7 +23,7 @@ import numpy as np
 from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
 from xpbank.ring import Ring, _as_index_array, _to_numpy
 
-__all__ = ["beta_at", "check_update", "importance_weights"]
+__all__ = ["beta_at", "check_update", "check_values", "importance_weights"]
 
 
 def importance_weights(
@@ -51,19 +51,14 @@ def beta_at(beta0: float, steps: int | None, done: int) -> float:
     return beta0 + (1.0 - beta0) * min(1.0, done / steps)
 
 
-def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple[np.ndarray, np.ndarray]:
-    """The slots and priorities of a priority update, every input checked first.
-
-    Returns:
-        ``(slots, priorities)`` of the live ids (``stale="skip"`` drops the others),
-        priorities as float64.
+def check_values(indices: Any, priorities: Any, stale: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, priorities)`` of a priority update as int64 / float64 arrays, checked
+    without a ring: ``stale`` is a known mode, ids are integers, priorities finite,
+    ``>= 0`` and one per id (what :func:`check_update` checks before the ids' liveness).
 
     Raises:
-        PriorityError: ``stale`` is not ``"raise"``/``"skip"``; priorities that are NaN,
-            infinite or negative, or not one per index.
-        XpbankIndexError: an id that was never issued (negative, or not written yet).
-        StaleIndexError: with ``stale="raise"``, an id whose item has been overwritten
-            or cleared.
+        PriorityError: as :func:`check_update`.
+        XpbankIndexError: ids that are not 1-D integers.
     """
     if stale not in ("raise", "skip"):
         raise PriorityError(f"stale: expected 'raise' or 'skip', got {stale!r}")
@@ -78,12 +73,32 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
             f"priorities: expected one per index ({ids.shape[0]}), got shape {tuple(np.shape(priorities))}"
         )
     if values.size == 0:
-        return ids % ring.capacity, values
+        return ids, values
     if not (values.min() >= 0 and values.max() < np.inf):  # one pass each; NaN fails both
         i = int(np.argmax(~np.isfinite(values) | (values < 0)))
         raise PriorityError(
             f"priorities: expected finite values >= 0, got {values[i]} at position {i}; nothing was updated"
         )
+    return ids, values
+
+
+def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple[np.ndarray, np.ndarray]:
+    """The slots and priorities of a priority update, every input checked first.
+
+    Returns:
+        ``(slots, priorities)`` of the live ids (``stale="skip"`` drops the others),
+        priorities as float64.
+
+    Raises:
+        PriorityError: ``stale`` is not ``"raise"``/``"skip"``; priorities that are NaN,
+            infinite or negative, or not one per index.
+        XpbankIndexError: an id that was never issued (negative, or not written yet).
+        StaleIndexError: with ``stale="raise"``, an id whose item has been overwritten
+            or cleared.
+    """
+    ids, values = check_values(indices, priorities, stale)
+    if values.size == 0:
+        return ids % ring.capacity, values
     low, high = int(ids.min()), int(ids.max())
     if low >= ring.first_id and high < ring.next_id:  # the usual case: every id is live
         return ids % ring.capacity, values

@@ -191,6 +191,17 @@ class PrioritizedSampler:
         self._smallest.changed(slots, old, leaves[slots])  # read back: a repeated slot keeps its last
         self._cums = None
 
+    def totals(self) -> tuple[float, float]:
+        """``(sum, smallest)`` of the stored priorities (``(0.0, inf)`` before any write).
+
+        The sum is what sampling draws against; the smallest counts only items that can
+        be drawn (priority > 0). A sharded buffer adds the sums and takes the smallest
+        of every shard to weight a sample as one buffer would.
+        """
+        if not self._sum:
+            return 0.0, math.inf
+        return sumtree.top_reduce(self._sum, np.add), sumtree.top_reduce(self._min, np.minimum)
+
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
         slots = np.asarray(slots, dtype=np.int64)

@@ -1,0 +1,28 @@
+"""Many machines: a replay buffer sharded over Ray actors (the ``ray`` extra).
+
+:class:`RayReplayBuffer` has the buffer API of :class:`~xpbank.ReplayBuffer` (``add``,
+``extend``, ``sample``, ``update_priority``, ``len``) over ``num_shards`` actors, each a
+local buffer; :class:`RayWriter` is the batching handle a collector process writes
+through; a :class:`~xpbank.distributed.limiter.RateLimiter` keeps samples and inserts at
+a ratio. Modules: ``client`` (the buffer), ``writer`` (batching and routing of rows),
+``shard`` (the actor body: a buffer, restart-proof ids, bank checkpoints), ``link`` (Ray
+calls, timeouts, the limiter's actor), ``ids`` (global id encoding), ``routing``
+(priority updates by id), ``spawn`` (starting the actors), ``health`` (which shards are
+up), ``weights`` (global importance weights).
+
+Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
+naming ``pip install 'xpbank[ray]'``.
+"""
+
+from __future__ import annotations
+
+from xpbank.errors import require
+
+require("ray", "ray")
+
+from xpbank.distributed.limiter import RateLimiter  # noqa: E402
+from xpbank.distributed.ray.client import RayReplayBuffer, ShardStatus  # noqa: E402
+from xpbank.distributed.ray.ids import decode, encode  # noqa: E402
+from xpbank.distributed.ray.writer import RayWriter  # noqa: E402
+
+__all__ = ["RayReplayBuffer", "RayWriter", "RateLimiter", "ShardStatus", "encode", "decode"]

@@ -1,0 +1,417 @@
+"""RayReplayBuffer: a replay buffer sharded over Ray actors, used like a ReplayBuffer."""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from tensordict import TensorDict
+
+from xpbank.batch import to_tensordict
+from xpbank.distributed.limiter import RateLimiter
+from xpbank.distributed.ray.health import Health, ShardStatus
+from xpbank.distributed.ray.ids import encode
+from xpbank.distributed.ray.link import ShardLink
+from xpbank.distributed.ray.routing import route_priorities
+from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
+from xpbank.distributed.ray.weights import global_weights
+from xpbank.distributed.ray.writer import RayWriter
+from xpbank.errors import (
+    CapacityError,
+    EmptyBufferError,
+    PriorityError,
+    ShardUnavailableError,
+    SpecError,
+    check_positive_int,
+)
+from xpbank.nstep import NStep
+from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler, sampler_config
+from xpbank.sampler.priorities import check_values
+from xpbank.spec import Spec
+
+__all__ = ["RayReplayBuffer", "ShardStatus"]
+
+log = logging.getLogger(__name__)
+
+
+class RayReplayBuffer:
+    """A replay buffer of ``num_shards`` Ray actors, each a local :class:`~xpbank.ReplayBuffer`.
+
+    Writes (``add``/``extend``, or :meth:`writer` handles in collector processes) are
+    checked here and batched locally, then sent to the shards in batches of
+    ``flush_bytes`` (see :class:`~xpbank.distributed.ray.RayWriter` for how rows are
+    routed so that an env's episodes stay on one shard). ``sample(B)`` flushes, asks
+    every shard for its size (uniform) or priority mass (prioritized), draws how many
+    items each shard gives from a multinomial over them, fetches the parts in parallel,
+    and, with a :class:`~xpbank.PrioritizedSampler`, weights the batch from the global
+    totals (items, summed priority, smallest priority), so every item is drawn with the
+    probability and weight it would have in one buffer holding every shard's items.
+
+    Ids: a shard numbers its items itself; the ``"index"`` of a sample is
+    ``local_id * num_shards + shard`` (:mod:`xpbank.distributed.ray.ids`), so
+    :meth:`update_priority` routes by id, and an id whose item was overwritten (or lost
+    in a shard's restart) is dropped or raised as in a local buffer.
+
+    Fault tolerance: shards are actors with ``max_restarts``; each saves itself as a bank
+    under ``checkpoint_dir`` every ``checkpoint_every`` items / ``checkpoint_seconds``
+    and on :meth:`checkpoint`, and a restarted shard reloads it. While a shard is down,
+    samples come from the others (logged; :meth:`shard_status` says which) and rows
+    sent to it are lost (at most once, never twice).
+
+    The client object is for one thread (the learner's); give each collector its own
+    :meth:`writer` (send writers to collector tasks or actors, not the buffer).
+
+    Args:
+        num_shards: how many actors.
+        capacity: the most items held in all (split as evenly as possible).
+        spec: the item layout; ``None`` takes it from the first write.
+        sampler: a :class:`~xpbank.UniformSampler` (default) or
+            :class:`~xpbank.PrioritizedSampler` (a template: each shard gets a copy of
+            its settings); other registered samplers run per shard, drawn by size.
+        nstep: n-step returns, computed inside each shard (episodes stay on one shard).
+        seed: seeds the client's draws and each shard's generator.
+        rate_limiter: a :class:`~xpbank.distributed.limiter.RateLimiter` (its settings;
+            the counting happens in one actor) or ``None``.
+        checkpoint_dir: where shards keep their banks (a path every node sees, on a
+            cluster); default: a new temporary directory on this machine.
+        checkpoint_every, checkpoint_seconds: the checkpoint schedule (checked at writes).
+        resume: load the shards' banks already in ``checkpoint_dir`` (else it must hold none).
+        flush_bytes: the batch size of writes to a shard.
+        timeout: seconds any blocking call (a write, a sample, a rate limiter wait) may take.
+        probe_timeout: seconds a shard may take to answer before a sample goes on without it.
+        start_timeout: seconds the shard actors may take to start (their processes import
+            xpbank and torch).
+        max_restarts: how often Ray restarts a dead shard (``-1``: always).
+        max_concurrency: threads per shard actor (sampling need not queue behind writes).
+        actor_options: more ``ray.remote`` options for the shard actors (e.g.
+            ``{"num_cpus": 1}``, ``{"resources": {...}}``).
+
+    Example:
+        >>> import ray, torch
+        >>> from xpbank.distributed.ray import RayReplayBuffer
+        >>> if not ray.is_initialized():
+        ...     _ = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        >>> rb = RayReplayBuffer(2, 1000, seed=0)
+        >>> rb.extend({"obs": torch.randn(64, 4), "env_id": torch.arange(64) % 4})  # queued, 2 envs a shard
+        64
+        >>> batch = rb.sample(32)  # flushes first
+        >>> len(rb), batch["obs"].shape, bool((batch["index"] % 2 == batch["env_id"] % 2).all())
+        (64, torch.Size([32, 4]), True)
+        >>> rb.close()
+    """
+
+    def __init__(
+        self,
+        num_shards: int,
+        capacity: int,
+        spec: Spec | None = None,
+        *,
+        sampler: Sampler | None = None,
+        nstep: NStep | None = None,
+        seed: int | None = None,
+        rate_limiter: RateLimiter | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        checkpoint_seconds: float | None = None,
+        resume: bool = False,
+        flush_bytes: int = 1 << 20,
+        timeout: float = 60.0,
+        probe_timeout: float = 5.0,
+        start_timeout: float = 300.0,
+        max_restarts: int = -1,
+        max_concurrency: int = 8,
+        actor_options: Mapping[str, Any] | None = None,
+    ):
+        num_shards = check_positive_int("num_shards", num_shards)
+        capacity = check_positive_int("capacity", capacity)
+        if capacity < num_shards:
+            raise CapacityError(
+                f"capacity: expected at least one item per shard ({num_shards}), got {capacity}"
+            )
+        if spec is not None and not isinstance(spec, Spec):
+            raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
+        if nstep is not None and not isinstance(nstep, NStep):
+            raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise CapacityError(
+                f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}"
+            )
+        flush_bytes = check_positive_int("flush_bytes", flush_bytes)
+        every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
+        for name, value in [
+            ("timeout", timeout),
+            ("probe_timeout", probe_timeout),
+            ("start_timeout", start_timeout),
+        ]:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise CapacityError(f"{name}: expected a number of seconds > 0, got {value!r}")
+        self._sampler = sampler if sampler is not None else UniformSampler()
+        described = sampler_config(self._sampler)  # refuses an unregistered sampler
+        self._prioritized = isinstance(self._sampler, PrioritizedSampler)
+        self._dir = (
+            Path(checkpoint_dir)
+            if checkpoint_dir is not None
+            else Path(tempfile.mkdtemp(prefix="xpbank-ray-"))
+        )
+        check_checkpoint_dir(self._dir, resume)
+        options = {"sampler": described, "nstep": None if nstep is None else nstep.config(), "seed": seed}
+        plan = ShardPlan(num_shards, capacity, spec, options, str(self._dir), every, checkpoint_seconds)
+        ray_options = {
+            "max_restarts": max_restarts,
+            "max_concurrency": max_concurrency,
+            **(actor_options or {}),
+        }
+        shards, limiter = spawn(plan, rate_limiter, ray_options)
+        self._link = ShardLink(shards, limiter, float(timeout), float(probe_timeout))
+        self._capacity = capacity
+        self._rng = np.random.default_rng(seed)
+        self._pinned = nstep is not None or bool(getattr(self._sampler, "needs_episodes", False))
+        self._writer = RayWriter(self._link, spec, 0, self._pinned, flush_bytes)
+        self._writers = 1
+        self._health = Health(self._link)
+        self._samples = 0  # sample() calls: the beta schedule's position
+        self._max_priority = self._sampler.max_priority if self._prioritized else 0.0  # type: ignore[attr-defined]
+        try:
+            wait_started(self._link, start_timeout)
+        except ShardUnavailableError:
+            self.close()
+            raise
+
+    # -- properties ------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        return self._link.num_shards
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def spec(self) -> Spec | None:
+        return self._writer.spec
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler template (each shard runs a copy of its settings)."""
+        return self._sampler
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self._dir
+
+    @property
+    def shards(self) -> list[Any]:
+        """The shard actors' handles (e.g. for ``ray.kill``)."""
+        return list(self._link.shards)
+
+    def __len__(self) -> int:
+        """Items held by the shards that are up (flushes this client's writer first)."""
+        self._writer.flush()
+        return sum(int(st["size"]) for st in self._health.poll().values())
+
+    def __repr__(self) -> str:
+        return (
+            f"RayReplayBuffer(num_shards={self.num_shards}, capacity={self._capacity}, "
+            f"sampler={self._sampler!r}, down={sorted(self._health.down)})"
+        )
+
+    # -- writing ---------------------------------------------------------------
+    def writer(self) -> RayWriter:
+        """A new picklable writer for a collector (its own batching; see :class:`RayWriter`)."""
+        self._writers += 1
+        return RayWriter(self._link, self.spec, self._writers - 1, self._pinned, self._writer.flush_bytes)
+
+    def add(self, item: Any) -> int:
+        """Queue one item (a mapping or TensorDict without a batch dim); returns 1."""
+        return self._writer.add(item)
+
+    def extend(self, batch: Any) -> int:
+        """Check and queue a batch (leading dim = items); returns its number of items.
+
+        Unlike :meth:`ReplayBuffer.extend` this gives no ids: they are the shards' and
+        only known once the rows are flushed; a sample's ``"index"`` carries them.
+        """
+        return self._writer.extend(batch)
+
+    def flush(self) -> int:
+        """Send this client's pending rows now; returns how many were stored."""
+        return self._writer.flush()
+
+    def rate_limiter_state(self) -> dict[str, float] | None:
+        """The rate limiter's counters and bounds (``None`` without one)."""
+        limiter = self._link.limiter
+        return None if limiter is None else ray.get(limiter.state.remote(), timeout=self._link.timeout)
+
+    def shard_status(self) -> list[ShardStatus]:
+        """The state of every shard (flushes this client's writer, then polls them)."""
+        self._writer.flush()
+        return self._health.status(self._writer.lost)
+
+    # -- sampling --------------------------------------------------------------
+    def sample(
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+    ) -> TensorDict:
+        """Draw ``batch_size`` items over every shard that is up.
+
+        ``replace=False`` (uniform only) gives distinct items: per-shard counts from a
+        multivariate hypergeometric draw over the shard sizes, distinct within each shard.
+
+        Flushes this client's writer and waits for the rate limiter first. Rows come
+        grouped by shard. With a :class:`~xpbank.PrioritizedSampler` the batch carries
+        ``"weight"`` computed from the global totals (see the class docstring).
+
+        Raises:
+            EmptyBufferError: no shard that is up holds an item.
+            ShardUnavailableError: every shard is down.
+            RateLimitTimeout: the rate limiter held the sample past ``timeout``.
+            CapacityError: ``replace=False`` and more items asked for than are stored.
+        """
+        batch_size = check_positive_int("batch_size", batch_size)
+        if not replace and self._prioritized:
+            raise PriorityError(
+                "replace=False: prioritized sampling draws with replacement; sample with replace=True"
+            )
+        keys = None if fields is None else ([fields] if isinstance(fields, (str, tuple)) else list(fields))
+        self._writer.flush()
+        self._link.admit_sample(batch_size)
+        parts: list[tuple[int, dict[str, Any]]] = []  # (shard, answer): a shard may answer twice
+        stats: dict[int, dict[str, Any]] = {}
+        need = batch_size
+        while need:  # again only when a shard failed mid-sample: its rows come from the others
+            stats = self._health.poll()
+            if not stats:
+                raise ShardUnavailableError(f"sample: all {self.num_shards} shards are down")
+            shards = sorted(stats)
+            mass = np.array(
+                [stats[s]["total" if self._prioritized else "size"] for s in shards], dtype=np.float64
+            )
+            if not mass.sum() > 0:
+                if sum(int(stats[s]["size"]) for s in shards) == 0:
+                    raise EmptyBufferError(
+                        "sample: the buffer is empty (on the shards that are up); add or extend first"
+                    )
+                raise PriorityError(
+                    "sample: every stored priority is 0, so no item can be drawn; use eps > 0"
+                )
+            if not replace and need > mass.sum():
+                raise CapacityError(
+                    f"sample: {need} distinct items asked for (replace=False), but only "
+                    f"{int(mass.sum())} are stored (on the shards that are up)"
+                )
+            if replace:
+                counts = self._rng.multinomial(need, mass / mass.sum())
+            else:  # distinct items: uniform without replacement over the union of the shards
+                counts = self._rng.multivariate_hypergeometric(mass.astype(np.int64), need)
+            calls = {
+                s: ("sample", (int(k), keys, self._prioritized, replace))
+                for s, k in zip(shards, counts, strict=True)
+                if k
+            }
+            need = 0
+            for s, answer in self._link.call_each(calls).items():
+                if isinstance(answer, ShardUnavailableError):
+                    self._health.mark_down(s, answer)
+                    need += calls[s][1][0]
+                else:
+                    parts.append((s, answer))
+            if need and not replace:  # redraw all: a shard asked twice could repeat an item
+                parts, need = [], batch_size
+        self._samples += 1
+        return self._assemble(parts, stats, batch_size)
+
+    def _assemble(
+        self, parts: list[tuple[int, dict[str, Any]]], stats: dict[int, dict[str, Any]], size: int
+    ) -> TensorDict:
+        first = parts[0][1]["data"]
+        flat = {k: torch.cat([answer["data"][k] for _, answer in parts]) for k in first}
+        ids = [encode(answer["ids"].numpy(), s, self.num_shards) for s, answer in parts]
+        flat["index"] = torch.from_numpy(np.concatenate(ids))
+        if self._prioritized:
+            totals = {**stats, **{s: answer["stats"] for s, answer in parts}}  # as of each shard's draw
+            stored = np.concatenate([answer["stored"] for _, answer in parts])
+            sampler: PrioritizedSampler = self._sampler  # type: ignore[assignment]
+            flat["weight"] = torch.from_numpy(
+                global_weights(stored, list(totals.values()), sampler, self._samples - 1)
+            )
+        return to_tensordict(flat, (size,))
+
+    # -- priorities --------------------------------------------------------------
+    def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
+        """Set priorities by the ids a sample returned; each update goes to its id's shard.
+
+        Flushes this client's writer first. Every involved shard checks its ids first
+        (in parallel), then all write. With ``stale="raise"`` an id overwritten (or lost
+        in a restart) raises and nothing is written; an item overwritten between the
+        check and the write is dropped. Updates for a shard that is down are dropped
+        (logged).
+
+        Raises:
+            PriorityError, XpbankIndexError, StaleIndexError: as :meth:`ReplayBuffer.update_priority`.
+        """
+        if not self._prioritized:
+            raise PriorityError(
+                f"update_priority: {self._sampler!r} keeps no priorities; build the buffer "
+                "with sampler=PrioritizedSampler()"
+            )
+        ids, values = check_values(indices, priorities, stale)
+        self._writer.flush()
+        route_priorities(self._link, self._health, ids, values, stale)
+        sampler: PrioritizedSampler = self._sampler  # type: ignore[assignment]
+        top = float(values.max()) + sampler.eps if values.size else -math.inf
+        if top > self._max_priority:  # new items on every shard start at the global largest
+            self._max_priority = top
+            for s in range(self.num_shards):
+                if s not in self._health.down:
+                    self._link.submit(s, "set_max_priority", top)
+
+    def clear(self) -> None:
+        """Drop every item on every shard that is up, and this client's pending rows.
+
+        Ids handed out before become stale (each shard's ``ReplayBuffer.clear``).
+
+        Raises:
+            ShardUnavailableError: a shard is down (the others were cleared).
+        """
+        self._writer.discard()
+        answers = self._link.call_each({s: ("clear", ()) for s in range(self.num_shards)})
+        _raise_if_down(answers, "clear", "cleared")
+
+    # -- checkpoints and shutdown ---------------------------------------------------
+    def checkpoint(self) -> list[Path]:
+        """Flush, then save every shard that is up as a bank now; returns their paths.
+
+        Raises:
+            ShardUnavailableError: a shard is down (the others are saved).
+        """
+        self._writer.flush()
+        answers = self._link.call_each({s: ("checkpoint", ()) for s in range(self.num_shards)})
+        _raise_if_down(answers, "checkpoint", "saved")
+        return [Path(answers[s]["path"]) for s in range(self.num_shards)]
+
+    def close(self) -> None:
+        """Flush and end the shard actors (their checkpoints stay in ``checkpoint_dir``)."""
+        try:
+            self._writer.flush()
+        finally:
+            for actor in [*self._link.shards, self._link.limiter]:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
+
+    def __enter__(self) -> RayReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _raise_if_down(answers: dict[int, Any], what: str, done: str) -> None:
+    down = [s for s, a in answers.items() if isinstance(a, ShardUnavailableError)]
+    if down:
+        raise ShardUnavailableError(f"{what}: shard(s) {down} are down; the others were {done}")

@@ -1,0 +1,259 @@
+"""One shard of a :class:`~xpbank.distributed.ray.RayReplayBuffer`: the body of a Ray actor.
+
+A shard is a plain :class:`~xpbank.ReplayBuffer` (its lock makes it safe for the
+actor's threads: a threaded actor serves a sample while a write waits for the lock, not
+behind it in a queue) plus what a remote shard needs around it:
+
+- **ids that survive restarts**: the ids a shard hands out are its ring's ids plus an
+  ``offset``. After every write the shard records the next id it would hand out in a
+  small ``shard-<i>.issued`` file beside its checkpoint. A restarted shard that reloads
+  a checkpoint older than that mark moves ``offset`` up so that its restored items get
+  ids at or above the mark: every id handed out before the crash is then stale (an
+  ``update_priority`` with it is dropped or raised, as for an overwritten item), and
+  no id is ever handed out twice.
+- **checkpoints**: a bank (``xpbank.save``) at ``<checkpoint_dir>/shard-<i>`` every
+  ``every_items`` inserted items or ``every_seconds`` seconds (checked at each write)
+  and on :meth:`Shard.checkpoint`; the constructor reloads it (Ray restarts an actor by
+  running its constructor again).
+
+Nothing here imports Ray: the client wraps the class with ``ray.remote``.
+
+Example:
+    >>> import tempfile, torch
+    >>> from xpbank.distributed.ray.shard import Shard
+    >>> s = Shard(0, 2, 8, None, {"sampler": {"name": "uniform", "config": {}}}, tempfile.mkdtemp())
+    >>> s.extend({"obs": torch.ones(3, 2)})["first"], s.checkpoint()["items"]
+    (0, 3)
+    >>> Shard(0, 2, 8, None, {"sampler": {"name": "uniform", "config": {}}}, s.directory).stats()["size"]
+    3
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.bank import bank_metadata, load, save
+from xpbank.bank.format import MANIFEST
+from xpbank.errors import CorruptBankError
+from xpbank.replay import ReplayBuffer
+from xpbank.sampler import make_sampler
+from xpbank.spec import Spec
+
+__all__ = ["Shard", "META_KEY"]
+
+log = logging.getLogger(__name__)
+
+META_KEY = "xpbank.distributed.ray"  # the shard's own entry in its bank's metadata
+
+
+class Shard:
+    """A local buffer with restart-proof ids and bank checkpoints (see the module docstring).
+
+    Args:
+        index: this shard's number, ``0 <= index < num_shards``.
+        num_shards: how many shards the buffer has (checked against a checkpoint).
+        capacity: the most items this shard holds.
+        spec: the item layout as ``Spec.to_dict()``, or ``None`` (from the first write).
+        options: ``{"sampler": sampler_config, "nstep": config or None, "seed": int or None}``.
+        directory: where checkpoints and the issued-id mark live.
+        every_items: checkpoint after this many items were inserted since the last one.
+        every_seconds: checkpoint at the first write this long after the last one.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        num_shards: int,
+        capacity: int,
+        spec: dict[str, Any] | None,
+        options: dict[str, Any],
+        directory: str,
+        every_items: int | None = None,
+        every_seconds: float | None = None,
+    ):
+        self.index, self.num_shards = index, num_shards
+        self.directory = directory
+        self._bank = Path(directory) / f"shard-{index}"
+        self._every_items, self._every_seconds = every_items, every_seconds
+        self.offset = 0  # the ids handed out are ring ids + offset
+        self.restored = 0  # items reloaded from a checkpoint by this incarnation
+        self.checkpointed = 0  # items in the last checkpoint
+        self._since, self._last = 0, time.monotonic()
+        if (self._bank / MANIFEST).exists():
+            self.rb = self._restore()
+        else:
+            seed = options.get("seed")
+            self.rb = ReplayBuffer(
+                capacity,
+                None if spec is None else Spec.from_dict(spec),
+                sampler=make_sampler(options["sampler"]),
+                nstep=options.get("nstep"),
+                seed=None if seed is None else int(seed) * 1_000_003 + index,
+            )
+        renumbered = self._skip_issued()
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self._issued = os.open(Path(directory) / f"shard-{index}.issued", os.O_RDWR | os.O_CREAT, 0o600)
+        self.incarnation = self._count_incarnation()
+        self._mark_issued()
+        if renumbered and len(self.rb):  # the bank must hold the new ids, or the next restart
+            self.checkpoint()  # would renumber these items again
+
+    # -- restarts ----------------------------------------------------------------
+    def _restore(self) -> ReplayBuffer:
+        rb = load(self._bank)
+        meta = bank_metadata(rb).get(META_KEY, {})
+        if meta.get("shard") != self.index or meta.get("num_shards") != self.num_shards:
+            raise CorruptBankError(
+                f"{self._bank}: expected the checkpoint of shard {self.index} of {self.num_shards}, "
+                f"got {meta or 'a bank without shard metadata'}"
+            )
+        self.offset = int(meta["offset"])
+        self.restored = self.checkpointed = len(rb)
+        return rb
+
+    def _skip_issued(self) -> bool:
+        """Never hand out an id twice: start above every id issued before a restart.
+
+        Returns whether the ids were moved (items written after the checkpoint were lost).
+        """
+        ring = self.rb._ring  # the shard owns this buffer; it only reads the ring's ids
+        issued = _read_mark(Path(self.directory) / f"shard-{self.index}.issued")
+        if issued > ring.next_id + self.offset:  # ids were handed out after the checkpoint
+            log.warning(
+                "shard %d restarted: %d item(s) written after its last checkpoint are lost; ids "
+                "handed out before the restart are stale from now on",
+                self.index,
+                issued - (ring.next_id + self.offset),
+            )
+            self.offset = issued - ring.first_id  # the restored items get ids >= the mark
+            return True
+        return False
+
+    def _count_incarnation(self) -> int:
+        path = Path(self.directory) / f"shard-{self.index}.incarnation"
+        count = int(path.read_text()) + 1 if path.exists() else 1
+        path.write_text(str(count))
+        return count
+
+    def _mark_issued(self) -> None:
+        os.pwrite(self._issued, np.int64(self.rb._ring.next_id + self.offset).tobytes(), 0)
+
+    # -- writing ---------------------------------------------------------------
+    def extend(self, flat: dict[Any, torch.Tensor]) -> dict[str, Any]:
+        """Store a batch (already checked by the writer); returns ``{"first", "count"}`` ids."""
+        with self.rb.lock:
+            ids = self.rb.extend(flat)
+            self._mark_issued()
+            self._since += len(ids)
+            due = self._every_items is not None and self._since >= self._every_items
+            due = due or (
+                self._every_seconds is not None and time.monotonic() - self._last >= self._every_seconds
+            )
+            if due:
+                self.checkpoint()
+            return {"first": ids.start + self.offset, "count": len(ids)}
+
+    def clear(self) -> None:
+        """Drop every item (ids handed out so far become stale)."""
+        with self.rb.lock:
+            self.rb.clear()
+            self._mark_issued()
+
+    def set_max_priority(self, value: float) -> None:
+        """Raise the priority new items start at to the largest any shard has seen."""
+        sampler = self.rb.sampler
+        with self.rb.lock:
+            if hasattr(sampler, "max_priority"):
+                sampler.max_priority = max(sampler.max_priority, float(value))
+
+    # -- ids -------------------------------------------------------------------
+    def check_ids(self, ids: np.ndarray) -> dict[str, Any] | None:
+        """The first problem with these (shard-local) ids, or ``None``.
+
+        ``{"kind": "never" | "stale", "id": ..., "first": ..., "next": ...}``: an id not
+        handed out yet, or one whose item was overwritten, cleared or lost in a restart;
+        ``first``/``next`` bound the live ids.
+        """
+        with self.rb.lock:
+            ring = self.rb._ring
+            first, nxt = ring.first_id + self.offset, ring.next_id + self.offset
+            ids = np.asarray(ids, dtype=np.int64)
+            if ids.size == 0:
+                return None
+            if ids.max() >= nxt:
+                return {"kind": "never", "id": int(ids[ids >= nxt][0]), "first": first, "next": nxt}
+            if ids.min() < first:
+                return {"kind": "stale", "id": int(ids[ids < first][0]), "first": first, "next": nxt}
+            return None
+
+    def update_priority(self, ids: np.ndarray, priorities: np.ndarray) -> int:
+        """Set priorities of live ids (others are dropped); returns how many were written."""
+        with self.rb.lock:
+            ring = self.rb._ring
+            ring_ids = np.asarray(ids, dtype=np.int64) - self.offset
+            live = (ring_ids >= ring.first_id) & (ring_ids < ring.next_id)
+            self.rb.update_priority(ring_ids[live], np.asarray(priorities)[live], stale="skip")
+            return int(live.sum())
+
+    # -- reading ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Size, id range, priority mass and checkpoint state (under the buffer's lock: a
+        sampler may bring lazy state up to date when asked for its totals)."""
+        with self.rb.lock:
+            ring = self.rb._ring
+            totals = getattr(self.rb.sampler, "totals", None)
+            total, smallest = totals() if totals is not None else (float(ring.size), 1.0)
+            return {
+                "size": ring.size,
+                "capacity": ring.capacity,
+                "next": ring.next_id + self.offset,
+                "total": total,
+                "smallest": smallest,
+                "incarnation": self.incarnation,
+                "restored": self.restored,
+                "checkpointed": self.checkpointed,
+            }
+
+    def sample(
+        self, count: int, fields: list[Any] | None, priorities: bool, replace: bool = True
+    ) -> dict[str, Any]:
+        """``count`` items drawn by this shard's sampler, as flat tensors, with their ids.
+
+        ``priorities``: also return the drawn items' stored priorities and this shard's
+        totals at the moment of the draw (the client weights the batch globally).
+        """
+        with self.rb.lock:
+            batch = self.rb.sample(count, replace=replace, fields=fields)
+            flat = {key: batch.get(key) for key in batch.keys(True, True)}
+            ring_ids = flat.pop("index")
+            out: dict[str, Any] = {"data": flat, "ids": ring_ids + self.offset}
+            if priorities:
+                slots = ring_ids.numpy() % self.rb.capacity
+                out["stored"] = self.rb.sampler.priority(slots)  # type: ignore[attr-defined]
+                out["stats"] = self.stats()
+            return out
+
+    # -- checkpoints -------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """Save this shard as a bank now; returns ``{"path", "items"}``."""
+        with self.rb.lock:
+            meta = {META_KEY: {"shard": self.index, "num_shards": self.num_shards, "offset": self.offset}}
+            path = save(self.rb, self._bank, metadata=meta)
+            self.checkpointed, self._since, self._last = len(self.rb), 0, time.monotonic()
+            return {"path": str(path), "items": self.checkpointed}
+
+    def ping(self) -> int:
+        """This shard's incarnation (1 at first start, +1 per restart)."""
+        return self.incarnation
+
+
+def _read_mark(path: Path) -> int:
+    data = path.read_bytes() if path.exists() else b""
+    return int(np.frombuffer(data[:8], dtype=np.int64)[0]) if len(data) >= 8 else 0
