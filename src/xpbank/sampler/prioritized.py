@@ -200,7 +200,7 @@ class PrioritizedSampler:
         """
         if not self._sum:
             return 0.0, math.inf
-        return sumtree.top_reduce(self._sum, np.add), sumtree.top_reduce(self._min, np.minimum)
+        return sumtree.top_reduce(self._sum, np.add), self._smallest.value
 
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
