@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["FrameStorage"]
 
 _PADS = ("repeat", "zero")
-_CHUNK_BYTES = 1 << 19  # stacks read per chunk: small enough to stay in L2 for next obs
+_CHUNK_BYTES = 1 << 20  # stacks read per chunk: next obs then read their frames from cache
 
 
 class FrameStorage(StorageBase):

@@ -110,6 +110,8 @@ class _Block:
                 "itemsize": row_bytes,
             }
         )
+        # every row as a record: a gather of records is one NumPy call (see gather)
+        self.np_records = None if self.np_data is None else self.np_data.view(self.record)[:, 0]
         self._scratch = np.empty((0, row_bytes), np.uint8)
         self._scratch_views: list[tuple[NestedKey, np.ndarray]] = []
 
@@ -251,13 +253,13 @@ class TensorStorage(StorageBase):
                     for m in chosen:
                         out[m.key] = block.views[m.key].index_select(0, index)
                 continue
-            rows = block.data.index_select(0, index)
-            if rows.device.type == "cpu":
-                records = rows.numpy().view(block.record)[:, 0]
+            if block.np_records is not None:  # CPU: one NumPy gather of whole records
+                records = block.np_records[index.numpy()]  # (20 -> 8 us for 4 fields at B=32)
                 for i, m in enumerate(block.members):
                     if wanted is None or m.key in wanted:
                         out[m.key] = as_torch(records[f"f{i}"], m.dtype)
             else:
+                rows = block.data.index_select(0, index)
                 for m in chosen:
                     out[m.key] = _torch_view(rows, m)
         order = self._spec if keys is None else keys
