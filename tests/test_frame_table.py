@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_frames import StackedEnvs, _assert_same, _check_everything, _fill, _record
 
+from test_frames import StackedEnvs, _assert_same, _check_everything, _fill, _record
 from xpbank import FrameStorage, ReplayBuffer
 from xpbank.storage.frame_table import FrameTable, walk_stacks
 
