@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_frames import StackedEnvs, _assert_same, _check_everything, _fill, _record
+from test_frames import RANDOM_RUNS, StackedEnvs, _assert_same, _check_everything, _fill, _record
 from xpbank import FrameStorage, ReplayBuffer
 from xpbank.storage.frame_table import FrameTable, walk_stacks
 
@@ -37,14 +37,7 @@ def _table_matches_reference(rb: ReplayBuffer, ref: dict) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    capacity=st.integers(3, 40),
-    num_envs=st.integers(1, 4),
-    stack=st.integers(1, 4),
-    seed=st.integers(0, 10_000),
-    env_field=st.booleans(),
-    pad=st.sampled_from(["repeat", "zero"]),
-)
+@given(**RANDOM_RUNS, pad=st.sampled_from(["repeat", "zero"]))
 def test_table_kept_at_write_time_is_what_went_in_and_what_a_rebuild_gives(
     capacity: int, num_envs: int, stack: int, seed: int, env_field: bool, pad: str
 ) -> None:
