@@ -52,6 +52,7 @@ from xpbank.storage.dtypes import as_torch, to_numpy
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import FrameTable
 from xpbank.storage.frame_write import plan_frames
+from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.tensor import TensorStorage
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class FrameStorage(StorageBase):
         self._rest_keys = list(rest)
         # by position (see frame_table.py), plus one all-zero frame that pad="zero" reads
         self._frames = torch.empty((self.capacity + 1, *self.frame_shape), dtype=self.dtype)
+        advise_huge_pages(self._frames)
         self._frames[self.capacity] = 0
         self._np_frames = to_numpy(self._frames)
         self._table: FrameTable | None = None  # made once the ring is attached (its env layout)

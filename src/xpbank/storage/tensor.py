@@ -27,6 +27,7 @@ from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
 from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.hugepages import advise_huge_pages
 
 __all__ = ["TensorStorage"]
 
@@ -179,8 +180,9 @@ class TensorStorage(StorageBase):
 
     def initialize(self, spec: Spec) -> None:
         """Allocate for ``spec``. Uninitialized (``torch.empty``): on the CPU the pages of
-        a large block are only mapped when first written, so a 10 GB buffer costs no RAM
-        until it fills. Slots are never read before they are written."""
+        a large block are only mapped when first written (2 MB at a time: plain CPU blocks
+        ask for huge pages, see hugepages.py), so a 10 GB buffer costs no RAM until it
+        fills. Slots are never read before they are written."""
         groups = [list(spec)] if self.pack else [[key] for key in spec]
         blocks = []
         for keys in groups:
@@ -190,6 +192,8 @@ class TensorStorage(StorageBase):
             )
             if self.shared:
                 data.share_memory_()
+            elif not self.pin_memory:
+                advise_huge_pages(data)
             blocks.append(_Block(members, row, data))
         self._blocks = blocks
         self._block_of = {m.key: b for b in blocks for m in b.members}
