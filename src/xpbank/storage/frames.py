@@ -16,6 +16,12 @@ predecessor and successor in that env, and where episodes start and end):
 - an item whose older frames are about to be overwritten (the oldest items of each env
   as the ring wraps) gets its whole stack copied to a second side store first.
 
+Which frames each item reads is worked out when it is written, not at read time: a
+per-slot table (:mod:`~xpbank.storage.frame_table`) holds their positions, so a read is
+one table lookup and one gather for ``obs`` and one for ``("next", "obs")``. Those two
+are separate tensors (changing one in place leaves the other, and the storage, alone).
+With envs in lockstep each env's frames are kept together in memory.
+
 Every write is checked against these rules before anything is stored (``verify=True``),
 so what comes back is bit-for-bit what went in, or the write is refused with a
 :class:`~xpbank.SpecError`. The storage is used under a
