@@ -124,3 +124,35 @@ def test_walk_stacks_against_a_step_by_step_walk() -> None:
         assert got[i].tolist() == want[::-1], i
         pads = [start[w] == w for w in want[:-1]]
         assert pad[i, :-1].tolist()[::-1] == list(np.logical_or.accumulate(pads)), i
+
+
+def test_clear_then_refill_with_the_per_env_layout() -> None:
+    """After ``clear`` the ring restarts at slot 0: stale side-store entries and table
+    marks of the old items must never show through."""
+    rb = ReplayBuffer(36, storage=FrameStorage(36), num_envs=3, seed=0)
+    _fill(rb, StackedEnvs(3, 4, seed=2), 40, False, seed=1, check=False)
+    assert len(rb.storage._stacks) and len(rb.storage._last)
+    rb.clear()
+    envs = StackedEnvs(3, 4, seed=3)
+    ref = _fill(rb, envs, 9, False, seed=4, check=False)  # partly refilled ...
+    _table_matches_reference(rb, ref)
+    ref.update(_fill(rb, envs, 40, False, seed=6, check=False))  # ... and wrapped again
+    _check_everything(rb, ref)
+    _table_matches_reference(rb, ref)
+    rb.clear()
+    ref = _fill(rb, StackedEnvs(3, 4, seed=7), 30, False, seed=8)
+    _check_everything(rb, ref)
+    _table_matches_reference(rb, ref)
+
+
+def test_observations_without_a_next_field() -> None:
+    envs = StackedEnvs(3, 4, seed=9)
+    rb = ReplayBuffer(36, storage=FrameStorage(36, next_obs=None), num_envs=3, seed=0)
+    ref: dict = {}
+    for _ in range(40):
+        batch = envs.step(range(3))
+        del batch["next", "obs"]
+        _record(ref, rb.extend(batch), batch)
+    got = rb.sample_all()
+    want = torch.stack([ref[i]["obs"] for i in got["index"].tolist()])
+    assert torch.equal(got["obs"], want) and ("next", "obs") not in got.keys(include_nested=True)
