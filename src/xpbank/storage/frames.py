@@ -133,7 +133,6 @@ class FrameStorage(StorageBase):
         self.dtype = field.dtype
         rest = Spec({k: f for k, f in spec.items() if k not in (self.obs_key, self.next_key)})
         self._rest = TensorStorage(self.capacity, rest) if len(rest) else None
-        self._rest_keys = list(rest)
         # by position (see frame_table.py), plus one all-zero frame that pad="zero" reads
         self._frames = torch.empty((self.capacity + 1, *self.frame_shape), dtype=self.dtype)
         advise_huge_pages(self._frames)
@@ -303,14 +302,15 @@ class FrameStorage(StorageBase):
         if self._spec is None:
             raise RuntimeError("FrameStorage.gather before initialize(spec)")
         obs_key, next_key = self.obs_key, self.next_key
+        rest: list[NestedKey] | None = None  # None: every other field
         if keys is None:  # every field: the sample hot path
-            want_obs, want_next, rest = True, next_key is not None, self._rest_keys
+            want_obs, want_next = True, next_key is not None
         else:
             want_obs, want_next = obs_key in keys, next_key is not None and next_key in keys
             rest = [k for k in keys if k != obs_key and k != next_key]
         out: dict[NestedKey, torch.Tensor] = {}
-        if rest and self._rest is not None:  # first, while the caches hold its index arrays
-            out = self._rest.gather(slots, rest)
+        if (rest is None or rest) and self._rest is not None:  # first, while the caches hold
+            out = self._rest.gather(slots, rest)  # its index arrays
         if want_obs or want_next:
             read = self._read(slots.cpu().numpy(), want_obs, want_next)
             if not self.stacked:
