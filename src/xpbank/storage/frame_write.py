@@ -138,7 +138,7 @@ def plan_frames(
     # each new item's stack; those reaching an item that will not be stored are rescued
     stack_ids, padding = walk_stacks(ids, s, prev_of, start_of, new_first)
     rescue = kept & (stack_ids[:, 0] < new_first)
-    linked = plan.link & (plan.prev >= new_first)  # predecessors whose next frame arrives now
+    linked = ~start & (plan.prev >= new_first)  # predecessors whose next frame arrives now
     # stored items that survive this write but whose stack reaches items it overwrites
     dying = np.arange(ring.first_id, min(new_first, first_new), dtype=np.int64)
     rescue_old = np.zeros(0, dtype=np.int64)
