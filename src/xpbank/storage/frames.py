@@ -224,6 +224,9 @@ class FrameStorage(StorageBase):
     def _write_frames(self, slots: slice, frames: torch.Tensor) -> None:
         """Store the newest frames of slots ``[start, stop)`` at their positions."""
         table = self._frame_table()
+        if table.envs == 1:  # positions are slots: one slice copy
+            self._frames[slots] = frames
+            return
         run = table.run(slots.start, slots.stop)
         if run is not None:  # lockstep steps: one strided copy into every env's run
             first, count = run
