@@ -95,12 +95,13 @@ def build_raw_gather(
     return gather
 
 
-def timed(fn: Callable[[], object], calls: int) -> float:
+def timed(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """Seconds per call: wall time and this thread's CPU time (steadier on a loaded machine)."""
     fn()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls, (time.thread_time() - cpu) / calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,25 +129,30 @@ def main(argv: list[str] | None = None) -> int:
             fns[f"torchrl SliceSampler @ {size:,}"] = build_torchrl(data)
         except Exception as exc:  # an optional peer: report why it did not run
             skipped[f"torchrl @ {size:,}"] = f"{type(exc).__name__}: {exc}"[:200]
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for r in range(rounds):
         log(f"round {r + 1}/{rounds}")
         for name, fn in fns.items():
             n = calls if "torchrl" not in name else max(2, calls // 10)
             times[name].append(timed(fn, n))
-    med = {name: statistics.median(v) for name, v in times.items()}
-    rows = [[name, fmt_us(v)] for name, v in med.items()]
+    med = {name: statistics.median(w for w, _ in v) for name, v in times.items()}
+    med_cpu = {name: statistics.median(c for _, c in v) for name, v in times.items()}
+    rows = [[name, fmt_us(v), fmt_us(med_cpu[name])] for name, v in med.items()]
     small, large = sizes
     out = ["# Sequence sampling, B=32, L=80, strict", "", f"environment: {environment({})}", ""]
-    out += [markdown_table(["what", "per call (median)"], rows), ""]
-    results: dict[str, Any] = {"median_s": med, "skipped": skipped}
+    out += [markdown_table(["what", "per call (median)", "CPU per call (median)"], rows), ""]
+    results: dict[str, Any] = {"median_s": med, "median_cpu_s": med_cpu, "skipped": skipped}
     whats = ("xpbank rb.sample(32)", "xpbank sampler only", "raw gather of the same rows")
     whats += ("torchrl SliceSampler",)
     for what in whats:
         a, b = med.get(f"{what} @ {small:,}"), med.get(f"{what} @ {large:,}")
-        if a and b:
-            out.append(f"- {what}: {large:,} items / {small:,} items = {b / a:.2f}x")
+        ca, cb = med_cpu.get(f"{what} @ {small:,}"), med_cpu.get(f"{what} @ {large:,}")
+        if a and b and ca and cb:
+            out.append(
+                f"- {what}: {large:,} items / {small:,} items = {b / a:.2f}x (CPU time: {cb / ca:.2f}x)"
+            )
             results[f"{what} ratio"] = b / a
+            results[f"{what} CPU ratio"] = cb / ca
     x, t = med.get(f"xpbank rb.sample(32) @ {large:,}"), med.get(f"torchrl SliceSampler @ {large:,}")
     if x and t:
         out.append(f"- at {large:,} items TorchRL's SliceSampler takes {t / x:.1f}x xpbank's time")

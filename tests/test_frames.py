@@ -208,14 +208,18 @@ def test_bad_configuration_raises() -> None:
         FrameStorage(10, spec)
 
 
+# random buffers and streams (also drives test_frame_table.py)
+RANDOM_RUNS = {
+    "capacity": st.integers(3, 40),
+    "num_envs": st.integers(1, 4),
+    "stack": st.integers(1, 4),
+    "seed": st.integers(0, 10_000),
+    "env_field": st.booleans(),
+}
+
+
 @settings(max_examples=25, deadline=None)
-@given(
-    capacity=st.integers(3, 40),
-    num_envs=st.integers(1, 4),
-    stack=st.integers(1, 4),
-    seed=st.integers(0, 10_000),
-    env_field=st.booleans(),
-)
+@given(**RANDOM_RUNS)
 def test_random_runs_round_trip(capacity: int, num_envs: int, stack: int, seed: int, env_field: bool) -> None:
     envs = StackedEnvs(num_envs, stack, seed=seed, lengths=(1, 6))
     rb = ReplayBuffer(capacity, storage=FrameStorage(capacity), num_envs=None if env_field else num_envs)

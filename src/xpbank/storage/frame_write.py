@@ -16,6 +16,7 @@ import torch
 
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, key_str
+from xpbank.storage.frame_table import walk_stacks
 
 if TYPE_CHECKING:
     from xpbank.episodes import _Plan
@@ -35,6 +36,11 @@ class FrameWrite:
     last_rows: np.ndarray  # rows whose next frame goes aside: episode ends, each env's newest
     rescue_rows: np.ndarray  # rows whose stack reaches frames that will not be stored
     rescue_old: np.ndarray  # stored items whose stack reaches frames this write overwrites
+    kept_rows: np.ndarray  # rows stored (a batch over capacity keeps its tail)
+    stack_ids: np.ndarray  # [kept, stack] ids of the kept rows' stack frames, oldest first
+    pad: np.ndarray  # [kept, stack] which of them are padding
+    linked: np.ndarray  # slots of stored items whose successor arrives now ...
+    successors: np.ndarray  # ... and the successors' slots
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
@@ -99,9 +105,9 @@ def plan_frames(
         p = plan.prev[stored]
         dst = torch.from_numpy(np.flatnonzero(stored))
         if nxt is not None:
-            expected[dst] = st._read_next(p % c, p)
+            expected[dst] = st._read_next(p % c)
         else:
-            stacks = st._read_stacks(p % c, p)
+            stacks = st._read_stacks(p % c)
             expected[dst, :-1] = stacks[:, 1:]
             expected[dst, -1] = obs.index_select(0, dst)[:, -1]
     check = np.flatnonzero(follow)
@@ -129,16 +135,10 @@ def plan_frames(
         here = x >= first_new
         return np.where(here, plan.start[np.clip(x - first_new, 0, n - 1)], links.start[x % c])
 
-    # new items whose stack reaches an item that will not be stored after this write
-    cur, active = ids.copy(), kept.copy()
-    rescue = np.zeros(n, dtype=bool)
-    for _ in range(s - 1):
-        at_start = start_of(cur) == cur
-        p = prev_of(cur)
-        dead = active & ~at_start & (p < new_first)
-        rescue |= dead
-        active &= ~at_start & ~dead
-        cur = np.where(active, p, cur)
+    # each new item's stack; those reaching an item that will not be stored are rescued
+    stack_ids, padding = walk_stacks(ids, s, prev_of, start_of, new_first)
+    rescue = kept & (stack_ids[:, 0] < new_first)
+    linked = ~start & (plan.prev >= new_first)  # predecessors whose next frame arrives now
     # stored items that survive this write but whose stack reaches items it overwrites
     dying = np.arange(ring.first_id, min(new_first, first_new), dtype=np.int64)
     rescue_old = np.zeros(0, dtype=np.int64)
@@ -148,4 +148,8 @@ def plan_frames(
         after = np.unique(after[(after >= new_first) & (after < first_new)])
         rescue_old = after[~st._stacks.has(after % c)]
     overwritten = ids[kept] % c
-    return FrameWrite(ids, overwritten, resolved, last_rows, np.flatnonzero(rescue), rescue_old)
+    stored = np.flatnonzero(kept)
+    return FrameWrite(
+        ids, overwritten, resolved, last_rows, np.flatnonzero(rescue), rescue_old,
+        stored, stack_ids[stored], padding[stored], plan.prev[linked] % c, ids[linked] % c,
+    )  # fmt: skip

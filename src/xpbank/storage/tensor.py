@@ -27,6 +27,7 @@ from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
 from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.hugepages import advise_huge_pages
 
 __all__ = ["TensorStorage"]
 
@@ -111,6 +112,8 @@ class _Block:
                 "itemsize": row_bytes,
             }
         )
+        # every row as a record: a gather of records is one NumPy call (see gather)
+        self.np_records = None if self.np_data is None else self.np_data.view(self.record)[:, 0]
         self._scratch = np.empty((0, row_bytes), np.uint8)
         self._scratch_views: list[tuple[NestedKey, np.ndarray]] = []
 
@@ -178,8 +181,9 @@ class TensorStorage(StorageBase):
 
     def initialize(self, spec: Spec) -> None:
         """Allocate for ``spec``. Uninitialized (``torch.empty``): on the CPU the pages of
-        a large block are only mapped when first written, so a 10 GB buffer costs no RAM
-        until it fills. Slots are never read before they are written."""
+        a large block are only mapped when first written (2 MB at a time: plain CPU blocks
+        ask for huge pages, see hugepages.py), so a 10 GB buffer costs no RAM until it
+        fills. Slots are never read before they are written."""
         groups = [list(spec)] if self.pack else [[key] for key in spec]
         blocks = []
         for keys in groups:
@@ -189,6 +193,8 @@ class TensorStorage(StorageBase):
             )
             if self.shared:
                 data.share_memory_()
+            elif not self.pin_memory:
+                advise_huge_pages(data)
             blocks.append(_Block(members, row, data))
         self._blocks = blocks
         self._block_of = {m.key: b for b in blocks for m in b.members}
@@ -252,13 +258,14 @@ class TensorStorage(StorageBase):
                     for m in chosen:
                         out[m.key] = block.views[m.key].index_select(0, index)
                 continue
-            rows = block.data.index_select(0, index)
-            if rows.device.type == "cpu":
-                records = rows.numpy().view(block.record)[:, 0]
+            if block.np_records is not None:  # CPU: one NumPy take of whole records (20 -> 9 us
+                records = block.np_records.take(index.numpy())  # at B=32, 208 -> 177 at 2,560;
+                # fancy indexing, unlike take, copies records field by field: 6x slower)
                 for i, m in enumerate(block.members):
                     if wanted is None or m.key in wanted:
                         out[m.key] = as_torch(records[f"f{i}"], m.dtype)
             else:
+                rows = block.data.index_select(0, index)
                 for m in chosen:
                     out[m.key] = _torch_view(rows, m)
         order = self._spec if keys is None else keys
