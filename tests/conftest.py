@@ -43,18 +43,74 @@ def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFa
     return make
 
 
-@pytest.fixture(params=["memory", "memmap", "shm"])
+def _ray_param() -> Any:
+    """The ``"ray"`` buffer param, skipped with the reason when Ray is not importable."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return pytest.param(
+            "ray", marks=pytest.mark.skip(reason="ray is not installed (pip install 'xpbank[ray]')")
+        )
+    return "ray"
+
+
+# Tests of the shared buffer suite that cannot apply to a RayReplayBuffer, and why.
+RAY_SKIPS: dict[str, str] = {}
+
+
+class _RayPool:
+    """Shard actors started once per session and reset for each buffer (no start-up per test)."""
+
+    def __init__(self) -> None:
+        self.actors: list[Any] = []
+
+    def take(self, count: int, first: int) -> list[Any]:
+        from xpbank.distributed.ray import start_shards
+
+        if len(self.actors) < first + count:
+            self.actors += start_shards(first + count - len(self.actors))
+        return self.actors[first : first + count]
+
+
+@pytest.fixture(scope="session")
+def ray_pool(ray_session: Any) -> Iterator[_RayPool]:
+    """Idle shard actors that ``buffer_factory``'s ``"ray"`` buffers reuse (grown on demand)."""
+    pool = _RayPool()
+    yield pool
+    for actor in pool.actors:
+        ray_session.kill(actor)
+
+
+@pytest.fixture(params=["memory", "memmap", "shm", _ray_param()])
 def buffer_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BufferFactory]:
     """``make(capacity, spec=None, **kw) -> ReplayBuffer`` for each buffer storage.
 
     ``"shm"``: a :class:`~xpbank.distributed.shm.ShmReplayBuffer` (with one writer
-    channel) used through the ReplayBuffer API.
+    channel) used through the ReplayBuffer API. ``"ray"``: a one-shard
+    :class:`~xpbank.distributed.ray.RayReplayBuffer` with synchronous writes
+    (``flush_bytes=0``) over actors of the session's ``ray_pool`` (tests in
+    ``RAY_SKIPS`` are skipped, with their reason).
     """
     kind = request.param
     next_dir = _fresh_dirs(tmp_path, "buffer")
     made: list[Any] = []
+    if kind == "ray":
+        reason = RAY_SKIPS.get(request.node.originalname)
+        if reason is not None:
+            pytest.skip(reason)
+        pool = request.getfixturevalue("ray_pool")
 
     def make(capacity: int, spec: Spec | None = None, **kw: Any) -> ReplayBuffer:
+        if kind == "ray":
+            from xpbank.distributed.ray import RayReplayBuffer
+
+            shards = pool.take(1, first=len(made))
+            made.append(
+                RayReplayBuffer(
+                    1, capacity, spec, flush_bytes=0, shards=shards, checkpoint_dir=next_dir(), **kw
+                )
+            )
+            return made[-1]
         if kind == "shm":
             from xpbank.distributed.shm import ShmReplayBuffer
 

@@ -93,15 +93,7 @@ class Ring:
         Raises:
             XpbankIndexError: a position outside ``[-size, size)``.
         """
-        pos = _as_index_array(positions, "indices")
-        if pos.size and (pos.min() < -self.size or pos.max() >= self.size):
-            bad = pos[(pos < -self.size) | (pos >= self.size)][0]
-            raise XpbankIndexError(
-                f"indices: position {int(bad)} is out of range for a buffer holding "
-                f"{self.size} items (valid: -{self.size} .. {self.size - 1})"
-            )
-        pos = np.where(pos < 0, pos + self.size, pos)
-        ids = pos + self.first_id
+        ids = check_positions(positions, self.size) + self.first_id
         return torch.from_numpy(ids % self.capacity), torch.from_numpy(ids)
 
     def slots_of_ids(self, ids: Any) -> torch.Tensor:
@@ -128,6 +120,22 @@ class Ring:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_id, self.size = int(state["next_id"]), int(state["size"])
+
+
+def check_positions(positions: Any, size: int) -> np.ndarray:
+    """Logical positions (0 = oldest, -1 = newest) of ``size`` items as int64 in ``[0, size)``.
+
+    Raises:
+        XpbankIndexError: not 1-D integers, or a position outside ``[-size, size)``.
+    """
+    pos = _as_index_array(positions, "indices")
+    if pos.size and (pos.min() < -size or pos.max() >= size):
+        bad = pos[(pos < -size) | (pos >= size)][0]
+        raise XpbankIndexError(
+            f"indices: position {int(bad)} is out of range for a buffer holding "
+            f"{size} items (valid: -{size} .. {size - 1})"
+        )
+    return np.where(pos < 0, pos + size, pos)
 
 
 def _to_numpy(values: Any) -> np.ndarray:

@@ -8,7 +8,8 @@ a ratio. Modules: ``client`` (the buffer), ``writer`` (batching and routing of r
 ``shard`` (the actor body: a buffer, restart-proof ids, bank checkpoints), ``link`` (Ray
 calls, timeouts, the limiter's actor), ``ids`` (global id encoding), ``routing``
 (priority updates by id), ``spawn`` (starting the actors), ``health`` (which shards are
-up), ``weights`` (global importance weights).
+up), ``weights`` (global importance weights), ``local_api`` (positions, epochs,
+``update`` and ``state_dict`` over the shards).
 
 Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
 naming ``pip install 'xpbank[ray]'``.
@@ -23,6 +24,7 @@ require("ray", "ray")
 from xpbank.distributed.limiter import RateLimiter  # noqa: E402
 from xpbank.distributed.ray.client import RayReplayBuffer, ShardStatus  # noqa: E402
 from xpbank.distributed.ray.ids import decode, encode  # noqa: E402
+from xpbank.distributed.ray.spawn import start_shards  # noqa: E402
 from xpbank.distributed.ray.writer import RayWriter  # noqa: E402
 
-__all__ = ["RayReplayBuffer", "RayWriter", "RateLimiter", "ShardStatus", "encode", "decode"]
+__all__ = ["RayReplayBuffer", "RayWriter", "RateLimiter", "ShardStatus", "encode", "decode", "start_shards"]

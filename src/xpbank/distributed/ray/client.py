@@ -14,11 +14,12 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import to_tensordict
+from xpbank.batch import flatten, to_tensordict
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.health import Health, ShardStatus
 from xpbank.distributed.ray.ids import encode
 from xpbank.distributed.ray.link import ShardLink
+from xpbank.distributed.ray.local_api import LocalApi, check_fields
 from xpbank.distributed.ray.routing import route_priorities
 from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
 from xpbank.distributed.ray.weights import global_weights
@@ -41,7 +42,7 @@ __all__ = ["RayReplayBuffer", "ShardStatus"]
 log = logging.getLogger(__name__)
 
 
-class RayReplayBuffer:
+class RayReplayBuffer(LocalApi):
     """A replay buffer of ``num_shards`` Ray actors, each a local :class:`~xpbank.ReplayBuffer`.
 
     Writes (``add``/``extend``, or :meth:`writer` handles in collector processes) are
@@ -83,7 +84,9 @@ class RayReplayBuffer:
             cluster); default: a new temporary directory on this machine.
         checkpoint_every, checkpoint_seconds: the checkpoint schedule (checked at writes).
         resume: load the shards' banks already in ``checkpoint_dir`` (else it must hold none).
-        flush_bytes: the batch size of writes to a shard.
+        flush_bytes: the batch size of writes to a shard; ``0``: synchronous writes, each
+            ``add``/``extend`` sent in the call (one round trip per shard it touches, about
+            a millisecond) and returning its ids as :meth:`ReplayBuffer.extend` does.
         timeout: seconds any blocking call (a write, a sample, a rate limiter wait) may take.
         probe_timeout: seconds a shard may take to answer before a sample goes on without it.
         start_timeout: seconds the shard actors may take to start (their processes import
@@ -92,6 +95,16 @@ class RayReplayBuffer:
         max_concurrency: threads per shard actor (sampling need not queue behind writes).
         actor_options: more ``ray.remote`` options for the shard actors (e.g.
             ``{"num_cpus": 1}``, ``{"resources": {...}}``).
+        shards: existing :class:`~xpbank.distributed.ray.shard.Shard` actors, one per
+            shard (e.g. :func:`~xpbank.distributed.ray.start_shards`), reset to this
+            buffer's settings instead of starting new ones (seconds saved per buffer);
+            :meth:`close` leaves them running. Ray restarts such an actor with the
+            arguments it was started with, so a pooled buffer does not get its data
+            back after a shard crash: use it where start-up dominates (tests, notebooks).
+        device: where sampled batches are delivered.
+
+    The rest of the local buffer's API (``sample_by_index``, ``sample_all``, ``epochs``,
+    ``update``, ``state_dict``) is :class:`~xpbank.distributed.ray.local_api.LocalApi`'s.
 
     Example:
         >>> import ray, torch
@@ -128,6 +141,8 @@ class RayReplayBuffer:
         max_restarts: int = -1,
         max_concurrency: int = 8,
         actor_options: Mapping[str, Any] | None = None,
+        shards: Sequence[Any] | None = None,
+        device: str | torch.device = "cpu",
     ):
         num_shards = check_positive_int("num_shards", num_shards)
         capacity = check_positive_int("capacity", capacity)
@@ -143,7 +158,11 @@ class RayReplayBuffer:
             raise CapacityError(
                 f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}"
             )
-        flush_bytes = check_positive_int("flush_bytes", flush_bytes)
+        self._sync = flush_bytes == 0 and not isinstance(flush_bytes, bool)
+        flush_bytes = 1 if self._sync else check_positive_int("flush_bytes", flush_bytes)
+        if shards is not None and len(shards) != num_shards:
+            raise CapacityError(f"shards: expected {num_shards} actors (num_shards), got {len(shards)}")
+        self._device = torch.device(device)
         every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
         for name, value in [
             ("timeout", timeout),
@@ -168,7 +187,8 @@ class RayReplayBuffer:
             "max_concurrency": max_concurrency,
             **(actor_options or {}),
         }
-        shards, limiter = spawn(plan, rate_limiter, ray_options)
+        self._pooled = shards is not None
+        shards, limiter = spawn(plan, rate_limiter, ray_options, None if shards is None else list(shards))
         self._link = ShardLink(shards, limiter, float(timeout), float(probe_timeout))
         self._capacity = capacity
         self._rng = np.random.default_rng(seed)
@@ -229,15 +249,27 @@ class RayReplayBuffer:
         return RayWriter(self._link, self.spec, self._writers - 1, self._pinned, self._writer.flush_bytes)
 
     def add(self, item: Any) -> int:
-        """Queue one item (a mapping or TensorDict without a batch dim); returns 1."""
+        """Queue one item (a mapping or TensorDict without a batch dim); returns 1, or
+        its id with synchronous writes (``flush_bytes=0``)."""
+        if self._sync:
+            return int(
+                self._writer.write_now(
+                    {k: torch.as_tensor(v).unsqueeze(0) for k, v in flatten(item).items()}
+                )[0]
+            )
         return self._writer.add(item)
 
-    def extend(self, batch: Any) -> int:
+    def extend(self, batch: Any) -> int | range | torch.Tensor:
         """Check and queue a batch (leading dim = items); returns its number of items.
 
-        Unlike :meth:`ReplayBuffer.extend` this gives no ids: they are the shards' and
+        With ``flush_bytes=0`` the batch is stored in the call and its global ids are
+        returned as :meth:`ReplayBuffer.extend` does: a ``range`` (step ``num_shards``;
+        with one shard the local buffer's ids) when the rows went to one shard, else an
+        int64 tensor in row order. Otherwise this gives no ids: they are the shards' and
         only known once the rows are flushed; a sample's ``"index"`` carries them.
         """
+        if self._sync:
+            return self._writer.write_now(batch)
         return self._writer.extend(batch)
 
     def flush(self) -> int:
@@ -278,8 +310,8 @@ class RayReplayBuffer:
             raise PriorityError(
                 "replace=False: prioritized sampling draws with replacement; sample with replace=True"
             )
-        keys = None if fields is None else ([fields] if isinstance(fields, (str, tuple)) else list(fields))
         self._writer.flush()
+        keys = check_fields(self.spec, fields)  # before any randomness is drawn
         self._link.admit_sample(batch_size)
         parts: list[tuple[int, dict[str, Any]]] = []  # (shard, answer): a shard may answer twice
         stats: dict[int, dict[str, Any]] = {}
@@ -294,9 +326,8 @@ class RayReplayBuffer:
             )
             if not mass.sum() > 0:
                 if sum(int(stats[s]["size"]) for s in shards) == 0:
-                    raise EmptyBufferError(
-                        "sample: the buffer is empty (on the shards that are up); add or extend first"
-                    )
+                    where = " (on the shards that are up)" if self._health.down else ""
+                    raise EmptyBufferError(f"sample: the buffer is empty{where}; add or extend first")
                 raise PriorityError(
                     "sample: every stored priority is 0, so no item can be drawn; use eps > 0"
                 )
@@ -340,7 +371,8 @@ class RayReplayBuffer:
             flat["weight"] = torch.from_numpy(
                 global_weights(stored, list(totals.values()), sampler, self._samples - 1)
             )
-        return to_tensordict(flat, (size,))
+        td = to_tensordict(flat, (size,))
+        return td if self._device.type == "cpu" else td.to(self._device)
 
     # -- priorities --------------------------------------------------------------
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
@@ -400,7 +432,7 @@ class RayReplayBuffer:
         try:
             self._writer.flush()
         finally:
-            for actor in [*self._link.shards, self._link.limiter]:
+            for actor in [*([] if self._pooled else self._link.shards), self._link.limiter]:
                 if actor is not None:
                     ray.kill(actor, no_restart=True)
 

@@ -17,7 +17,36 @@ import numpy as np
 from xpbank.distributed.ray.ids import id_problem, split_by_shard
 from xpbank.errors import ShardUnavailableError
 
-__all__ = ["route_priorities"]
+__all__ = ["check_routed", "route_priorities"]
+
+
+def check_routed(
+    link: Any, health: Any, ids: np.ndarray, stale: str
+) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Split global ``ids`` by shard and have every involved shard check its own, in parallel.
+
+    Returns ``({shard: local ids}, rows)`` (``rows[s]``: the positions of shard ``s``'s
+    ids). A shard that is down is marked down in ``health`` and left out; with
+    ``health=None`` it raises instead.
+
+    Raises:
+        XpbankIndexError: an id never issued.
+        StaleIndexError: (``stale="raise"``) an overwritten or lost id.
+        ShardUnavailableError: (``health=None``) an involved shard is down.
+    """
+    ids, rows = split_by_shard(ids, link.num_shards)
+    local = {s: ids[r] // link.num_shards for s, r in enumerate(rows) if r.size}
+    for s, problem in link.call_each({s: ("check_ids", (loc,)) for s, loc in local.items()}).items():
+        if isinstance(problem, ShardUnavailableError):
+            if health is None:
+                raise problem
+            health.mark_down(s, problem)
+            local.pop(s)
+        elif problem is not None:
+            error = id_problem(s, problem, link.num_shards, stale)
+            if error is not None:
+                raise error
+    return local, rows
 
 
 def route_priorities(link: Any, health: Any, ids: np.ndarray, values: np.ndarray, stale: str) -> None:
@@ -34,16 +63,7 @@ def route_priorities(link: Any, health: Any, ids: np.ndarray, values: np.ndarray
         XpbankIndexError: an id never issued; nothing is written.
         StaleIndexError: (``stale="raise"``) an overwritten or lost id; nothing is written.
     """
-    ids, rows = split_by_shard(ids, link.num_shards)
-    local = {s: ids[r] // link.num_shards for s, r in enumerate(rows) if r.size}
-    for s, problem in link.call_each({s: ("check_ids", (loc,)) for s, loc in local.items()}).items():
-        if isinstance(problem, ShardUnavailableError):
-            health.mark_down(s, problem)
-            local.pop(s)
-        elif problem is not None:
-            error = id_problem(s, problem, link.num_shards, stale)
-            if error is not None:
-                raise error
+    local, rows = check_routed(link, health, ids, stale)
     writes = link.call_each({s: ("update_priority", (loc, values[rows[s]])) for s, loc in local.items()})
     for s, answer in writes.items():
         if isinstance(answer, ShardUnavailableError):

@@ -249,6 +249,49 @@ class Shard:
             self.checkpointed, self._since, self._last = len(self.rb), 0, time.monotonic()
             return {"path": str(path), "items": self.checkpointed}
 
+    # -- the local buffer's API, per shard (positions, in-place updates, state) ------
+    def reset(self, *args: Any) -> int:
+        """Become a new shard, as if built with ``Shard(*args)`` (a reused actor); returns 1.
+
+        The actor keeps its process (no start-up: what a buffer over a pool of actors
+        pays instead of spawning); Ray's own restart of this actor would still rerun its
+        original constructor.
+        """
+        with self.rb.lock:
+            os.close(self._issued)
+            self.__init__(*args)  # type: ignore[misc]
+        return 1
+
+    def sample_by_index(self, positions: Any, fields: list[Any] | None) -> dict[str, Any]:
+        """Items at this shard's positions (0 = oldest), as flat tensors, with their ids."""
+        with self.rb.lock:
+            batch = self.rb.sample_by_index(positions, fields=fields)
+            flat = {key: batch.get(key) for key in batch.keys(True, True)}
+            return {"data": flat, "ids": flat.pop("index") + self.offset, "next": self.rb._ring.next_id}
+
+    def permutation(self, n: int) -> torch.Tensor:
+        """A random order of ``n`` positions from this shard's generator (an epoch's plan)."""
+        with self.rb.lock:
+            return torch.randperm(n, generator=self.rb.generator)
+
+    def update(self, ids: Any, flat: dict[Any, torch.Tensor]) -> None:
+        """``ReplayBuffer.update`` by this shard's ids (it checks ids and values first)."""
+        with self.rb.lock:
+            self.rb.update(np.asarray(ids, dtype=np.int64) - self.offset, flat)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's ``state_dict`` plus this shard's id ``offset``."""
+        with self.rb.lock:
+            return {**self.rb.state_dict(), "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Load a :meth:`state_dict` (or a ``ReplayBuffer``'s: offset 0); returns the spec's dict."""
+        with self.rb.lock:
+            self.rb.load_state_dict(state)
+            self.offset = int(state.get("offset", 0))
+            self._mark_issued()
+            return None if self.rb.spec is None else self.rb.spec.to_dict()
+
     def ping(self) -> int:
         """This shard's incarnation (1 at first start, +1 per restart)."""
         return self.incarnation

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,18 @@ import ray
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.link import LimiterHost, ShardLink
 from xpbank.distributed.ray.shard import Shard
-from xpbank.errors import BankError, ShardUnavailableError
+from xpbank.errors import BankError, ShardUnavailableError, check_positive_int
 from xpbank.spec import Spec
 
-__all__ = ["ShardPlan", "capacities", "check_checkpoint_dir", "spawn", "wait_started"]
+__all__ = [
+    "ShardPlan",
+    "capacities",
+    "check_checkpoint_dir",
+    "shard_args",
+    "spawn",
+    "start_shards",
+    "wait_started",
+]
 
 
 @dataclass(frozen=True)
@@ -44,18 +53,33 @@ def capacities(capacity: int, num_shards: int) -> list[int]:
     return [base + (s < extra) for s in range(num_shards)]
 
 
-def spawn(
-    plan: ShardPlan, rate_limiter: RateLimiter | None, ray_options: dict[str, Any]
-) -> tuple[list[Any], Any]:
-    """Start the shard actors (and the limiter's); returns their handles without waiting."""
-    remote = ray.remote(Shard).options(**ray_options)
+def shard_args(plan: ShardPlan) -> list[tuple[Any, ...]]:
+    """The :class:`Shard` constructor's arguments of every shard of ``plan``."""
     spec = None if plan.spec is None else plan.spec.to_dict()
-    shards = [
-        remote.remote(
-            s, plan.num_shards, cap, spec, plan.options, plan.directory, plan.every_items, plan.every_seconds
-        )
+    return [
+        (s, plan.num_shards, cap, spec, plan.options, plan.directory, plan.every_items, plan.every_seconds)
         for s, cap in enumerate(capacities(plan.capacity, plan.num_shards))
     ]
+
+
+def spawn(
+    plan: ShardPlan,
+    rate_limiter: RateLimiter | None,
+    ray_options: dict[str, Any],
+    pool: list[Any] | None = None,
+) -> tuple[list[Any], Any]:
+    """Start the shard actors (and the limiter's); returns their handles without waiting.
+
+    ``pool``: existing shard actors (one per shard) to :meth:`Shard.reset` to ``plan``
+    instead of starting new ones.
+    """
+    shards: list[Any]
+    if pool is None:
+        remote = ray.remote(Shard).options(**ray_options)
+        shards = [remote.remote(*args) for args in shard_args(plan)]
+    else:
+        shards = list(pool)
+        ray.get([actor.reset.remote(*args) for actor, args in zip(shards, shard_args(plan), strict=True)])
     if rate_limiter is None:
         return shards, None
     host = ray.remote(LimiterHost).options(
@@ -67,6 +91,22 @@ def spawn(
         else (rate_limiter.max_diff - rate_limiter.min_diff) / 2
     )
     return shards, host.remote(rate_limiter.samples_per_insert, rate_limiter.min_size_to_sample, buffer)
+
+
+def start_shards(count: int, **ray_options: Any) -> list[Any]:
+    """Start ``count`` idle shard actors for ``RayReplayBuffer(..., shards=...)`` to reuse.
+
+    Each holds an empty one-item buffer in a temporary directory until a buffer resets
+    it; end them with ``ray.kill`` when done. ``ray_options``: ``ray.remote`` options
+    (default ``max_concurrency=8``, no restarts).
+    """
+    count = check_positive_int("count", count)
+    remote = ray.remote(Shard).options(**{"max_concurrency": 8, "max_restarts": 0, **ray_options})
+    directory = tempfile.mkdtemp(prefix="xpbank-ray-pool-")
+    uniform = {"sampler": {"name": "uniform", "config": {}}}
+    actors: list[Any] = [remote.remote(s, count, 1, None, uniform, directory) for s in range(count)]
+    ray.get([actor.ping.remote() for actor in actors])
+    return actors
 
 
 def wait_started(link: ShardLink, timeout: float) -> None:

@@ -28,7 +28,7 @@ import torch
 from xpbank.batch import flatten
 from xpbank.episode_fields import MAX_ENV_ID
 from xpbank.episodes import EpisodeKeys
-from xpbank.errors import SpecError
+from xpbank.errors import ShardUnavailableError, SpecError
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key, reject_reserved
 
 __all__ = ["RayWriter"]
@@ -62,6 +62,8 @@ class RayWriter:
         self._bytes = 0
         self._turn = writer_index
         self.lost = [0] * link.num_shards  # rows whose shard was down when they were sent
+        self._routes: list[tuple[int, torch.Tensor | None]] = []  # (shard, rows) queued by write_now
+        self._stored: dict[int, int] = {}  # shard -> first local id of the last flush's rows
 
     def __getstate__(self) -> dict[str, Any]:
         if self._bytes:
@@ -85,6 +87,10 @@ class RayWriter:
     @property
     def spec(self) -> Spec | None:
         return self._spec
+
+    def adopt_spec(self, spec: Spec) -> None:
+        """Check later batches against ``spec`` (the shards' after a state was loaded)."""
+        self._spec = spec
 
     @property
     def pending(self) -> int:
@@ -118,6 +124,7 @@ class RayWriter:
         if shards is None:  # a copy: the caller may reuse its tensors before the flush
             s = self.writer_index % self._link.num_shards if self._pinned else self._next_turn()
             self._queue(s, {k: v.detach().to("cpu", copy=True) for k, v in flat.items()}, n)
+            self._routes.append((s, None))
             flat = {}
         else:  # index_select copies
             flat = {k: v.detach().cpu() for k, v in flat.items()}
@@ -127,9 +134,45 @@ class RayWriter:
                 rows = torch.from_numpy(order[bounds[s] : bounds[s + 1]])
                 if rows.numel():
                     self._queue(s, {k: v.index_select(0, rows) for k, v in flat.items()}, rows.numel())
+                    self._routes.append((s, rows))
         if self._bytes >= self.flush_bytes:
             self.flush()
         return n
+
+    def write_now(self, batch: Any) -> range | torch.Tensor:
+        """:meth:`extend` and flush in the call; returns the global ids of the rows, in order.
+
+        One round trip to each shard the rows go to (plus the rate limiter's). The ids are
+        a ``range`` (step ``num_shards``) when the rows went to one shard, else an int64
+        tensor.
+
+        Raises:
+            ShardUnavailableError: a shard the rows were sent to is down (they are lost;
+                rows sent to the others are stored).
+        """
+        self.flush()
+        self._routes = []
+        n = self.extend(batch)
+        self.flush()
+        routes, self._routes = self._routes, []
+        num = self._link.num_shards
+        missing = sorted({s for s, _ in routes if s not in self._stored})
+        if missing:
+            raise ShardUnavailableError(
+                f"extend: shard(s) {missing} are down; the rows sent to them are lost"
+            )
+        if n == 0:
+            return range(0)
+        if len(routes) == 1 and routes[0][1] is None:
+            s, first = routes[0][0], self._stored[routes[0][0]]
+            return range(first * num + s, (first + n) * num + s, num)
+        ids = torch.empty(n, dtype=torch.int64)
+        for s, rows in routes:
+            count = n if rows is None else rows.numel()
+            ids[rows if rows is not None else slice(None)] = (
+                torch.arange(self._stored[s], self._stored[s] + count) * num + s
+            )
+        return ids
 
     def _next_turn(self) -> int:
         s = self._turn % self._link.num_shards
@@ -180,6 +223,7 @@ class RayWriter:
         self.discard()
         answers = self._link.call_each({s: ("extend", (part,)) for s, part in parts.items()})
         stored = 0
+        self._stored = {s: int(a["first"]) for s, a in answers.items() if not isinstance(a, BaseException)}
         for s in parts:
             if isinstance(answers[s], BaseException):
                 self.lost[s] += rows[s]
