@@ -183,6 +183,7 @@ def test_python_dash_m_in_a_subprocess(banks):
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "obs.npy" in bad.stderr
 
+
 def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
     from xpbank import cli as cli_module
     from xpbank.errors import MissingExtraError

@@ -14,7 +14,6 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten, to_tensordict
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.health import Health, ShardStatus
 from xpbank.distributed.ray.ids import encode
@@ -252,11 +251,7 @@ class RayReplayBuffer(LocalApi):
         """Queue one item (a mapping or TensorDict without a batch dim); returns 1, or
         its id with synchronous writes (``flush_bytes=0``)."""
         if self._sync:
-            return int(
-                self._writer.write_now(
-                    {k: torch.as_tensor(v).unsqueeze(0) for k, v in flatten(item).items()}
-                )[0]
-            )
+            return int(self._writer.write_now(self._writer.one_row(item))[0])
         return self._writer.add(item)
 
     def extend(self, batch: Any) -> int | range | torch.Tensor:
@@ -371,8 +366,7 @@ class RayReplayBuffer(LocalApi):
             flat["weight"] = torch.from_numpy(
                 global_weights(stored, list(totals.values()), sampler, self._samples - 1)
             )
-        td = to_tensordict(flat, (size,))
-        return td if self._device.type == "cpu" else td.to(self._device)
+        return self._batch(flat, size)
 
     # -- priorities --------------------------------------------------------------
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:

@@ -99,7 +99,21 @@ class RayWriter:
 
     def add(self, item: Any) -> int:
         """Queue one item (no batch dim); returns 1."""
-        return self.extend({k: torch.as_tensor(v).unsqueeze(0) for k, v in flatten(item).items()})
+        return self.extend(self.one_row(item))
+
+    def one_row(self, item: Any) -> dict[NestedKey, torch.Tensor]:
+        """``item`` (no batch dim) checked as an item, as a batch of one row.
+
+        Raises:
+            SpecError: as :meth:`ReplayBuffer.add` (shapes named without a batch dim).
+        """
+        flat = flatten(item)
+        spec = self._spec
+        if spec is None:
+            why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
+            spec = reject_reserved(Spec.from_batch(flat, batch_ndim=0), _RESERVED, why)
+        _, flat = spec.conform(flat, 0)
+        return {k: v.unsqueeze(0) for k, v in flat.items()}
 
     def extend(self, batch: Any) -> int:
         """Check ``batch`` (leading dim = items) and queue it; returns its number of items.
