@@ -1,0 +1,191 @@
+"""The local buffer's API on a RayReplayBuffer of two shards, against a reference of two
+local ReplayBuffers fed the same writes (positions, epochs, update, stale ids after the
+ring's wrap, state_dict). The one-shard case is the shared suite (``buffer_factory``).
+
+The buffers reuse the session's pooled shard actors (``ray_pool``), so a test costs
+round trips, not actor start-ups.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ray")
+
+from xpbank import CapacityError, ReplayBuffer, SpecError, StaleIndexError, XpbankIndexError
+from xpbank.distributed.ray import RayReplayBuffer
+from xpbank.distributed.ray.local_api import locate
+
+pytestmark = pytest.mark.slow  # the first test starts the pool's actors (seconds each here)
+
+S, CAP = 2, 10  # two shards of 5 items
+
+
+def batch(start: int, n: int) -> dict[str, torch.Tensor]:
+    uid = torch.arange(start, start + n)
+    return {"uid": uid, "obs": uid.float().unsqueeze(1).repeat(1, 3), "reward": uid.float()}
+
+
+class Reference:
+    """Two local buffers; extend ``k`` goes to shard ``k % 2`` (the writer's round robin)."""
+
+    def __init__(self) -> None:
+        self.shards = [ReplayBuffer(CAP // S) for _ in range(S)]
+        self.turn = 0
+
+    def extend(self, b: dict[str, torch.Tensor]) -> range:
+        s = self.turn % S
+        self.turn += 1
+        ids = self.shards[s].extend(b)
+        return range(ids.start * S + s, ids.stop * S + s, S)
+
+    def all(self) -> tuple[list[int], list[int]]:
+        """(global ids, uids) in the buffer's order: shard 0's oldest first, then shard 1's."""
+        ids: list[int] = []
+        uids: list[int] = []
+        for s, rb in enumerate(self.shards):
+            if len(rb):
+                td = rb.sample_all()
+                ids += (td["index"] * S + s).tolist()
+                uids += td["uid"].tolist()
+        return ids, uids
+
+
+@pytest.fixture
+def make(ray_pool: Any, tmp_path: Path) -> Callable[..., RayReplayBuffer]:
+    made: list[RayReplayBuffer] = []
+
+    def build(seed: int = 0) -> RayReplayBuffer:
+        shards = ray_pool.take(S, first=S * len(made))
+        rb = RayReplayBuffer(
+            S, CAP, flush_bytes=0, shards=shards, seed=seed, checkpoint_dir=tmp_path / f"rb{len(made)}"
+        )
+        made.append(rb)
+        return rb
+
+    return build
+
+
+def written(make: Callable[..., RayReplayBuffer], sizes: list[int], seed: int = 0) -> tuple[Any, Reference]:
+    rb, ref = make(seed), Reference()
+    start = 0
+    for n in sizes:
+        assert rb.extend(batch(start, n)) == ref.extend(batch(start, n))
+        start += n
+    return rb, ref
+
+
+def test_locate_is_a_brute_force_walk() -> None:
+    sizes = [3, 0, 4, 1]
+    walk = [(s, i) for s, n in enumerate(sizes) for i in range(n)]
+    shard, local = locate(np.arange(8), sizes)
+    assert list(zip(shard.tolist(), local.tolist(), strict=True)) == walk
+
+
+@pytest.mark.parametrize("sizes", [[3], [3, 4, 2], [7, 1, 6, 2, 9]], ids=["one", "unwrapped", "wrapped"])
+def test_sample_all_and_positions_follow_the_reference(make: Any, sizes: list[int]) -> None:
+    rb, ref = written(make, sizes)
+    ids, uids = ref.all()
+    everything = rb.sample_all()
+    assert everything["index"].tolist() == ids and everything["uid"].tolist() == uids
+    assert len(rb) == len(ids) and rb.is_full == (len(ids) == CAP)
+    positions = [0, -1, len(ids) // 2, -len(ids)]
+    got = rb.sample_by_index(positions)
+    assert got["index"].tolist() == [ids[p] for p in positions]
+    assert got["uid"].tolist() == [uids[p] for p in positions]
+    msg = f"indices: position {len(ids)} is out of range for a buffer holding {len(ids)} items"
+    with pytest.raises(XpbankIndexError, match=re.escape(msg)):
+        rb.sample_by_index([0, len(ids)])
+
+
+def test_update_routes_by_id_and_sample_all_shows_it(make: Any) -> None:
+    rb, ref = written(make, [4, 4, 3])  # shard 0: uids 0-3, 8-10 (wrapped); shard 1: 4-7
+    ids, uids = ref.all()
+    pick = [ids[0], ids[-1], ids[5], ids[0]]  # both shards, a repeated id keeps its last row
+    rb.update(pick, {"reward": torch.tensor([-1.0, -2.0, -3.0, -4.0])})
+    for s, rows in enumerate(ref.shards):  # the same update on the reference, per shard
+        mine = [(i // S, v) for i, v in zip(pick, [-1.0, -2.0, -3.0, -4.0], strict=True) if i % S == s]
+        if mine:
+            rows.update([i for i, _ in mine], {"reward": torch.tensor([v for _, v in mine])})
+    want = torch.cat([r.sample_all()["reward"] for r in ref.shards])
+    assert torch.equal(rb.sample_all()["reward"], want)
+    assert rb.sample_all()["uid"].tolist() == uids  # other fields untouched
+
+
+def test_stale_and_unwritten_ids_raise_and_write_nothing(make: Any) -> None:
+    rb, ref = written(make, [5, 5, 2])  # shard 0 got 5 then 2: its ids 0, 1 are overwritten
+    before = rb.sample_all().to_dict()
+    stale = 0 * S + 0  # shard 0's first item
+    with pytest.raises(StaleIndexError, match=re.escape("indices: item 0 has been overwritten")):
+        rb.update([ref.all()[0][-1], stale], {"reward": torch.zeros(2)})
+    with pytest.raises(XpbankIndexError, match=re.escape("indices: item 21 was never issued")):
+        rb.update([1, 21], {"reward": torch.zeros(2)})  # shard 1's local id 10: not written yet
+    with pytest.raises(SpecError, match=re.escape("update: got 2 indices but 3 rows of values")):
+        rb.update([1, 4], {"reward": torch.zeros(3)})
+    with pytest.raises(SpecError, match=re.escape("field 'obs': expected (*, 3) float32")):
+        rb.update([1, 4], {"obs": torch.zeros(2, 4)})
+    after = rb.sample_all().to_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_epochs_visit_every_item_of_every_shard_once(make: Any) -> None:
+    rb, ref = written(make, [3, 4, 3, 2])
+    ids, _ = ref.all()
+    for shuffle in (True, False):
+        batches = list(rb.epochs(3, n_epochs=2, shuffle=shuffle))
+        seen = [i for b in batches for i in b["index"].tolist()]
+        assert sorted(seen[: len(ids)]) == sorted(ids) == sorted(seen[len(ids) :])
+        if not shuffle:
+            assert seen[: len(ids)] == ids
+    it = rb.epochs(2)
+    next(it)
+    rb.extend(batch(100, 1))
+    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+        next(it)
+
+
+def test_env_rows_get_ids_in_row_order(make: Any) -> None:
+    rb = make()
+    b = {**batch(0, 6), "env_id": torch.tensor([0, 1, 1, 0, 3, 2])}
+    ids = rb.extend(b)
+    assert isinstance(ids, torch.Tensor)
+    assert (ids % S).tolist() == (b["env_id"] % S).tolist()
+    got = rb.sample_by_index(list(range(6)))
+    by_id = dict(zip(got["index"].tolist(), got["uid"].tolist(), strict=True))
+    assert [by_id[i] for i in ids.tolist()] == list(range(6))
+
+
+def test_state_dict_round_trips_between_two_shard_buffers(make: Any, tmp_path: Path) -> None:
+    rb, _ = written(make, [4, 3, 5])
+    rb.sample(5)
+    rb.update([1], {"reward": torch.tensor([-9.0])})
+    torch.save(rb.state_dict(), tmp_path / "s.pt")
+    other, _ = written(make, [2], seed=7)
+    other.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert rb.sample_all().to_dict().keys() == other.sample_all().to_dict().keys()
+    assert torch.equal(rb.sample_all()["reward"], other.sample_all()["reward"])
+    assert torch.equal(rb.sample(16)["index"], other.sample(16)["index"])
+    assert rb.extend(batch(50, 2)) == other.extend(batch(50, 2))
+
+
+def test_a_refused_state_leaves_every_shard_as_it_was(make: Any) -> None:
+    rb, _ = written(make, [4, 3])
+    other, _ = written(make, [2, 2])
+    before = other.sample_all().to_dict()
+    state = rb.state_dict()
+    state["shards"][1]["ring"]["capacity"] = 99  # shard 0 loads, shard 1 refuses
+    with pytest.raises(CapacityError, match=re.escape("state is of a buffer of capacity 99, this one has 5")):
+        other.load_state_dict(state)
+    after = other.sample_all().to_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    one = ReplayBuffer(CAP)
+    one.extend(batch(0, 2))
+    with pytest.raises(CapacityError, match=re.escape("state is of a buffer of 1 shard(s), this one has 2")):
+        other.load_state_dict(one.state_dict())
