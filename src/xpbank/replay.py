@@ -33,7 +33,7 @@ from xpbank.nstep import NStep
 from xpbank.ring import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
 from xpbank.sampler.priorities import check_update
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key, reject_reserved
+from xpbank.spec import NestedKey, Spec, check_fields, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
 
@@ -357,16 +357,7 @@ class ReplayBuffer:
 
     # -- reading ---------------------------------------------------------------
     def _fields(self, fields: Sequence[Any] | None) -> list[NestedKey] | None:
-        if fields is None:
-            return None
-        if isinstance(fields, (str, tuple)):
-            fields = [fields]
-        keys = [normalize_key(f) for f in fields]
-        spec = self.spec if self.spec is not None else Spec()
-        unknown = [key_str(k) for k in keys if k not in spec]
-        if unknown:
-            raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
-        return keys
+        return check_fields(self.spec, fields)
 
     def _gather(
         self,

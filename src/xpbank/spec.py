@@ -380,3 +380,26 @@ def _flatten_fields(fields: Mapping[Any, Any], prefix: tuple[str, ...], out: dic
             out[full] = value
         else:
             raise SpecError(f"field {key_str(full)!r}: expected a Field, got {type(value).__name__}")
+
+
+def check_fields(spec: Spec | None, fields: Sequence[Any] | None) -> list[NestedKey] | None:
+    """The keys ``fields`` names (one key or several), each checked against ``spec``.
+
+    Raises:
+        SpecError: a field the spec does not have (the message lists the known ones).
+
+    Example:
+        >>> import torch
+        >>> check_fields(Spec({"obs": Field((2,), torch.float32)}), "obs")
+        ['obs']
+    """
+    if fields is None:
+        return None
+    if isinstance(fields, (str, tuple)):
+        fields = [fields]
+    keys = [normalize_key(f) for f in fields]
+    spec = spec if spec is not None else Spec()
+    unknown = [key_str(k) for k in keys if k not in spec]
+    if unknown:
+        raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
+    return keys

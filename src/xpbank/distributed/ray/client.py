@@ -18,7 +18,7 @@ from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.health import Health, ShardStatus
 from xpbank.distributed.ray.ids import encode
 from xpbank.distributed.ray.link import ShardLink
-from xpbank.distributed.ray.local_api import LocalApi, check_fields
+from xpbank.distributed.ray.local_api import LocalApi
 from xpbank.distributed.ray.routing import route_priorities
 from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
 from xpbank.distributed.ray.weights import global_weights
@@ -34,7 +34,7 @@ from xpbank.errors import (
 from xpbank.nstep import NStep
 from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler, sampler_config
 from xpbank.sampler.priorities import check_values
-from xpbank.spec import Spec
+from xpbank.spec import Spec, check_fields
 
 __all__ = ["RayReplayBuffer", "ShardStatus"]
 

@@ -35,9 +35,9 @@ from xpbank.errors import (
     check_positive_int,
 )
 from xpbank.ring import _as_index_array, check_positions
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec import NestedKey, Spec, check_fields
 
-__all__ = ["LocalApi", "locate", "check_fields"]
+__all__ = ["LocalApi", "locate"]
 
 _STATE_VERSION = 1  # a one-shard state is a ReplayBuffer's (plus "ray" and "offset")
 _RESERVED = frozenset({"index"})
@@ -48,24 +48,6 @@ def locate(positions: np.ndarray, sizes: Sequence[int]) -> tuple[np.ndarray, np.
     ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
     shard = np.searchsorted(ends, positions, side="right")
     return shard, positions - (ends - np.asarray(sizes, dtype=np.int64))[shard]
-
-
-def check_fields(spec: Spec | None, fields: Sequence[Any] | None) -> list[NestedKey] | None:
-    """The keys ``fields`` names (one key or several), each checked against ``spec``.
-
-    Raises:
-        SpecError: a field the spec does not have (the message lists the known ones).
-    """
-    if fields is None:
-        return None
-    if isinstance(fields, (str, tuple)):
-        fields = [fields]
-    keys = [normalize_key(f) for f in fields]
-    spec = spec if spec is not None else Spec()
-    unknown = [key_str(k) for k in keys if k not in spec]
-    if unknown:
-        raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
-    return keys
 
 
 class LocalApi:
