@@ -189,3 +189,73 @@ def test_a_refused_state_leaves_every_shard_as_it_was(make: Any) -> None:
     one.extend(batch(0, 2))
     with pytest.raises(CapacityError, match=re.escape("state is of a buffer of 1 shard(s), this one has 2")):
         other.load_state_dict(one.state_dict())
+
+
+def test_two_shards_follow_the_reference_under_random_writes_updates_and_clears(
+    ray_pool: Any, tmp_path: Path
+) -> None:
+    """A hypothesis state machine: extends (round robin over the shards), updates of live,
+    overwritten and unwritten ids, clears; after each step the whole content and the ids
+    equal the reference's."""
+    from hypothesis import settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    from xpbank import XpbankError
+
+    built = iter(range(10**6))
+
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            shards = ray_pool.take(S, first=0)
+            self.rb = RayReplayBuffer(
+                S, CAP, flush_bytes=0, shards=shards, seed=0, checkpoint_dir=tmp_path / f"m{next(built)}"
+            )
+            self.ref = Reference()
+            self.uid = 0
+            self.issued: list[int] = []
+
+        @rule(n=st.integers(0, 7))
+        def extend(self, n: int) -> None:
+            b = batch(self.uid, n)
+            got = self.rb.extend(b)
+            want = self.ref.extend(b) if n else range(0)
+            assert list(got) == list(want)
+            self.issued += list(want)
+            self.uid += n
+
+        @rule(data=st.data(), value=st.floats(-100, 100, width=32))
+        def update(self, data: st.DataObject, value: float) -> None:
+            pool = [*self.issued, max(self.issued, default=0) + S]  # one never issued
+            pick = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
+            live = set(self.ref.all()[0])
+            if all(i in live for i in pick):
+                self.rb.update(pick, {"reward": torch.full((len(pick),), value)})
+                for i in pick:
+                    self.ref.shards[i % S].update([i // S], {"reward": torch.tensor([value])})
+            else:
+                why = "indices: item" if self.issued else "the buffer is empty"
+                with pytest.raises(XpbankError, match=why):
+                    self.rb.update(pick, {"reward": torch.full((len(pick),), value)})
+
+        @rule()
+        def clear(self) -> None:
+            self.rb.clear()
+            for r in self.ref.shards:
+                r.clear()
+
+        @invariant()
+        def same_content(self) -> None:
+            ids, uids = self.ref.all()
+            assert len(self.rb) == len(ids)
+            if ids:
+                everything = self.rb.sample_all()
+                assert everything["index"].tolist() == ids
+                assert everything["uid"].tolist() == uids
+                want = torch.cat([r.sample_all()["reward"] for r in self.ref.shards if len(r)])
+                assert torch.equal(everything["reward"], want)
+
+    run_state_machine_as_test(
+        Machine, settings=settings(max_examples=12, stateful_step_count=10, deadline=None, database=None)
+    )
