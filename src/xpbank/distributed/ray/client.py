@@ -243,9 +243,11 @@ class RayReplayBuffer(LocalApi):
 
     # -- writing ---------------------------------------------------------------
     def writer(self) -> RayWriter:
-        """A new picklable writer for a collector (its own batching; see :class:`RayWriter`)."""
+        """A new picklable writer for a collector (its own batching; see :class:`RayWriter`;
+        with ``flush_bytes=0`` it batches 1 MiB: synchronous writes are this client's)."""
         self._writers += 1
-        return RayWriter(self._link, self.spec, self._writers - 1, self._pinned, self._writer.flush_bytes)
+        flush = 1 << 20 if self._sync else self._writer.flush_bytes
+        return RayWriter(self._link, self.spec, self._writers - 1, self._pinned, flush)
 
     def add(self, item: Any) -> int:
         """Queue one item (a mapping or TensorDict without a batch dim); returns 1, or
