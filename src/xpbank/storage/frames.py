@@ -242,12 +242,13 @@ class FrameStorage(StorageBase):
         """``[obs, next_obs]`` (those asked for) of live items, each a fresh ``[N, stack, *frame]``.
 
         One table lookup gives every item's frame positions (``[N, stack + 1]``: its
-        stack, then the next item's frame); each output is one gather of the frames (in
-        chunks small enough to stay in cache, so the next observations' frames, read
-        right after the observations', come from cache). Rows the frame array cannot
+        stack, then the next item's frame); both outputs are one gather of the frames
+        when they fit in cache, else a gather per output in chunks small enough to stay
+        in cache (so the next observations' frames, read right after the observations',
+        come from cache). Rows the frame array cannot
         serve (marked in the table) are then patched from the side stores.
         """
-        src = self._frame_table().src[slots]
+        src = self._frame_table().src.take(slots, axis=0)  # half fancy indexing's cost
         frames, s = self._np_frames, self.stack
         n = src.shape[0]
         both = want_obs and want_next
