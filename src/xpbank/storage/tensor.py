@@ -263,7 +263,7 @@ class TensorStorage(StorageBase):
                 # fancy indexing, unlike take, copies records field by field: 6x slower)
                 for i, m in enumerate(block.members):
                     if wanted is None or m.key in wanted:
-                        out[m.key] = as_torch(records[f"f{i}"], m.dtype)
+                        out[m.key] = as_torch(records[block.names[i]], m.dtype)
             else:
                 rows = block.data.index_select(0, index)
                 for m in chosen:
@@ -301,14 +301,14 @@ class TensorStorage(StorageBase):
             chosen = [(i, m) for i, m in enumerate(block.members) if m.key in wanted]
             if not chosen:
                 continue
-            if block.np_data is None or block.row_bytes >= _WIDE_ROW_BYTES:
+            if block.np_records is None or block.row_bytes >= _WIDE_ROW_BYTES:
                 index = torch.from_numpy(slots)
                 for part, half in ((False, index[:b]), (True, index[b:])):
                     part_keys = [m.key for _, m in chosen if (m.key in second) == part]
                     if part_keys:
                         out.update(self.gather(half, part_keys))
                 continue
-            records = block.np_data.take(slots, axis=0).view(block.record)[:, 0]
+            records = block.np_records.take(slots)  # as in gather: one take of whole records
             halves = records[:b], records[b:]
             for i, m in chosen:
                 out[m.key] = as_torch(halves[m.key in second][block.names[i]], m.dtype)
