@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from xpbank import PrioritizedSampler, ReplayBuffer
+from xpbank import PrioritizedSampler, ReplayBuffer, XpbankIndexError
 from xpbank.sampler import sumtree
 from xpbank.sampler.lazymin import LazyMin
 
@@ -191,4 +191,16 @@ def test_priorities_that_require_grad_are_taken() -> None:
     rb.extend({"obs": np.arange(2.0)})
     td_error = torch.tensor([0.5, -2.0], requires_grad=True) * 1.0
     rb.update_priority(torch.tensor([0, 1], dtype=torch.int32), td_error.abs())
+    assert rb.sampler.priority([0, 1]).tolist() == [0.5, 2.0]
+
+
+def test_bfloat16_priorities_are_taken_and_bfloat16_ids_refused() -> None:
+    """A mixed-precision TD error (bfloat16, which NumPy lacks) is a valid priority; ids
+    must still be integers, refused by name with nothing written."""
+    rb = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0), seed=0)
+    rb.extend({"obs": np.arange(2.0)})
+    rb.update_priority(torch.tensor([0, 1]), torch.tensor([0.5, 2.0], dtype=torch.bfloat16))
+    assert rb.sampler.priority([0, 1]).tolist() == [0.5, 2.0]
+    with pytest.raises(XpbankIndexError, match=r"indices: expected integers, got dtype float32"):
+        rb.update_priority(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), torch.ones(2))
     assert rb.sampler.priority([0, 1]).tolist() == [0.5, 2.0]

@@ -139,12 +139,14 @@ def check_positions(positions: Any, size: int) -> np.ndarray:
 
 
 def _to_numpy(values: Any) -> np.ndarray:
-    """``values`` as a NumPy array: a CPU tensor's memory shared, others converted."""
+    """``values`` as a NumPy array: a CPU tensor's memory shared, others converted
+    (bfloat16, which NumPy lacks, as float32: a mixed-precision TD error is a priority)."""
     if isinstance(values, torch.Tensor):
         try:
             return values.numpy()  # no detach/cpu calls (~2 µs) for the usual CPU tensor
-        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
-            return values.detach().cpu().numpy()
+        except (RuntimeError, TypeError):  # requires grad, not on the CPU, or bfloat16
+            values = values.detach().cpu()
+            return (values.float() if values.dtype == torch.bfloat16 else values).numpy()
     return np.asarray(values)
 
 
