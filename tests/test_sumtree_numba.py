@@ -115,6 +115,21 @@ def test_descent_matches_numpy(
             np.testing.assert_array_equal(fast, np.minimum(naive, np.flatnonzero(tree[0])[-1]))
 
 
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_top_prefix_matches_torch_cumsum(
+    kernels: object, monkeypatch: pytest.MonkeyPatch, capacity: int
+) -> None:
+    rng = np.random.default_rng(capacity)
+    tree = sumtree.new_tree(capacity, np.add)
+    tree[-1][:] = rng.random(tree[-1].shape[0]) * 10.0 ** rng.integers(-8, 9, tree[-1].shape[0])
+    fast = sumtree.top_prefix(tree)
+    with monkeypatch.context() as m:
+        numpy_path(m)
+        slow = sumtree.top_prefix(tree)
+    np.testing.assert_array_equal(fast, slow)
+    assert fast[0] == 0.0 and fast.shape == (tree[-1].shape[0] + 1,)
+
+
 def test_descent_past_the_total_takes_last_positive_leaf(
     kernels: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

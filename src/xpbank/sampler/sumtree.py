@@ -147,6 +147,9 @@ def top_prefix(tree: Tree) -> np.ndarray:
     Valid until the tree's next write; pass it to :func:`find_prefix_sum` to share it.
     """
     top = tree[-1]
+    kernels = sumtree_numba.load()
+    if kernels is not None:
+        return kernels.prefix(top)
     cums = np.zeros(top.shape[0] + 1)
     # torch's cumsum: the same sequential sums, bit for bit, at about a third of NumPy's cost
     torch.cumsum(torch.from_numpy(top), 0, out=torch.from_numpy(cums[1:]))

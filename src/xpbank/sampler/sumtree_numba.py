@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["ENABLED", "descend", "load", "set_leaves"]
+__all__ = ["ENABLED", "descend", "load", "prefix", "set_leaves"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,20 @@ ENABLED = os.environ.get("XPBANK_NO_NUMBA", "") not in ("1", "true", "yes")
 
 _loaded: SimpleNamespace | None = None
 _tried = False
+
+
+def prefix(top: np.ndarray) -> np.ndarray:
+    """``cums[i] = sum(top[:i])``, added in order (the kernel's source).
+
+    :func:`sumtree.top_prefix`: the same sequential sums as torch's cumulative sum.
+    """
+    cums = np.empty(top.shape[0] + 1)
+    acc = 0.0
+    cums[0] = 0.0
+    for i in range(top.shape[0]):
+        acc += top[i]
+        cums[i + 1] = acc
+    return cums
 
 
 def descend(levels: tuple[np.ndarray, ...], cums: np.ndarray, fractions: np.ndarray) -> np.ndarray:
@@ -113,7 +127,7 @@ def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.nda
 
 
 def load() -> SimpleNamespace | None:
-    """The compiled kernels (``.descend``, ``.set_leaves``), or None when numba is missing
+    """The compiled kernels (``.prefix``, ``.descend``, ``.set_leaves``), or None when numba is missing
     or ``XPBANK_NO_NUMBA=1``.
 
     Imports numba on the first call only; the kernels compile on first use and are
@@ -129,5 +143,7 @@ def load() -> SimpleNamespace | None:
                 log.debug("numba is not installed: the sum-tree runs its NumPy path")
             else:
                 jit = numba.njit(cache=True, nogil=True)
-                _loaded = SimpleNamespace(descend=jit(descend), set_leaves=jit(set_leaves))
+                _loaded = SimpleNamespace(
+                    prefix=jit(prefix), descend=jit(descend), set_leaves=jit(set_leaves)
+                )
     return _loaded
