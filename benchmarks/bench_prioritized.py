@@ -41,6 +41,7 @@ import torch
 import xpbank
 from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
+from xpbank.sampler import sumtree_numba
 
 BATCH = 256
 OBS = 64
@@ -271,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity = 100_000 if args.quick else 1_000_000
     freeze_heap()
     env = environment({"xpbank": xpbank.__version__})
+    env["sum-tree kernels"] = "numba" if sumtree_numba.load() is not None else "NumPy (numba off or missing)"
     print("# xpbank prioritized / n-step benchmark\n\n" + " · ".join(f"{k} {v}" for k, v in env.items()))
     skipped: dict[str, str] = {}
     c, k = args.calls, args.chunks

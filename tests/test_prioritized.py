@@ -7,8 +7,16 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+from sumtree_paths import sumtree_path  # noqa: F401 (autouse: both sum-tree paths)
 from xpbank import (
     PrioritizedSampler,
     PriorityError,
@@ -119,8 +127,11 @@ class PERMachine(RuleBasedStateMachine):
         assert len(self.rb) == len(self.ref.stored)
 
 
-TestPERMachine = PERMachine.TestCase
-TestPERMachine.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
+
+
+def test_per_machine() -> None:  # a function, not PERMachine.TestCase: run on both sum-tree paths
+    per_settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
+    run_state_machine_as_test(PERMachine, settings=per_settings)
 
 
 def test_exact_weights_hand_worked() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sumtree_paths import sumtree_path  # noqa: F401 (autouse: both sum-tree paths)
 from xpbank.sampler import sumtree
 
 

@@ -10,13 +10,18 @@ Why this shape: a batch update or descent costs a few NumPy calls per level what
 the fan-out, so few levels are cheap; 16 float64 children are 128 contiguous bytes (two
 cache lines). The top is searched in one go: a cumulative sum of at most ``TOP`` values
 and a ``searchsorted``. For 1M slots that is two levels of 16 below a top of 4,096.
-Each call is O(B log N) plus the top's bounded constant; nothing loops over items.
+Each call is O(B log N) plus the top's bounded constant; nothing loops over items in
+Python. With numba installed (the ``fast`` extra), :func:`set_leaves` of a sum-tree and
+:func:`find_prefix_sum` run one compiled loop over the batch instead
+(:mod:`~xpbank.sampler.sumtree_numba`; ``XPBANK_NO_NUMBA=1`` turns it off).
 The top's prefix sums (:func:`top_prefix`) can be computed once and reused by every
 descent until the next write (``find_prefix_sum(..., cums=...)``).
 
-Exactness: the trees are float64. A node's sum is its 16 children added by one dot
-product, the top's prefix sums are torch's sequential cumulative sum; a rebuild from the
-leaves repeats the same operations and so gives bit-identical trees. Integer priorities
+Exactness: the trees are float64. A node's sum is its 16 children added pairwise
+(``((c0 + c1) + (c2 + c3)) + ...``: four vectorized halvings, the order the optional
+compiled kernels of :mod:`~xpbank.sampler.sumtree_numba` repeat), the top's prefix sums
+are torch's sequential cumulative sum; a rebuild from the leaves repeats the same
+operations and so gives bit-identical trees. Integer priorities
 (below 2**53 in total) make every partial sum exact, so a descent then returns exactly
 the naive inverse CDF's leaf.
 
@@ -35,6 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from xpbank.sampler import sumtree_numba
 
 __all__ = [
     "FANOUT",
@@ -57,7 +64,6 @@ Tree = list[np.ndarray]
 
 # _PREFIX[c, i] = 1 for i < c: _PREFIX @ children.T gives each group's exclusive prefix sums
 _PREFIX = np.tril(np.ones((FANOUT + 1, FANOUT)), -1)
-_ONES = np.ones(FANOUT)
 
 
 def _identity(op: np.ufunc) -> float:
@@ -79,10 +85,9 @@ def top_reduce(tree: Tree, op: np.ufunc) -> float:
 
 
 def _reduce_rows(rows: np.ndarray, op: np.ufunc) -> np.ndarray:
-    if op is np.add:
-        return rows @ _ONES
     # pairwise halving over the flat rows: 4 long vectorized passes, 2x (a batch) to 6x (a
-    # rebuild) faster than minimum.reduce(axis=1), whose per-row loops are 16 long
+    # rebuild) faster than minimum.reduce(axis=1), whose per-row loops are 16 long; for sums
+    # a fixed order (a BLAS dot product's order varies) that the compiled kernels repeat
     flat = rows.reshape(-1)
     while flat.shape[0] > rows.shape[0]:
         flat = op(flat[0::2], flat[1::2])
@@ -94,6 +99,12 @@ def set_leaves(tree: Tree, slots: np.ndarray, values: np.ndarray, op: np.ufunc) 
 
     A slot given twice keeps its last value (NumPy assigns repeated indices in order).
     """
+    kernels = sumtree_numba.load()
+    if kernels is not None and op is np.add and values.shape == slots.shape:
+        kernels.set_leaves(
+            tuple(tree), slots.astype(np.int64, copy=False), values.astype(np.float64, copy=False)
+        )
+        return
     tree[0][slots] = values
     refresh_leaves(tree, slots, op)
 
@@ -136,6 +147,9 @@ def top_prefix(tree: Tree) -> np.ndarray:
     Valid until the tree's next write; pass it to :func:`find_prefix_sum` to share it.
     """
     top = tree[-1]
+    kernels = sumtree_numba.load()
+    if kernels is not None:
+        return kernels.prefix(top)
     cums = np.zeros(top.shape[0] + 1)
     # torch's cumsum: the same sequential sums, bit for bit, at about a third of NumPy's cost
     torch.cumsum(torch.from_numpy(top), 0, out=torch.from_numpy(cums[1:]))
@@ -157,6 +171,9 @@ def find_prefix_sum(
     if cums is None:
         cums = top_prefix(tree)
     total = float(cums[-1])
+    kernels = sumtree_numba.load()
+    if kernels is not None:
+        return kernels.descend(tuple(tree), cums, fractions.astype(np.float64, copy=False)), total
     u = fractions * total
     node = np.searchsorted(cums[1:], u, side="right")
     if node.size and node.max() >= top.shape[0]:
