@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo,cli,minari,docs,ray]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev,gym,bench,demo,cli,minari,docs,ray,fast]'
 	# objectrl (differential tests of xpbank.compat.objectrl): it pins Python >= 3.12 and
 	# pulls in mujoco/metaworld/pyqt6; its replay buffer needs only torch/tensordict/torchrl
 	$(PY) -m pip install --quiet --no-deps --ignore-requires-python objectrl==0.2.0
