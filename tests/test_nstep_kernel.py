@@ -17,7 +17,9 @@ import torch
 
 from xpbank import NStep, ReplayBuffer, nstep_kernel
 
-pytest.importorskip("numba")
+needs_kernel = pytest.mark.skipif(
+    nstep_kernel.kernel() is None, reason="numba not installed, or XPBANK_NO_NUMBA=1"
+)
 
 
 @pytest.fixture
@@ -72,6 +74,7 @@ CASES = [  # (num_envs, env_field, torchrl keys, reward dtype)
 ]
 
 
+@needs_kernel
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_kernel_matches_numpy_path(case: int, n: int, kernel_off) -> None:
@@ -98,6 +101,7 @@ def test_kernel_matches_numpy_path(case: int, n: int, kernel_off) -> None:
             assert fast["nstep_steps"].min() >= 1 and fast["nstep_steps"].max() <= n
 
 
+@needs_kernel
 def test_kernel_window_against_brute_force() -> None:
     """The kernel on a hand-made index against a loop over the links written here:
     windows stop at ``next == -1`` and after ``n`` steps; terminated zeroes the discount,
@@ -128,6 +132,7 @@ def test_kernel_window_against_brute_force() -> None:
             assert disc[row] == (0.0 if term[cur % c] else np.float32(powers[k]))
 
 
+@needs_kernel
 def test_numpy_path_when_reward_has_no_float_host_view(kernel_off) -> None:
     """bfloat16 rewards (no NumPy dtype) take the NumPy path even with numba: same batch."""
     rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, 0.9), seed=0)
