@@ -6,7 +6,9 @@ Run from the repository root::
 
 The package as of ``--base`` is extracted with ``git archive`` into a temporary directory
 and imported as ``xpbank_base`` (its imports rewritten), so both versions run in one
-process on the same data: a buffer of ``num_envs=8, nstep=NStep(3, 0.99)`` from each, and
+process on the same data (and, where numba is installed, this tree's n-step sample with
+its compiled kernel switched off, the NumPy path, interleaved likewise): a buffer of
+``num_envs=8, nstep=NStep(3, 0.99)`` from each, and
 a plain buffer from this tree (the uniform sample n-step is compared with). 1M items
 (obs/next_obs float32[64], reward, terminated, truncated; random episode ends) as in
 ``bench_prioritized.py``; batch 256; extend of one [8] step and of [256].
@@ -88,6 +90,23 @@ def timed(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict
     return {k: {"wall_us": float(np.median(wall[k])), "cpu_us": float(np.median(cpu[k]))} for k in fns}
 
 
+def numpy_path(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with this tree's numba n-step kernel switched off (its NumPy path); the
+    switch costs two list assignments a call."""
+    from xpbank import nstep_kernel
+
+    on = list(nstep_kernel._compiled)
+
+    def call() -> object:
+        nstep_kernel._compiled[:] = [None]
+        try:
+            return fn()
+        finally:
+            nstep_kernel._compiled[:] = on
+
+    return call
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--base", default="main", help="the commit to compare with (default main)")
@@ -107,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     import xpbank
+    from xpbank import nstep_kernel
+
+    log(f"numba n-step kernel: {'used' if nstep_kernel.kernel() is not None else 'not available'}")
 
     capacity = 100_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"n-step sample ({args.base})": lambda: old.sample(BATCH),
             "n-step sample (this tree)": lambda: new.sample(BATCH),
         }
+        if nstep_kernel.kernel() is not None:  # the same buffer with the numba kernel off
+            samples["n-step sample (this tree, NumPy path)"] = numpy_path(lambda: new.sample(BATCH))
         results = timed(samples, args.calls, args.rounds)
         log("timing extends ...")
         for n in (8, 256):

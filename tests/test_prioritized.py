@@ -127,8 +127,6 @@ class PERMachine(RuleBasedStateMachine):
         assert len(self.rb) == len(self.ref.stored)
 
 
-
-
 def test_per_machine() -> None:  # a function, not PERMachine.TestCase: run on both sum-tree paths
     per_settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
     run_state_machine_as_test(PERMachine, settings=per_settings)

@@ -40,7 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from xpbank import nstep_kernel
+from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
+from xpbank.nstep_kernel import nstep_window
 from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
@@ -51,6 +54,7 @@ __all__ = ["NStep"]
 
 _REWARD = (("next", "reward"), "reward")
 _FLAT_NEXT = ("terminated", "truncated", "done")
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,9 @@ class NStep:
         rows (``2B`` slots, ``gather_pairs`` where the storage has it), one more the
         rewards of the whole ``[n, B]`` window (from the storage's ``host_view`` of the
         reward field where it has one); the reduction is a few NumPy calls over ``[n, B]``.
+        With numba (``xpbank[fast]``) and a float32/float64 host view of the reward, the
+        window and its reduction are one compiled call instead
+        (:mod:`xpbank.nstep_kernel`, same results), then the same row read.
         """
         episodes = ring.episodes
         spec = storage.spec
@@ -156,6 +163,14 @@ class NStep:
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
         n = self.n
+        fast = _kernel_inputs(storage, spec, reward_key, episodes)
+        if fast is not None:  # numba: window, return and discount in one compiled call
+            pair, steps, ret, disc, terminated = nstep_window(_numpy(ids), *fast, self._powers)
+            if n == 1:
+                out = storage.gather(torch.from_numpy(pair[: pair.shape[0] // 2]), wanted)
+            else:
+                out = _gather_pairs(storage, pair, wanted, next_keys)
+            return _merge(out, ret, disc, steps, terminated)
         window, steps = episodes.walk_slots(_numpy(ids), n)  # [n, B] slots, step-major
         # the small NumPy work first, while its code and data are still in cache ...
         terminated = episodes.terminated_of_slots(window[-1])
@@ -167,11 +182,39 @@ class NStep:
             out = storage.gather(torch.from_numpy(window[0]), wanted)
         else:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
-        out["nstep_return"] = torch.from_numpy(ret)
-        out["nstep_discount"] = torch.from_numpy(disc)
-        out["nstep_steps"] = torch.from_numpy(steps)
-        out["nstep_terminated"] = torch.from_numpy(terminated)
-        return out
+        return _merge(out, ret, disc, steps, terminated)
+
+
+def _merge(
+    out: dict[NestedKey, torch.Tensor],
+    ret: np.ndarray,
+    disc: np.ndarray,
+    steps: np.ndarray,
+    terminated: np.ndarray,
+) -> dict[NestedKey, torch.Tensor]:
+    """``out`` with the n-step entries added (as tensors sharing the arrays' memory)."""
+    out["nstep_return"] = torch.from_numpy(ret)
+    out["nstep_discount"] = torch.from_numpy(disc)
+    out["nstep_steps"] = torch.from_numpy(steps)
+    out["nstep_terminated"] = torch.from_numpy(terminated)
+    return out
+
+
+def _kernel_inputs(
+    storage: Storage, spec: Spec, key: NestedKey, episodes: EpisodeIndex
+) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, terminated,
+    rewards)``, or ``None`` (take the NumPy path): no numba (or ``XPBANK_NO_NUMBA=1``), or
+    no float32/float64 host view of the reward field."""
+    if nstep_kernel.kernel() is None:
+        return None
+    host_view = getattr(storage, "host_view", None)
+    host = host_view(key) if host_view is not None else None
+    if host is None or host.dtype not in _KERNEL_DTYPES:
+        return None
+    links = episodes.links()
+    rewards = host.reshape(host.shape[0])  # one number per item (keys() checks): a view
+    return episodes.lockstep or 0, links.next.shape[0], links.next, links.terminated, rewards
 
 
 def _gather_pairs(

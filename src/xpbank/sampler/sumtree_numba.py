@@ -30,18 +30,16 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import os
 from types import SimpleNamespace
 
 import numpy as np
 
+from xpbank import _jit
+
 __all__ = ["ENABLED", "descend", "load", "prefix", "set_leaves"]
 
-log = logging.getLogger(__name__)
-
-#: False when ``XPBANK_NO_NUMBA=1`` was set when this module was imported.
-ENABLED = os.environ.get("XPBANK_NO_NUMBA", "") not in ("1", "true", "yes")
+#: False when ``XPBANK_NO_NUMBA`` was set when xpbank was imported (:mod:`xpbank._jit`).
+ENABLED = _jit.ENABLED
 
 _loaded: SimpleNamespace | None = None
 _tried = False
@@ -136,14 +134,7 @@ def load() -> SimpleNamespace | None:
     global _loaded, _tried
     if not _tried:
         _tried = True
-        if ENABLED:
-            try:
-                import numba
-            except ImportError:
-                log.debug("numba is not installed: the sum-tree runs its NumPy path")
-            else:
-                jit = numba.njit(cache=True, nogil=True)
-                _loaded = SimpleNamespace(
-                    prefix=jit(prefix), descend=jit(descend), set_leaves=jit(set_leaves)
-                )
+        kernels = _jit.compile_kernels(prefix, descend, set_leaves)
+        if kernels is not None:
+            _loaded = SimpleNamespace(prefix=kernels[0], descend=kernels[1], set_leaves=kernels[2])
     return _loaded

@@ -1,0 +1,43 @@
+"""The one switch for xpbank's optional compiled kernels (numba, the ``fast`` extra).
+
+Kernels are plain Python functions over NumPy arrays (their NumPy twins stay the
+reference); :func:`compile_kernels` compiles them with ``numba.njit(cache=True,
+nogil=True)``, or returns ``None`` where numba is missing or the environment variable
+``XPBANK_NO_NUMBA`` was set to anything but ``""``/``"0"`` when this module was imported.
+Callers then take their NumPy path.
+
+Example:
+    >>> import numpy as np
+    >>> from xpbank import _jit
+    >>> from xpbank.sampler.sumtree_numba import prefix  # a kernel's source: plain Python
+    >>> kernels = _jit.compile_kernels(prefix)
+    >>> (prefix if kernels is None else kernels[0])(np.array([1.0, 2.0])).tolist()
+    [0.0, 1.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENABLED", "compile_kernels"]
+
+log = logging.getLogger(__name__)
+
+#: False when ``XPBANK_NO_NUMBA`` was set (to anything but ``""`` or ``"0"``) at import.
+ENABLED = os.environ.get("XPBANK_NO_NUMBA", "") in ("", "0")
+
+
+def compile_kernels(*fns: Callable[..., Any]) -> tuple[Callable[..., Any], ...] | None:
+    """``fns`` compiled (lazily, on first call; cached on disk), or ``None`` without numba."""
+    if not ENABLED:
+        return None
+    try:
+        import numba  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        log.debug("numba is not installed: xpbank runs its NumPy paths (pip install xpbank[fast])")
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+    return tuple(jit(fn) for fn in fns)
