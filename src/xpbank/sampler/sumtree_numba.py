@@ -103,9 +103,10 @@ def descend_into(levels: tuple[np.ndarray, ...], cums: np.ndarray, u: np.ndarray
         out[i] = node
     for j in range(depth - 2, -1, -1):
         level = levels[j]
-        touched = 0.0  # first touch both cache lines of every row: short independent loads,
+        touched = 0.0  # first touch both cache lines of every row (rows are 128-byte aligned,
+        # sumtree.new_tree): short independent loads,
         for i in range(b):  # many in flight, where the descent below has few
-            touched += level[out[i] * 16] + level[out[i] * 16 + 15]
+            touched += level[out[i] * 16] + level[out[i] * 16 + 8]
         if touched < 0.0:  # never (priorities are >= 0): a use the compiler cannot drop
             u[0] = touched
         for i in range(b):
