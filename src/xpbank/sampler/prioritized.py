@@ -9,6 +9,12 @@ over items: O(B log N) in a few NumPy calls per level. The smallest stored prior
 the weights' normalization) is kept by :class:`~xpbank.sampler.lazymin.LazyMin`, whose
 min-tree is only brought up to date when a write raised the minimum's leaf. The top's
 prefix sums are kept between samples until the next write.
+
+With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is one
+compiled call (:func:`~xpbank.sampler.sumtree_numba.draw`: fractions, descent, weights)
+and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
+ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
+NumPy path, which stays the reference.
 """
 
 from __future__ import annotations

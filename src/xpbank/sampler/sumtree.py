@@ -12,8 +12,9 @@ cache lines). The top is searched in one go: a cumulative sum of at most ``TOP``
 and a ``searchsorted``. For 1M slots that is two levels of 16 below a top of 4,096.
 Each call is O(B log N) plus the top's bounded constant; nothing loops over items in
 Python. With numba installed (the ``fast`` extra), :func:`set_leaves` of a sum-tree and
-:func:`find_prefix_sum` run one compiled loop over the batch instead
-(:mod:`~xpbank.sampler.sumtree_numba`; ``XPBANK_NO_NUMBA=1`` turns it off).
+:func:`find_prefix_sum` run compiled loops over the batch instead
+(:mod:`~xpbank.sampler.sumtree_numba`; ``XPBANK_NO_NUMBA=1`` turns it off). Every level
+starts on a 128-byte boundary, so a node's 16 children are two whole cache lines.
 The top's prefix sums (:func:`top_prefix`) can be computed once and reused by every
 descent until the next write (``find_prefix_sum(..., cums=...)``).
 
