@@ -19,8 +19,6 @@ seed, same draws: equal slots and weights expected). No timing is asserted anywh
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import log
+from _common import ab_args, log, report
 from ab_nstep import import_base, timed
 from bench_prioritized import BATCH, per_data, priorities
 
@@ -95,24 +93,8 @@ def same_batches(new: Any, old: Any, prios: list[torch.Tensor], n: int = 20) -> 
     return same
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--base", default="main", help="the commit to compare with (default main)")
-    p.add_argument("--quick", action="store_true", help="100k items, fewer rounds (seconds)")
-    p.add_argument("--calls", type=int, default=100, help="calls per timed block")
-    p.add_argument("--rounds", type=int, default=None, help="timed blocks per function (default 21; quick 5)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    args = p.parse_args(argv)
-    if args.rounds is None:
-        args.rounds = 5 if args.quick else 21
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = ab_args(__doc__, argv, rounds=21, quick_rounds=5)
     import xpbank
     from xpbank.sampler import sumtree_numba
 
@@ -130,14 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             fns["sample + update (this tree, NumPy path)"] = numpy_path(fns["sample + update (this tree)"])
         log("timing ...")
         results = timed(fns, args.calls, args.rounds)
-    print(f"# prioritized A/B: this tree vs {args.base}, {capacity:,} items, batch {BATCH}\n")
-    print("| timed | wall µs | CPU µs |\n|---|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['wall_us']:.1f} | {r['cpu_us']:.1f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
-    return 0
+    lines = [f"# prioritized A/B: this tree vs {args.base}, {capacity:,} items, batch {BATCH}\n"]
+    lines += ["| timed | wall µs | CPU µs |", "|---|---|---|"]
+    lines += [f"| {name} | {r['wall_us']:.1f} | {r['cpu_us']:.1f} |" for name, r in results.items()]
+    return report(lines, {"args": vars(args), "results": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,18 @@ def sumtree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     else:
         monkeypatch.setattr(sumtree_numba, "_loaded", None)
     yield request.param
+
+
+@pytest.fixture(name="kernels")
+def kernels_fixture() -> object:
+    """``kernels``: the compiled kernels (skips the test without numba); a module that
+    imports ``kernels_fixture`` can ask for it."""
+    loaded = sumtree_numba.load()
+    if loaded is None:
+        pytest.skip("numba is missing (the fast extra) or XPBANK_NO_NUMBA=1")
+    return loaded
+
+
+def numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switch the sum-tree kernels off for ``monkeypatch``'s scope (the NumPy path)."""
+    monkeypatch.setattr(sumtree_numba, "_loaded", None)

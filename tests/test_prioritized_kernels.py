@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from sumtree_paths import kernels_fixture, numpy_path  # noqa: F401 (the kernels fixture)
 from xpbank import PrioritizedSampler, PriorityError, ReplayBuffer, StaleIndexError, XpbankIndexError
 from xpbank.ring import Ring
 from xpbank.sampler import priorities, sumtree, sumtree_numba
@@ -22,18 +23,6 @@ from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import check_update, importance_weights
 
 CAPACITIES = [1, 17, 300, 4096 * 16 + 3, 1_100_000]
-
-
-@pytest.fixture
-def kernels() -> object:
-    loaded = sumtree_numba.load()
-    if loaded is None:
-        pytest.skip("numba is missing (the fast extra) or XPBANK_NO_NUMBA=1")
-    return loaded
-
-
-def numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sumtree_numba, "_loaded", None)
 
 
 def random_tree(rng: np.random.Generator, capacity: int, integer: bool) -> sumtree.Tree:

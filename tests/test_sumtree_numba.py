@@ -12,21 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xpbank.sampler import sumtree, sumtree_numba
+from sumtree_paths import kernels_fixture, numpy_path  # noqa: F401 (the kernels fixture)
+from xpbank.sampler import sumtree
 
 CAPACITIES = [1, 5, 16, 17, 300, 4096 * 16 + 3, 1_100_000]
-
-
-@pytest.fixture
-def kernels(monkeypatch: pytest.MonkeyPatch) -> object:
-    loaded = sumtree_numba.load()
-    if loaded is None:
-        pytest.skip("numba is missing (the fast extra) or XPBANK_NO_NUMBA=1")
-    return loaded
-
-
-def numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sumtree_numba, "_loaded", None)
 
 
 def both_set_leaves(
