@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from xpbank.sampler import sumtree_numba
@@ -38,3 +39,11 @@ def kernels_fixture() -> object:
 def numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Switch the sum-tree kernels off for ``monkeypatch``'s scope (the NumPy path)."""
     monkeypatch.setattr(sumtree_numba, "_loaded", None)
+
+
+def random_slots(rng: np.random.Generator, capacity: int, n: int, newest: bool, repeat: bool) -> np.ndarray:
+    """``n`` random leaves: anywhere, or (``newest``) among the last 20 (the newest items of
+    a full ring: duplicates); ``repeat``: the first five again at the end (the last wins)."""
+    low = max(0, capacity - 20) if newest else 0
+    slots = rng.integers(low, capacity, n)
+    return np.concatenate([slots, slots[:5]]) if repeat else slots

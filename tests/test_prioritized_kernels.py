@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from sumtree_paths import kernels_fixture, numpy_path  # noqa: F401 (the kernels fixture)
+from sumtree_paths import kernels_fixture, numpy_path, random_slots  # noqa: F401 (the kernels fixture)
 from xpbank import PrioritizedSampler, PriorityError, ReplayBuffer, StaleIndexError, XpbankIndexError
 from xpbank.ring import Ring
 from xpbank.sampler import priorities, sumtree, sumtree_numba
@@ -95,13 +95,7 @@ def test_update_matches_numpy(kernels: object, capacity: int, alpha: float) -> N
     b = [level.copy() for level in a]
     for step in range(8):
         n = int(rng.integers(0, 300))
-        slots = (
-            rng.integers(max(0, capacity - 20), capacity, n)
-            if step % 3 == 0
-            else rng.integers(0, capacity, n)
-        )
-        if step % 2:
-            slots = np.concatenate([slots, slots[:5]])  # repeated slots: the last value wins
+        slots = random_slots(rng, capacity, n, newest=step % 3 == 0, repeat=step % 2 == 1)
         prio = rng.exponential(size=slots.shape[0]) * 10.0 ** rng.integers(-3, 4, slots.shape[0])
         prio[rng.random(prio.shape[0]) < 0.1] = 0.0
         positive = b[0][b[0] > 0]
