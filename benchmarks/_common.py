@@ -142,3 +142,24 @@ def report(lines: Sequence[str], results: dict[str, Any], json_path: str | None)
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+def ab_args(doc: str | None, argv: Sequence[str] | None, rounds: int, quick_rounds: int) -> Any:
+    """The options of an interleaved A/B against a base commit (``ab_*.py``): ``--base``,
+    ``--quick``, ``--calls``, ``--rounds``, ``--threads`` (applied here), ``--json``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    p.add_argument("--base", default="main", help="the commit to compare with (default main)")
+    p.add_argument("--quick", action="store_true", help="100k items, fewer rounds (seconds)")
+    p.add_argument("--calls", type=int, default=100, help="calls per timed block")
+    default = f"default {rounds}; quick {quick_rounds}"
+    p.add_argument("--rounds", type=int, default=None, help=f"timed blocks per function ({default})")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = quick_rounds if args.quick else rounds
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args

@@ -33,7 +33,7 @@ from bench_prioritized import BATCH, per_data, priorities
 from xpbank import PrioritizedSampler, ReplayBuffer
 from xpbank import replay as replay_module
 from xpbank.ring import Ring
-from xpbank.sampler import lazymin, sumtree
+from xpbank.sampler import lazymin, sumtree, sumtree_numba
 from xpbank.sampler import prioritized as prioritized_module
 
 # (label, depth): the phases in call order; depth is the nesting shown by the indentation
@@ -42,15 +42,19 @@ PHASES = [
     ("sampler.sample", 1),
     ("top prefix sums (top_prefix)", 2),
     ("descent (find_prefix_sum)", 2),
+    ("compiled draw (sumtree_numba.draw)", 2),
     ("smallest priority (LazyMin flush)", 2),
     ("importance_weights", 2),
     ("ring.ids_of_slots", 1),
     ("storage gather + TensorDict (_gather)", 1),
     ("rb.update_priority", 0),
     ("check_update", 1),
+    ("compiled check (sumtree_numba.live_slots)", 2),
     ("sampler.update_priority", 1),
     ("sum-tree write (set_leaves)", 2),
     ("smallest priority upkeep (LazyMin.changed)", 2),
+    ("compiled update (sumtree_numba.update)", 2),
+    ("smallest priority upkeep (LazyMin.noted)", 2),
 ]
 
 
@@ -90,7 +94,15 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
         (Ring, "ids_of_slots", "ring.ids_of_slots"),
         (lazymin.LazyMin, "_flush", "smallest priority (LazyMin flush)"),
         (lazymin.LazyMin, "changed", "smallest priority upkeep (LazyMin.changed)"),
+        (lazymin.LazyMin, "noted", "smallest priority upkeep (LazyMin.noted)"),
     ]
+    kernels = sumtree_numba.load()
+    if kernels is not None:  # numba: the compiled calls that replace the NumPy phases above
+        patches += [
+            (kernels, "draw", "compiled draw (sumtree_numba.draw)"),
+            (kernels, "live_slots", "compiled check (sumtree_numba.live_slots)"),
+            (kernels, "update", "compiled update (sumtree_numba.update)"),
+        ]
     for owner, name, label in patches:
         setattr(owner, name, timed(acc, label, getattr(owner, name)))
 
@@ -141,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append({k: v / args.steps / 1e3 for k, v in acc.items()})
     for label, depth in PHASES:
         values = [r.get(label, 0.0) for r in runs]
+        if not any(values):  # a phase this path does not take (numba or NumPy)
+            continue
         print(f"{'  ' * depth}{label:<{48 - 2 * depth}} {statistics.median(values):8.1f}")
     print(f"\none step without timers (one run): {plain * 1e6:.1f} µs")
     print(f"load average: {np.round(__import__('os').getloadavg(), 2).tolist()}")

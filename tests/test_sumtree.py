@@ -102,3 +102,13 @@ def test_descent_with_shared_top_prefix_sums() -> None:
     again, total_again = sumtree.find_prefix_sum(tree, fractions)
     np.testing.assert_array_equal(slots, again)
     assert total == total_again == cums[-1]
+
+
+@pytest.mark.parametrize("op", [np.add, np.minimum])
+def test_levels_start_on_128_byte_boundaries(op: np.ufunc) -> None:
+    # a node's 16 float64 children are then exactly two cache lines
+    for capacity in [1, 17, 5000, 70_000]:
+        tree = sumtree.new_tree(capacity, op)
+        for level in tree:
+            assert level.ctypes.data % 128 == 0 and level.flags.c_contiguous and level.flags.writeable
+            assert (level == (np.inf if op is np.minimum else 0.0)).all()

@@ -12,21 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xpbank.sampler import sumtree, sumtree_numba
+from sumtree_paths import kernels_fixture, numpy_path, random_slots  # noqa: F401 (the kernels fixture)
+from xpbank.sampler import sumtree
 
 CAPACITIES = [1, 5, 16, 17, 300, 4096 * 16 + 3, 1_100_000]
-
-
-@pytest.fixture
-def kernels(monkeypatch: pytest.MonkeyPatch) -> object:
-    loaded = sumtree_numba.load()
-    if loaded is None:
-        pytest.skip("numba is missing (the fast extra) or XPBANK_NO_NUMBA=1")
-    return loaded
-
-
-def numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sumtree_numba, "_loaded", None)
 
 
 def both_set_leaves(
@@ -53,13 +42,7 @@ def test_set_leaves_matches_numpy_and_rebuild(
     for step in range(12):
         n = int(rng.integers(1, 300))
         # duplicates (a small range), the last slots (the newest items of a full ring), zeros
-        slots = (
-            rng.integers(max(0, capacity - 20), capacity, n)
-            if step % 3 == 0
-            else rng.integers(0, capacity, n)
-        )
-        if step % 4 == 1:
-            slots = np.concatenate([slots, slots[:5]])  # repeated slots: the last value wins
+        slots = random_slots(rng, capacity, n, newest=step % 3 == 0, repeat=step % 4 == 1)
         values = rng.random(slots.shape[0]) * 10.0 ** rng.integers(-6, 7, slots.shape[0])
         values[rng.random(values.shape[0]) < 0.1] = 0.0
         both_set_leaves(monkeypatch, a, b, slots, values)

@@ -30,8 +30,15 @@ log = logging.getLogger(__name__)
 ENABLED = os.environ.get("XPBANK_NO_NUMBA", "") in ("", "0")
 
 
-def compile_kernels(*fns: Callable[..., Any]) -> tuple[Callable[..., Any], ...] | None:
-    """``fns`` compiled (lazily, on first call; cached on disk), or ``None`` without numba."""
+def compile_kernels(
+    *fns: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()
+) -> tuple[Callable[..., Any], ...] | None:
+    """``fns`` compiled (lazily, on first call; cached on disk), or ``None`` without numba.
+
+    ``helpers``: plain functions the kernels call, compiled into them where called (they
+    stay plain Python functions; keep them in the kernels' own module, whose source
+    numba's disk cache checks).
+    """
     if not ENABLED:
         return None
     try:
@@ -39,5 +46,9 @@ def compile_kernels(*fns: Callable[..., Any]) -> tuple[Callable[..., Any], ...] 
     except ImportError:
         log.debug("numba is not installed: xpbank runs its NumPy paths (pip install xpbank[fast])")
         return None
+    from numba.extending import register_jitable  # type: ignore[import-untyped, unused-ignore]
+
+    for helper in helpers:
+        register_jitable(helper)
     jit = numba.njit(cache=True, nogil=True)
     return tuple(jit(fn) for fn in fns)

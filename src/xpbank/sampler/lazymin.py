@@ -51,6 +51,10 @@ __all__ = ["LazyMin"]
 Slots = np.ndarray | slice
 
 
+def _count(slots: Slots) -> int:
+    return slots.stop - slots.start if isinstance(slots, slice) else int(slots.shape[0])
+
+
 def _positive(values: np.ndarray) -> np.ndarray:
     """``values`` with every leaf that cannot be drawn (0) as ``inf``."""
     return np.where(values > 0, values, np.inf)
@@ -90,16 +94,36 @@ class LazyMin:
             old: their values before the write (a view is fine if read before writing).
             new: their values after the write, or one value broadcast to all of them.
         """
-        count = slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0]
-        if count <= 0:
+        if not _count(slots):
             return
+        low, hit = math.inf, False
         if self._known:
             low = float(new.min())
             if not low > 0:  # 0 can never be drawn: the smallest positive one
                 low = float(_positive(new).min())
+            hit = low > self._value and bool((old == self._value).any())
+        self.noted(slots, low, hit)
+
+    @property
+    def kept(self) -> float:
+        """The number kept as the minimum (the minimum itself only while it is known)."""
+        return self._value
+
+    def noted(self, slots: Slots, low: float, hit: bool) -> None:
+        """:meth:`changed`, given what it computes from the values.
+
+        Args:
+            slots: the leaves written (int64 array or slice).
+            low: the smallest positive value now at ``slots`` (``inf`` if none).
+            hit: whether a leaf at ``slots`` held :attr:`kept` before the write.
+        """
+        count = _count(slots)
+        if count <= 0:
+            return
+        if self._known:
             if low <= self._value:
                 self._value = low
-            elif (old == self._value).any():
+            elif hit:
                 self._known = False
         if self._rebuild:
             return

@@ -19,11 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
 from xpbank.ring import Ring, _as_index_array, _to_numpy
+from xpbank.sampler import sumtree_numba
 
 __all__ = ["beta_at", "check_update", "check_values", "importance_weights"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # native byte order
 
 
 def importance_weights(
@@ -96,6 +100,9 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
         StaleIndexError: with ``stale="raise"``, an id whose item has been overwritten
             or cleared.
     """
+    fast = _all_live(ring, indices, priorities, stale)
+    if fast is not None:
+        return fast
     ids, values = check_values(indices, priorities, stale)
     if values.size == 0:
         return ids % ring.capacity, values
@@ -118,3 +125,31 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
             )
         ids, values = ids[live], values[live]
     return ids % ring.capacity, values
+
+
+def _all_live(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`check_update`'s result in one compiled pass (numba) for the usual update:
+    int64 ids, all live, float32/float64 priorities, finite, ``>= 0``, one per id, as
+    CPU tensors or arrays. ``None`` for anything else (or without numba): the NumPy
+    checks then decide, and name what is wrong."""
+    kernels = sumtree_numba.load()
+    if kernels is None or stale not in ("raise", "skip"):
+        return None
+    try:
+        ids = indices.numpy() if isinstance(indices, torch.Tensor) else indices
+        values = priorities.numpy() if isinstance(priorities, torch.Tensor) else priorities
+    except (RuntimeError, TypeError):  # requires grad, not on the CPU, bfloat16
+        return None
+    if not (
+        isinstance(ids, np.ndarray)
+        and isinstance(values, np.ndarray)
+        and ids.dtype == np.int64
+        and values.dtype in _FLOATS
+        and ids.ndim == 1
+        and values.shape == ids.shape
+    ):
+        return None
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    if not kernels.live_slots(ids, values, ring.first_id, ring.next_id, ring.capacity, slots):
+        return None
+    return slots, values.astype(np.float64, copy=False)

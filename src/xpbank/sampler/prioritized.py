@@ -9,6 +9,12 @@ over items: O(B log N) in a few NumPy calls per level. The smallest stored prior
 the weights' normalization) is kept by :class:`~xpbank.sampler.lazymin.LazyMin`, whose
 min-tree is only brought up to date when a write raised the minimum's leaf. The top's
 prefix sums are kept between samples until the next write.
+
+With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is one
+compiled call (:func:`~xpbank.sampler.sumtree_numba.draw`: fractions, descent, weights)
+and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
+ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
+NumPy path, which stays the reference.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 
 from xpbank.errors import PriorityError, check_positive_int
 from xpbank.ring import Ring
-from xpbank.sampler import sumtree
+from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights
 from xpbank.sampler.registry import register_sampler
@@ -95,6 +101,7 @@ class PrioritizedSampler:
         self._samples = 0  # sample() calls so far: the schedule's position
         self._filled = 0  # slots [0, filled) have been written since the last clear
         self._sum: sumtree.Tree = []
+        self._levels: tuple[np.ndarray, ...] = ()
         self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
         self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
         self._draws = torch.empty(0, dtype=torch.float64)  # reused: torch.rand's bits, no allocation
@@ -117,6 +124,7 @@ class PrioritizedSampler:
 
     def _allocate(self, capacity: int) -> None:
         self._sum = sumtree.new_tree(capacity, np.add)
+        self._levels = tuple(self._sum)  # what the compiled kernels take
         self._smallest = LazyMin(self._sum[0])
         self._cums = None
 
@@ -145,6 +153,9 @@ class PrioritizedSampler:
             self._draws = torch.empty(batch_size, dtype=torch.float64)
         # bit for bit torch.rand(batch_size, generator=generator, dtype=torch.float64)
         draws = self._draws.uniform_(generator=generator).numpy()
+        kernels = sumtree_numba.load()
+        if kernels is not None:  # the same draw in one compiled call
+            return self._draw_compiled(kernels, self._cums, draws, ring.size)
         fractions = (np.arange(batch_size) + draws) / batch_size
         slots, total = sumtree.find_prefix_sum(self._sum, fractions, self._cums)
         stored = self._sum[0][slots]
@@ -152,6 +163,20 @@ class PrioritizedSampler:
         weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
         self._samples += 1
         return torch.from_numpy(slots), {"weight": torch.from_numpy(weights.astype(np.float32))}
+
+    def _draw_compiled(
+        self, kernels: Any, cums: np.ndarray, draws: np.ndarray, n: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`sample`'s descent and weights by :func:`sumtree_numba.draw` (same results)."""
+        b = draws.shape[0]
+        slots, weights = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.float32)
+        if self.normalize_weights:
+            scale, divisor = 1.0, self._smallest.value
+        else:
+            scale, divisor = float(n), float(cums[-1])
+        kernels.draw(self._levels, cums, draws, scale, divisor, self.beta, slots, weights)
+        self._samples += 1
+        return torch.from_numpy(slots), {"weight": torch.from_numpy(weights)}
 
     def on_write(self, slots: Slots, ring: Ring) -> None:
         """New items start at the largest priority so far."""
@@ -182,6 +207,15 @@ class PrioritizedSampler:
         Inputs are checked by the buffer (:func:`~xpbank.sampler.priorities.check_update`).
         """
         if slots.size == 0:
+            return
+        kernels = sumtree_numba.load()
+        if kernels is not None:  # the same writes in one compiled call
+            largest, low, hit = kernels.update(
+                self._levels, slots, priorities, self.eps, self.alpha, self._smallest.kept
+            )
+            self.max_priority = max(self.max_priority, largest)
+            self._smallest.noted(slots, low, hit)
+            self._cums = None
             return
         p = priorities + self.eps
         self.max_priority = max(self.max_priority, float(p.max()))

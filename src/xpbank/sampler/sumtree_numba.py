@@ -1,19 +1,33 @@
-"""Optional compiled kernels (numba) for the sum-tree's batch descent and leaf updates.
+"""Optional compiled kernels (numba) for the sum-tree and the prioritized sampler's hot paths.
 
 :mod:`xpbank.sampler.sumtree` does a batch in a few NumPy calls per level; each call
 costs a few µs whatever its size, which dominates at B=256. These kernels do the same
-work in one compiled loop over the batch. They are used when numba is installed (the
+work in compiled loops over the batch. They are used when numba is installed (the
 ``fast`` extra: ``pip install xpbank[fast]``) unless the environment variable
 ``XPBANK_NO_NUMBA=1`` is set (read once, when this module is imported). The NumPy
 code stays the reference and runs unchanged without numba.
 
+- :func:`descend` (``sumtree.find_prefix_sum``) and :func:`draw` (a whole stratified
+  prioritized draw: fractions, descent, importance weights) walk the tree level by
+  level for the whole batch: the top is searched for every item first, then each
+  level's rows are read for every item. One item's reads depend on each other, those of
+  different items do not, so the CPU overlaps the cache misses of many items (one item
+  at a time, each item's misses came one after the other).
+- :func:`set_leaves` and :func:`update` (a priority update: ``(p + eps) ** alpha``
+  written, ancestors recomputed, and what :class:`~xpbank.sampler.lazymin.LazyMin` needs
+  to know, in one call) recompute ancestors level by level too.
+- :func:`live_slots` checks a priority update's ids and values in one pass (the usual,
+  valid case); anything it does not accept goes through the NumPy checks, which raise.
+
 Same results as the NumPy path: a parent is its 16 children added pairwise
 (``((c0 + c1) + (c2 + c3)) + ...``, the order of :func:`sumtree._reduce_rows`), so
-trees are bit-identical whichever path wrote them. The descent's prefix sums over 16
-children are sequential here; NumPy's come from a BLAS product whose order varies, so
-the two can differ in the last bit of a prefix sum and pick a different leaf only when
-a draw falls within rounding of a boundary (never with integer priorities, whose
-partial sums are exact).
+trees are bit-identical whichever path wrote them; powers take NumPy's shortcuts
+(``x ** 2`` as ``x * x``, ``x ** 0.5`` as a square root, ``x ** -1`` as ``1 / x``), so
+stored priorities and weights are too. The descent's prefix sums over 16 children are
+sequential here; NumPy's come from a BLAS product whose order varies, so the two can
+differ in the last bit of a prefix sum and pick a different leaf only when a draw falls
+within rounding of a boundary (never with integer priorities, whose partial sums are
+exact).
 
 Example:
     >>> import numpy as np
@@ -30,13 +44,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 
 from xpbank import _jit
 
-__all__ = ["ENABLED", "descend", "load", "prefix", "set_leaves"]
+__all__ = ["ENABLED", "descend", "draw", "live_slots", "load", "prefix", "set_leaves", "update"]
 
 #: False when ``XPBANK_NO_NUMBA`` was set when xpbank was imported (:mod:`xpbank._jit`).
 ENABLED = _jit.ENABLED
@@ -45,8 +60,95 @@ _loaded: SimpleNamespace | None = None
 _tried = False
 
 
+# -- helpers, compiled into the kernels that call them --------------------------------
+def power(x: float, y: float) -> float:
+    """``x ** y`` as NumPy's ``array ** scalar`` computes it (bit for bit)."""
+    if y == 2.0:
+        return x * x
+    if y == 0.5:
+        return math.sqrt(x)
+    if y == -1.0:
+        return 1.0 / x
+    return x**y
+
+
+def search_right(cums: np.ndarray, n: int, u: float) -> int:
+    """``np.searchsorted(cums[1 : n + 1], u, side="right")`` (``cums`` sorted), branch-free."""
+    if n == 0:
+        return 0
+    base, size = 0, n  # the answer lies in [base, base + size]
+    while size > 1:
+        half = size >> 1
+        base = base + half if cums[base + half] <= u else base
+        size -= half
+    return base + 1 if cums[base + 1] <= u else base
+
+
+def descend_into(levels: tuple[np.ndarray, ...], cums: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """Leaves at prefix sums ``u`` (overwritten: the remainders), into ``out``, level by level."""
+    depth = len(levels)
+    top = levels[depth - 1]
+    ntop = top.shape[0]
+    b = u.shape[0]
+    last_positive = -1  # the last top node with a positive sum, looked up if needed
+    for i in range(b):
+        node = search_right(cums, ntop, u[i])
+        if node >= ntop:
+            if last_positive < 0:
+                last_positive = ntop - 1
+                while last_positive > 0 and not top[last_positive] > 0:
+                    last_positive -= 1
+            node = last_positive
+        u[i] -= cums[node]
+        out[i] = node
+    for j in range(depth - 2, -1, -1):
+        level = levels[j]
+        touched = 0.0  # first touch both cache lines of every row (rows are 128-byte aligned,
+        # sumtree.new_tree): short independent loads,
+        for i in range(b):  # many in flight, where the descent below has few
+            touched += level[out[i] * 16] + level[out[i] * 16 + 8]
+        if touched < 0.0:  # never (priorities are >= 0): a use the compiler cannot drop
+            u[0] = touched
+        for i in range(b):
+            base = out[i] * 16
+            v = u[i]
+            acc = 0.0
+            before = 0.0  # the sum of the children before the one taken
+            child = 0
+            for c in range(16):
+                acc += level[base + c]
+                if acc <= v:
+                    child += 1
+                    before = acc
+            if child >= 16:  # rounding put u at or past the node's sum: the last positive child
+                child = 15
+                while child > 0 and not level[base + child] > 0:
+                    child -= 1
+                before = 0.0
+                for c in range(child):
+                    before += level[base + c]
+            u[i] = v - before
+            out[i] = base + child
+
+
+def refresh(levels: tuple[np.ndarray, ...], slots: np.ndarray) -> None:
+    """Recompute the ancestors of leaves ``slots``, level by level."""
+    n = slots.shape[0]
+    width = 1
+    for j in range(1, len(levels)):
+        width *= 16
+        child, parent = levels[j - 1], levels[j]
+        for k in range(n):
+            p = slots[k] // width
+            x = child[p * 16 : p * 16 + 16]
+            parent[p] = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))) + (
+                ((x[8] + x[9]) + (x[10] + x[11])) + ((x[12] + x[13]) + (x[14] + x[15]))
+            )
+
+
+# -- kernels (their sources: plain Python, compiled by load()) ------------------------
 def prefix(top: np.ndarray) -> np.ndarray:
-    """``cums[i] = sum(top[:i])``, added in order (the kernel's source).
+    """``cums[i] = sum(top[:i])``, added in order.
 
     :func:`sumtree.top_prefix`: the same sequential sums as torch's cumulative sum.
     """
@@ -60,73 +162,107 @@ def prefix(top: np.ndarray) -> np.ndarray:
 
 
 def descend(levels: tuple[np.ndarray, ...], cums: np.ndarray, fractions: np.ndarray) -> np.ndarray:
-    """The leaves at ``fractions`` of a sum-tree's total (the kernel's source).
+    """The leaves at ``fractions`` of a sum-tree's total.
 
     ``levels``: the tree's levels, leaves first; ``cums``: its :func:`sumtree.top_prefix`.
-    :func:`sumtree.find_prefix_sum` of the same tree, one loop over the batch.
+    :func:`sumtree.find_prefix_sum` of the same tree.
     """
-    depth = len(levels)
-    top = levels[depth - 1]
-    ntop = top.shape[0]
-    total = cums[ntop]
-    b = fractions.shape[0]
-    out = np.empty(b, dtype=np.int64)
-    last_positive = ntop - 1  # the last top node with a positive sum, looked up if needed
-    looked_up = False
-    prefix = np.zeros(17)
-    for i in range(b):
-        u = fractions[i] * total
-        node = np.searchsorted(cums[1:], u, side="right")
-        if node >= ntop:
-            if not looked_up:
-                looked_up = True
-                while last_positive > 0 and not top[last_positive] > 0:
-                    last_positive -= 1
-            node = last_positive
-        u -= cums[node]
-        for j in range(depth - 2, -1, -1):
-            level = levels[j]
-            base = node * 16
-            child = 0
-            for c in range(16):
-                prefix[c + 1] = prefix[c] + level[base + c]
-                if prefix[c + 1] <= u:
-                    child += 1
-            if child >= 16:  # rounding put u at or past the node's sum: the last positive child
-                child = 15
-                while child > 0 and not level[base + child] > 0:
-                    child -= 1
-            u -= prefix[child]
-            node = base + child
-        out[i] = node
+    out = np.empty(fractions.shape[0], dtype=np.int64)
+    descend_into(levels, cums, fractions * cums[levels[-1].shape[0]], out)
     return out
 
 
+def draw(
+    levels: tuple[np.ndarray, ...],
+    cums: np.ndarray,
+    draws: np.ndarray,
+    scale: float,
+    divisor: float,
+    beta: float,
+    slots: np.ndarray,
+    weights: np.ndarray,
+) -> None:
+    """One stratified prioritized draw of ``B = len(draws)`` items into ``slots`` and ``weights``.
+
+    Item ``i`` is the leaf at fraction ``(i + draws[i]) / B`` of the total; its weight
+    (float32) is ``(scale * leaf / divisor) ** -beta``: ``scale = 1, divisor = smallest``
+    for normalized weights, ``scale = N, divisor = total`` for the unnormalized ones
+    (:func:`~xpbank.sampler.priorities.importance_weights`).
+    """
+    b = draws.shape[0]
+    total = cums[levels[-1].shape[0]]
+    u = np.empty(b)
+    for i in range(b):
+        u[i] = ((i + draws[i]) / b) * total
+    descend_into(levels, cums, u, slots)
+    leaves = levels[0]
+    for i in range(b):
+        weights[i] = power((scale * leaves[slots[i]]) / divisor, -beta)
+
+
 def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.ndarray) -> None:
-    """Write ``values`` at leaves ``slots`` and recompute their ancestors (the kernel's source).
+    """Write ``values`` at leaves ``slots`` and recompute their ancestors.
 
     :func:`sumtree.set_leaves` with ``np.add``: a repeated slot keeps its last value; a
     parent is its 16 children added pairwise, as :func:`sumtree._reduce_rows` does.
     """
     leaves = levels[0]
-    n = slots.shape[0]
-    for k in range(n):
+    for k in range(slots.shape[0]):
         leaves[slots[k]] = values[k]
-    width = 1
-    for j in range(1, len(levels)):
-        width *= 16
-        child, parent = levels[j - 1], levels[j]
-        for k in range(n):
-            p = slots[k] // width
-            x = child[p * 16 : p * 16 + 16]
-            parent[p] = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))) + (
-                ((x[8] + x[9]) + (x[10] + x[11])) + ((x[12] + x[13]) + (x[14] + x[15]))
-            )
+    refresh(levels, slots)
+
+
+def update(
+    levels: tuple[np.ndarray, ...],
+    slots: np.ndarray,
+    priorities: np.ndarray,
+    eps: float,
+    alpha: float,
+    smallest: float,
+) -> tuple[float, float, bool]:
+    """Store ``(priorities + eps) ** alpha`` at leaves ``slots`` (a repeated slot keeps its last).
+
+    Returns:
+        ``(largest, low, hit)``: the largest ``priority + eps``; the smallest positive
+        leaf written, as read back after the write (``inf`` if none); whether a leaf
+        held ``smallest`` before the write (what ``LazyMin.noted`` takes).
+    """
+    leaves = levels[0]
+    n = slots.shape[0]
+    largest = -math.inf
+    hit = False
+    for k in range(n):
+        hit = hit or leaves[slots[k]] == smallest
+    for k in range(n):
+        p = priorities[k] + eps
+        largest = max(largest, p)
+        leaves[slots[k]] = power(p, alpha)
+    refresh(levels, slots)
+    low = math.inf
+    for k in range(n):
+        x = leaves[slots[k]]
+        if x > 0 and x < low:
+            low = x
+    return largest, low, hit
+
+
+def live_slots(
+    ids: np.ndarray, values: np.ndarray, first: int, stop: int, capacity: int, out: np.ndarray
+) -> bool:
+    """Whether every id is live (``first <= id < stop``) and every value finite and ``>= 0``;
+    then ``out`` holds the ids' slots (``id % capacity``)."""
+    for k in range(ids.shape[0]):
+        i = ids[k]
+        v = values[k]
+        if not (i >= first and i < stop and v >= 0 and v < math.inf):  # NaN fails too
+            return False
+        out[k] = i % capacity
+    return True
 
 
 def load() -> SimpleNamespace | None:
-    """The compiled kernels (``.prefix``, ``.descend``, ``.set_leaves``), or None when numba is missing
-    or ``XPBANK_NO_NUMBA=1``.
+    """The compiled kernels (``.prefix``, ``.descend``, ``.draw``, ``.set_leaves``,
+    ``.update``, ``.live_slots``), or None when numba is missing or ``XPBANK_NO_NUMBA=1``.
 
     Imports numba on the first call only; the kernels compile on first use and are
     cached on disk (numba's ``cache=True``).
@@ -134,7 +270,8 @@ def load() -> SimpleNamespace | None:
     global _loaded, _tried
     if not _tried:
         _tried = True
-        kernels = _jit.compile_kernels(prefix, descend, set_leaves)
+        fns = (prefix, descend, draw, set_leaves, update, live_slots)
+        kernels = _jit.compile_kernels(*fns, helpers=(power, search_right, descend_into, refresh))
         if kernels is not None:
-            _loaded = SimpleNamespace(prefix=kernels[0], descend=kernels[1], set_leaves=kernels[2])
+            _loaded = SimpleNamespace(**{fn.__name__: k for fn, k in zip(fns, kernels, strict=True)})
     return _loaded
