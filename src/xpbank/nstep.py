@@ -43,12 +43,13 @@ import torch
 from xpbank import nstep_kernel
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import nstep_window
+from xpbank.nstep_kernel import nstep_gather, nstep_window
 from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
+from xpbank.storage.pair_rows import PairRows
 
 __all__ = ["NStep"]
 
@@ -75,6 +76,8 @@ class NStep:
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _powers: np.ndarray = field(init=False, repr=False, compare=False)  # gamma ** arange(n + 1)
+    # _fused's last answer: [storage, spec, episode index, keys, answer]
+    _fused_cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
@@ -88,6 +91,10 @@ class NStep:
         ):
             raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
         object.__setattr__(self, "_powers", float(self.gamma) ** np.arange(self.n + 1, dtype=np.float64))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the caches hold the storage's arrays: a pickled option starts without them
+        return {**self.__dict__, "_cache": [], "_fused_cache": []}
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, JSON-able (nested keys as lists, which the
@@ -163,6 +170,13 @@ class NStep:
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
         n = self.n
+        fused = self._fused(storage, spec, episodes, keys, wanted)
+        if fused is not None:  # numba: window, return, discount and the rows in one call
+            pairs, nxt, term, rewards = fused
+            rows, steps, ret, disc, terminated = nstep_gather(
+                _numpy(ids), episodes.lockstep or 0, ring.capacity, nxt, term, rewards, self._powers, pairs
+            )
+            return _merge(pairs.read(rows), ret, disc, steps, terminated)
         fast = _kernel_inputs(storage, spec, reward_key, episodes)
         if fast is not None:  # numba: window, return and discount in one compiled call
             pair, steps, ret, disc, terminated = nstep_window(_numpy(ids), *fast, self._powers)
@@ -183,6 +197,32 @@ class NStep:
         else:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         return _merge(out, ret, disc, steps, terminated)
+
+    def _fused(
+        self,
+        storage: Storage,
+        spec: Spec,
+        episodes: EpisodeIndex,
+        keys: list[NestedKey] | None,
+        wanted: list[NestedKey],
+    ) -> tuple[PairRows, np.ndarray, np.ndarray, np.ndarray] | None:
+        """What :func:`~xpbank.nstep_kernel.nstep_gather` reads, ``(pairs, next links,
+        terminated flags, rewards)``, or ``None``: no numba, no float32/float64 host view
+        of the reward, or a storage without ``pair_rows`` (or whose ``pair_rows`` is
+        ``None``: CUDA, unpacked). Looked up once per storage, spec, index and fields (all
+        fixed arrays and views: the index and the storage write into them in place)."""
+        if nstep_kernel.gather_kernel() is None:
+            return None
+        found = self._fused_cache
+        if found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys:
+            return found[4]
+        reward_key, next_keys = self.keys(spec)
+        inputs = _kernel_inputs(storage, spec, reward_key, episodes)
+        pair_rows = getattr(storage, "pair_rows", None)
+        pairs = pair_rows(wanted, next_keys) if inputs is not None and pair_rows is not None else None
+        fused = None if pairs is None or inputs is None else (pairs, *inputs[2:])
+        self._fused_cache[:] = [storage, spec, episodes, None if keys is None else list(keys), fused]
+        return fused
 
 
 def _merge(

@@ -32,22 +32,44 @@ from typing import Any
 
 import numpy as np
 
-from xpbank import _jit
+from xpbank import _jit, _prefetch
+from xpbank._prefetch import prefetch
+from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["kernel", "nstep_window"]
+__all__ = ["gather_kernel", "kernel", "nstep_gather", "nstep_window"]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
-_compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
+# [] until the first kernel() call, then [(window kernel, gather kernel)] or [None]
+_compiled: list[tuple[Callable[..., Any], ...] | None] = []
+AHEAD = 8  # nstep_gather prefetches the lines of the item this many places ahead
+
+
+def _kernels() -> tuple[Callable[..., Any], ...] | None:
+    if not _compiled:
+        if _jit.ENABLED:
+            try:
+                import numba  # type: ignore[import-untyped, unused-ignore]
+            except ImportError:
+                pass
+            else:
+                _prefetch.register(numba)  # before the kernels that use it are compiled
+        _compiled.append(_jit.compile_kernels(_nstep_window, _nstep_gather))
+    return _compiled[0]
 
 
 def kernel() -> Callable[..., Any] | None:
-    """The compiled kernel (numba, ``cache=True``; compiled on first use), or ``None``
-    where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take the
-    NumPy path."""
-    if not _compiled:
-        kernels = _jit.compile_kernels(_nstep_window)
-        _compiled.append(None if kernels is None else kernels[0])
-    return _compiled[0]
+    """The compiled window kernel (numba, ``cache=True``; compiled on first use), or
+    ``None`` where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take
+    the NumPy path."""
+    kernels = _kernels()
+    return None if kernels is None else kernels[0]
+
+
+def gather_kernel() -> Callable[..., Any] | None:
+    """The compiled window-and-rows kernel behind :func:`nstep_gather`, or ``None`` (as
+    :func:`kernel`)."""
+    kernels = _kernels()
+    return None if kernels is None else kernels[1]
 
 
 def nstep_window(
@@ -93,6 +115,51 @@ def nstep_window(
     return pair, steps, ret, disc, done
 
 
+def nstep_gather(
+    ids: np.ndarray,
+    lockstep: int,
+    capacity: int,
+    nxt: np.ndarray,
+    term: np.ndarray,
+    reward: np.ndarray,
+    powers: np.ndarray,
+    pairs: PairRows,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`nstep_window` and the rows' read in one pass: each output row takes the
+    item's fields from the item's row and the next fields from its window's last row,
+    word by word as ``pairs.plan`` says, reading no other line of either row.
+
+    The loads of the item ``AHEAD`` places on (its row's lines, its window's rewards and
+    links; in lockstep mode the last row of a full window too) are prefetched, so the
+    cache misses of several items overlap, as NumPy's ``take`` of whole rows gets from
+    the hardware. Results equal :func:`nstep_window` followed by a gather of the pairs.
+
+    Args:
+        ids, lockstep, capacity, nxt, term, reward, powers: as :func:`nstep_window`.
+        pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
+
+    Returns:
+        ``(rows, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]`` output
+        rows (read them with ``pairs.read``), the others as :func:`nstep_window`'s.
+
+    Raises:
+        RuntimeError: numba is not available (see :func:`kernel`).
+    """
+    fn = gather_kernel()
+    if fn is None:
+        raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
+    b = ids.shape[0]
+    rows = pairs.empty(b)
+    steps = np.empty(b, dtype=np.int64)
+    ret = np.empty(b, dtype=np.float32)
+    disc = np.empty(b, dtype=np.float32)
+    done = np.empty(b, dtype=np.bool_)
+    plan = pairs.plan
+    fn(ids, lockstep, capacity, nxt, term, reward, powers, pairs.words, plan.runs, plan.run_src,
+       plan.mixed, plan.mask, plan.keep, rows, steps, ret, disc, done)  # fmt: skip
+    return rows, steps, ret, disc, done
+
+
 def _nstep_window(
     ids: Any,
     lockstep: Any,
@@ -133,3 +200,90 @@ def _nstep_window(
         ended = term[slot]
         done[i] = ended
         disc[i] = np.float32(0.0) if ended else np.float32(powers[k])
+
+
+def _nstep_gather(
+    ids: Any,
+    lockstep: Any,
+    capacity: Any,
+    nxt: Any,
+    term: Any,
+    reward: Any,
+    powers: Any,
+    words: Any,
+    runs: Any,
+    run_src: Any,
+    mixed: Any,
+    mask: Any,
+    keep: Any,
+    rows: Any,
+    steps: Any,
+    ret: Any,
+    disc: Any,
+    done: Any,
+) -> None:  # pragma: no cover - compiled by numba; run only through gather_kernel()
+    """The kernel (numba nopython; outputs written in place). Iteration ``i`` prefetches
+    item ``i``'s lines and then reads item ``i - AHEAD``: its window exactly as
+    ``_nstep_window``, then its output row from the two rows. Word indices are unsigned
+    (no negative-index checks in the copy loops, which then compile to vector moves)."""
+    b = ids.shape[0]
+    n = powers.shape[0] - 1
+    row_bytes = np.int64(words.strides[0])
+    word = np.int64(words.strides[1])
+    base = np.int64(words.ctypes.data)
+    nxt_base, term_base = np.int64(nxt.ctypes.data), np.int64(term.ctypes.data)
+    rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
+    for i in range(b + AHEAD):
+        if i < b:  # prefetch item i: its row's item words, the window's rewards and links
+            item = ids[i]
+            s0 = item % capacity
+            last = s0
+            prefetch(nxt_base + s0 * 8)
+            prefetch(rew_base + s0 * rew_step)
+            if lockstep > 0:  # the window's slots are known: a full window's
+                for k in range(1, n):
+                    last = (item + lockstep * k) % capacity
+                    prefetch(rew_base + last * rew_step)
+                    if k < n - 1:
+                        prefetch(nxt_base + last * 8)
+            prefetch(term_base + last)
+            for r in range(runs.shape[0]):
+                row = s0 if run_src[r] == 0 else last
+                lo = base + row * row_bytes + np.int64(runs[r, 0]) * word
+                hi = base + row * row_bytes + np.int64(runs[r, 1]) * word
+                line = lo - lo % 64
+                while line < hi:
+                    prefetch(line)
+                    line += 64
+            for q in range(mixed.shape[0]):
+                prefetch(base + s0 * row_bytes + np.int64(mixed[q]) * word)
+                prefetch(base + last * row_bytes + np.int64(mixed[q]) * word)
+        j = i - AHEAD
+        if j < 0:
+            continue
+        item = ids[j]
+        s0 = item % capacity
+        slot = s0
+        acc = 0.0
+        k = 1
+        while True:
+            acc += powers[k - 1] * np.float64(reward[slot])
+            if k == n:
+                break
+            after = nxt[slot]
+            if after < 0:
+                break
+            slot = (item + lockstep * k) % capacity if lockstep > 0 else after % capacity
+            k += 1
+        steps[j] = k
+        ret[j] = np.float32(acc)
+        ended = term[slot]
+        done[j] = ended
+        disc[j] = np.float32(0.0) if ended else np.float32(powers[k])
+        for r in range(runs.shape[0]):
+            row = s0 if run_src[r] == 0 else slot
+            for w in range(runs[r, 0], runs[r, 1]):
+                rows[j, w] = words[row, w]
+        for q in range(mixed.shape[0]):
+            w = mixed[q]
+            rows[j, w] = (words[s0, w] & mask[q]) | (words[slot, w] & keep[q])
