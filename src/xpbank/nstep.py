@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ import torch
 from xpbank import nstep_kernel
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import nstep_gather, nstep_window
+from xpbank.nstep_kernel import gather_outputs, nstep_window
 from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
@@ -167,16 +168,19 @@ class NStep:
         spec = storage.spec
         if episodes is None or spec is None:
             raise RuntimeError("NStep.gather needs the buffer's episode index")
+        fused = self._fused(storage, spec, episodes, keys)
+        if fused is not None:  # numba: window, return, discount and the rows in one call
+            kernel, pairs, args = fused
+            rows, steps, ret, disc, ended = filled = gather_outputs(pairs, ids.shape[0])
+            # the tensors first (Python work while its code and data are in cache), then
+            # the compiled pass that fills them (and evicts much of the cache); the call
+            # is nstep_kernel.nstep_gather's, its arguments made once by _fused
+            out = _merge(pairs.read(rows), ret, disc, steps, ended)
+            kernel(_numpy(slots), episodes.lockstep or 0, ring.capacity, *args, *filled)
+            return out
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
         n = self.n
-        fused = self._fused(storage, spec, episodes, keys, wanted)
-        if fused is not None:  # numba: window, return, discount and the rows in one call
-            pairs, nxt, term, rewards = fused
-            rows, steps, ret, disc, terminated = nstep_gather(
-                _numpy(ids), episodes.lockstep or 0, ring.capacity, nxt, term, rewards, self._powers, pairs
-            )
-            return _merge(pairs.read(rows), ret, disc, steps, terminated)
         fast = _kernel_inputs(storage, spec, reward_key, episodes)
         if fast is not None:  # numba: window, return and discount in one compiled call
             pair, steps, ret, disc, terminated = nstep_window(_numpy(ids), *fast, self._powers)
@@ -204,25 +208,33 @@ class NStep:
         spec: Spec,
         episodes: EpisodeIndex,
         keys: list[NestedKey] | None,
-        wanted: list[NestedKey],
-    ) -> tuple[PairRows, np.ndarray, np.ndarray, np.ndarray] | None:
-        """What :func:`~xpbank.nstep_kernel.nstep_gather` reads, ``(pairs, next links,
-        terminated flags, rewards)``, or ``None``: no numba, no float32/float64 host view
-        of the reward, or a storage without ``pair_rows`` (or whose ``pair_rows`` is
-        ``None``: CUDA, unpacked). Looked up once per storage, spec, index and fields (all
-        fixed arrays and views: the index and the storage write into them in place)."""
-        if nstep_kernel.gather_kernel() is None:
+    ) -> tuple[Callable[..., Any], PairRows, tuple[np.ndarray, ...]] | None:
+        """The compiled kernel of :func:`~xpbank.nstep_kernel.nstep_gather`, the storage's
+        ``pairs`` and the kernel's arguments between the capacity and the outputs (links,
+        flags, rewards, powers, rows and plan), or ``None``: no numba, no float32/float64
+        host view of the reward, or a storage without ``pair_rows`` (or whose
+        ``pair_rows`` is ``None``: CUDA, unpacked). Looked up once per storage, spec,
+        index and fields (all fixed arrays and views: the index and the storage write
+        into them in place)."""
+        kernel = nstep_kernel.gather_kernel()
+        if kernel is None:
             return None
         found = self._fused_cache
         if found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys:
-            return found[4]
+            return None if found[4] is None else (kernel, *found[4])
         reward_key, next_keys = self.keys(spec)
+        wanted = list(spec) if keys is None else keys
         inputs = _kernel_inputs(storage, spec, reward_key, episodes)
         pair_rows = getattr(storage, "pair_rows", None)
         pairs = pair_rows(wanted, next_keys) if inputs is not None and pair_rows is not None else None
-        fused = None if pairs is None or inputs is None else (pairs, *inputs[2:])
+        fused = None
+        if pairs is not None and inputs is not None:
+            plan = pairs.plan
+            rows = (pairs.words, plan.runs, plan.run_src, plan.mixed, plan.mask, plan.keep)
+            args = (*inputs[2:], self._powers, *rows)
+            fused = (pairs, args)
         self._fused_cache[:] = [storage, spec, episodes, None if keys is None else list(keys), fused]
-        return fused
+        return None if fused is None else (kernel, *fused)
 
 
 def _merge(

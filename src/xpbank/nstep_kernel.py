@@ -36,7 +36,7 @@ from xpbank import _jit, _prefetch
 from xpbank._prefetch import prefetch
 from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["gather_kernel", "kernel", "nstep_gather", "nstep_window"]
+__all__ = ["gather_kernel", "gather_outputs", "kernel", "nstep_gather", "nstep_window"]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
 # [] until the first kernel() call, then [(window kernel, gather kernel)] or [None]
@@ -68,7 +68,7 @@ def kernel() -> Callable[..., Any] | None:
 def gather_kernel() -> Callable[..., Any] | None:
     """The compiled window-and-rows kernel behind :func:`nstep_gather`, or ``None`` (as
     :func:`kernel`)."""
-    kernels = _kernels()
+    kernels = _compiled[0] if _compiled else _kernels()
     return None if kernels is None else kernels[1]
 
 
@@ -116,7 +116,7 @@ def nstep_window(
 
 
 def nstep_gather(
-    ids: np.ndarray,
+    slots: np.ndarray,
     lockstep: int,
     capacity: int,
     nxt: np.ndarray,
@@ -124,6 +124,7 @@ def nstep_gather(
     reward: np.ndarray,
     powers: np.ndarray,
     pairs: PairRows,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`nstep_window` and the rows' read in one pass: each output row takes the
     item's fields from the item's row and the next fields from its window's last row,
@@ -135,8 +136,11 @@ def nstep_gather(
     the hardware. Results equal :func:`nstep_window` followed by a gather of the pairs.
 
     Args:
-        ids, lockstep, capacity, nxt, term, reward, powers: as :func:`nstep_window`.
+        slots: ``[B]`` the live items' slots (``id % capacity``; int64, not checked).
+        lockstep, capacity, nxt, term, reward, powers: as :func:`nstep_window`.
         pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
+        out: arrays to fill, from :func:`gather_outputs` (a caller may view them, as
+            tensors, before they are filled); default new ones.
 
     Returns:
         ``(rows, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]`` output
@@ -148,16 +152,26 @@ def nstep_gather(
     fn = gather_kernel()
     if fn is None:
         raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
-    b = ids.shape[0]
-    rows = pairs.empty(b)
-    steps = np.empty(b, dtype=np.int64)
-    ret = np.empty(b, dtype=np.float32)
-    disc = np.empty(b, dtype=np.float32)
-    done = np.empty(b, dtype=np.bool_)
+    if out is None:
+        out = gather_outputs(pairs, slots.shape[0])
     plan = pairs.plan
-    fn(ids, lockstep, capacity, nxt, term, reward, powers, pairs.words, plan.runs, plan.run_src,
-       plan.mixed, plan.mask, plan.keep, rows, steps, ret, disc, done)  # fmt: skip
-    return rows, steps, ret, disc, done
+    fn(slots, lockstep, capacity, nxt, term, reward, powers, pairs.words, plan.runs, plan.run_src,
+       plan.mixed, plan.mask, plan.keep, *out)  # fmt: skip
+    return out
+
+
+def gather_outputs(
+    pairs: PairRows, b: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Empty outputs of :func:`nstep_gather` for ``b`` items: ``(rows, steps, returns,
+    discounts, terminated)``."""
+    return (
+        pairs.empty(b),
+        np.empty(b, dtype=np.int64),
+        np.empty(b, dtype=np.float32),
+        np.empty(b, dtype=np.float32),
+        np.empty(b, dtype=np.bool_),
+    )
 
 
 def _nstep_window(
@@ -203,7 +217,7 @@ def _nstep_window(
 
 
 def _nstep_gather(
-    ids: Any,
+    slots: Any,
     lockstep: Any,
     capacity: Any,
     nxt: Any,
@@ -224,9 +238,10 @@ def _nstep_gather(
 ) -> None:  # pragma: no cover - compiled by numba; run only through gather_kernel()
     """The kernel (numba nopython; outputs written in place). Iteration ``i`` prefetches
     item ``i``'s lines and then reads item ``i - AHEAD``: its window exactly as
-    ``_nstep_window``, then its output row from the two rows. Word indices are unsigned
-    (no negative-index checks in the copy loops, which then compile to vector moves)."""
-    b = ids.shape[0]
+    ``_nstep_window`` (a lockstep window's next slot is ``lockstep`` on, wrapped without
+    a division), then its output row from the two rows. Word indices are unsigned (no
+    negative-index checks in the copy loops, which then compile to vector moves)."""
+    b = slots.shape[0]
     n = powers.shape[0] - 1
     row_bytes = np.int64(words.strides[0])
     word = np.int64(words.strides[1])
@@ -235,23 +250,24 @@ def _nstep_gather(
     rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
     for i in range(b + AHEAD):
         if i < b:  # prefetch item i: its row's item words, the window's rewards and links
-            item = ids[i]
-            s0 = item % capacity
+            s0 = np.int64(slots[i])
             last = s0
             prefetch(nxt_base + s0 * 8)
             prefetch(rew_base + s0 * rew_step)
             if lockstep > 0:  # the window's slots are known: a full window's
                 for k in range(1, n):
-                    last = (item + lockstep * k) % capacity
+                    last += lockstep
+                    if last >= capacity:
+                        last %= capacity
                     prefetch(rew_base + last * rew_step)
                     if k < n - 1:
                         prefetch(nxt_base + last * 8)
             prefetch(term_base + last)
             for r in range(runs.shape[0]):
-                row = s0 if run_src[r] == 0 else last
-                lo = base + row * row_bytes + np.int64(runs[r, 0]) * word
-                hi = base + row * row_bytes + np.int64(runs[r, 1]) * word
-                line = lo - lo % 64
+                row = base + (s0 if run_src[r] == 0 else last) * row_bytes
+                line = row + np.int64(runs[r, 0]) * word
+                line -= line % 64
+                hi = row + np.int64(runs[r, 1]) * word
                 while line < hi:
                     prefetch(line)
                     line += 64
@@ -261,8 +277,7 @@ def _nstep_gather(
         j = i - AHEAD
         if j < 0:
             continue
-        item = ids[j]
-        s0 = item % capacity
+        s0 = np.int64(slots[j])
         slot = s0
         acc = 0.0
         k = 1
@@ -273,7 +288,12 @@ def _nstep_gather(
             after = nxt[slot]
             if after < 0:
                 break
-            slot = (item + lockstep * k) % capacity if lockstep > 0 else after % capacity
+            if lockstep > 0:
+                slot += lockstep
+                if slot >= capacity:
+                    slot %= capacity
+            else:
+                slot = after % capacity
             k += 1
         steps[j] = k
         ret[j] = np.float32(acc)

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from xpbank.spec import NestedKey
-from xpbank.storage.dtypes import as_torch
 
 __all__ = ["PairPlan", "PairRows", "Span", "pair_plan"]
 
@@ -138,13 +137,14 @@ class PairRows:
         words: every slot's row as ``[capacity, W]`` words of ``plan.word`` (a view of
             the storage).
         record: one row as a NumPy record (each field a named member).
-        fields: ``(key, record member, torch dtype)`` of each wanted field, in order.
+        fields: ``(key, record member, torch dtype)`` of each wanted field, in order;
+            the dtype is ``None`` where NumPy holds the field as itself.
     """
 
     plan: PairPlan
     words: np.ndarray
     record: np.dtype
-    fields: tuple[tuple[NestedKey, str, torch.dtype], ...]
+    fields: tuple[tuple[NestedKey, str, torch.dtype | None], ...]
 
     def empty(self, b: int) -> np.ndarray:
         """Output rows for ``b`` items, ``[b, W]`` (uninitialized)."""
@@ -154,4 +154,8 @@ class PairRows:
         """The wanted fields of filled output ``rows``, as tensors viewing them (no copy:
         each a strided view of the rows, as a whole-row gather gives)."""
         records = rows.view(self.record)[:, 0]
-        return {key: as_torch(records[name], dtype) for key, name, dtype in self.fields}
+        tensor = torch.from_numpy
+        return {
+            key: tensor(records[name]) if dtype is None else tensor(records[name]).view(dtype)
+            for key, name, dtype in self.fields
+        }

@@ -26,7 +26,7 @@ import torch
 from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
-from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.dtypes import as_torch, numpy_dtype, numpy_native, to_numpy
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.pair_rows import PairRows, Span, pair_plan
 
@@ -332,7 +332,10 @@ class TensorStorage(StorageBase):
         if found is None:
             spans = [Span(m.key, m.start, m.nbytes) for m in block.members]
             plan = pair_plan(spans, block.row_bytes, second, keys)
-            names = {m.key: (name, m.dtype) for name, m in zip(block.names, block.members, strict=True)}
+            names = {
+                m.key: (name, None if numpy_native(m.dtype) else m.dtype)
+                for name, m in zip(block.names, block.members, strict=True)
+            }
             fields = tuple((k, *names[k]) for k in keys)
             found = PairRows(plan, block.np_data.view(plan.word), block.record, fields)
             block.pairs[cache] = found
