@@ -28,8 +28,8 @@ __all__ = ["prefetch", "register"]
 _registered: list[bool] = []
 
 
-def prefetch(address: int) -> None:
-    """Hint that the cache line holding byte ``address`` is read soon (no-op in Python)."""
+def prefetch(address: Any) -> None:
+    """Hint that the cache line holding byte ``address`` (an int) is read soon (no-op in Python)."""
 
 
 def register(numba: Any) -> None:
