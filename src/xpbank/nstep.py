@@ -77,7 +77,7 @@ class NStep:
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _powers: np.ndarray = field(init=False, repr=False, compare=False)  # gamma ** arange(n + 1)
-    # _fused's last answer: [storage, spec, episode index, keys, answer]
+    # _fused's last answer: [(storage, spec, episode index, keys, answer)]
     _fused_cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,7 +219,7 @@ class NStep:
         kernel = nstep_kernel.gather_kernel()
         if kernel is None:
             return None
-        found = self._fused_cache
+        found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe
         if found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys:
             return None if found[4] is None else (kernel, *found[4])
         reward_key, next_keys = self.keys(spec)
@@ -233,7 +233,7 @@ class NStep:
             rows = (pairs.words, plan.runs, plan.run_src, plan.mixed, plan.mask, plan.keep)
             args = (*inputs[2:], self._powers, *rows)
             fused = (pairs, args)
-        self._fused_cache[:] = [storage, spec, episodes, None if keys is None else list(keys), fused]
+        self._fused_cache[:] = [(storage, spec, episodes, None if keys is None else list(keys), fused)]
         return None if fused is None else (kernel, *fused)
 
 

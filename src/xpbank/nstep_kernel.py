@@ -264,6 +264,8 @@ def _nstep_gather(
                         prefetch(nxt_base + last * 8)
             prefetch(term_base + last)
             for r in range(runs.shape[0]):
+                if run_src[r] == 1 and lockstep == 0:
+                    continue  # following links: the window's last row is not known yet
                 row = base + (s0 if run_src[r] == 0 else last) * row_bytes
                 line = row + np.int64(runs[r, 0]) * word
                 line -= line % 64
