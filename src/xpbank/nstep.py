@@ -162,7 +162,11 @@ class NStep:
         reward field where it has one); the reduction is a few NumPy calls over ``[n, B]``.
         With numba (``xpbank[fast]``) and a float32/float64 host view of the reward, the
         window and its reduction are one compiled call instead
-        (:mod:`xpbank.nstep_kernel`, same results), then the same row read.
+        (:mod:`xpbank.nstep_kernel`, same results), then the same row read; where the
+        storage also has ``pair_rows`` (``TensorStorage`` on the CPU, packed) that one
+        call reads the rows too (:func:`~xpbank.nstep_kernel.nstep_gather`): each item's
+        fields from its row and the next fields from its window's last row, no other
+        bytes of either, with the loads of items a few places ahead prefetched.
         """
         episodes = ring.episodes
         spec = storage.spec

@@ -8,6 +8,14 @@ the whole of it is one compiled loop over the batch, :func:`nstep_window`, with 
 results: the same slots, steps and flags, and the return summed in float64 in the order
 of ``np.dot(powers, by_step)`` (step 0 first), then cast to float32.
 
+:func:`nstep_gather` goes one step further for packed CPU rows (``TensorStorage``): the
+same pass also writes the sampled rows, each item's fields from its row and the next
+fields from its window's last row, copying only the machine words that hold them (the
+plan of :mod:`xpbank.storage.pair_rows`), and prefetching (:mod:`xpbank._prefetch`) the
+lines of the item ``AHEAD`` places on so their cache misses overlap. The rows of
+``[B]`` items then cost about one pass over what is returned, instead of a gather of
+``2B`` whole rows.
+
 The NumPy path stays the reference and runs where numba is missing, where the
 environment variable ``XPBANK_NO_NUMBA=1`` is set (read once, at this module's import),
 or where the reward field has no NumPy host view of dtype float32/float64.

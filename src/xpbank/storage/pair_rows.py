@@ -28,13 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from xpbank.spec import NestedKey
+from xpbank.storage.dtypes import numpy_native
 
-__all__ = ["PairPlan", "PairRows", "Span", "pair_plan"]
+__all__ = ["PairPlan", "PairRows", "Span", "block_pair_rows", "pair_plan"]
 
 _ITEM, _PARTNER, _FREE = 0, 1, 2  # where a byte of the output row comes from
 
@@ -159,3 +161,16 @@ class PairRows:
             key: tensor(records[name]) if dtype is None else tensor(records[name]).view(dtype)
             for key, name, dtype in self.fields
         }
+
+
+def block_pair_rows(block: Any, keys: Sequence[NestedKey], second: Collection[NestedKey]) -> PairRows:
+    """The :class:`PairRows` of a ``TensorStorage`` block (its ``members``, ``names``,
+    ``row_bytes``, ``record`` and ``np_data``) holding every field of ``keys``."""
+    spans = [Span(m.key, m.start, m.nbytes) for m in block.members]
+    plan = pair_plan(spans, block.row_bytes, second, keys)
+    names = {
+        m.key: (name, None if numpy_native(m.dtype) else m.dtype)
+        for name, m in zip(block.names, block.members, strict=True)
+    }
+    fields = tuple((k, *names[k]) for k in keys)
+    return PairRows(plan, block.np_data.view(plan.word), block.record, fields)

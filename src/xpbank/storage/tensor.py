@@ -26,9 +26,9 @@ import torch
 from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
-from xpbank.storage.dtypes import as_torch, numpy_dtype, numpy_native, to_numpy
+from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
 from xpbank.storage.hugepages import advise_huge_pages
-from xpbank.storage.pair_rows import PairRows, Span, pair_plan
+from xpbank.storage.pair_rows import PairRows, block_pair_rows
 
 __all__ = ["TensorStorage"]
 
@@ -321,7 +321,14 @@ class TensorStorage(StorageBase):
         hold every field of ``keys``, and which words of an output row come from the item
         and which (the fields in ``second``) from its partner (see
         :mod:`xpbank.storage.pair_rows`). ``None`` where the fields are not all in one
-        CPU block (CUDA, ``pack=False``). Made once per ``(keys, second)``."""
+        CPU block (CUDA, ``pack=False``). Made once per ``(keys, second)``.
+
+        Example:
+            >>> from xpbank import Field, Spec, TensorStorage
+            >>> st = TensorStorage(4, Spec({"obs": Field((2,)), "next_obs": Field((2,))}))
+            >>> st.pair_rows(["obs", "next_obs"], ["next_obs"]).plan.run_src.tolist()
+            [0, 1]
+        """
         if self._spec is None:
             raise RuntimeError("TensorStorage.pair_rows before initialize(spec)")
         block = self._block_of[keys[0]] if keys else None
@@ -330,15 +337,7 @@ class TensorStorage(StorageBase):
         cache = (tuple(keys), tuple(second))
         found = block.pairs.get(cache)
         if found is None:
-            spans = [Span(m.key, m.start, m.nbytes) for m in block.members]
-            plan = pair_plan(spans, block.row_bytes, second, keys)
-            names = {
-                m.key: (name, None if numpy_native(m.dtype) else m.dtype)
-                for name, m in zip(block.names, block.members, strict=True)
-            }
-            fields = tuple((k, *names[k]) for k in keys)
-            found = PairRows(plan, block.np_data.view(plan.word), block.record, fields)
-            block.pairs[cache] = found
+            found = block.pairs[cache] = block_pair_rows(block, keys, second)
         return found
 
     def view(self, key: NestedKey) -> torch.Tensor:
