@@ -100,8 +100,7 @@ def _numpy_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _python_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel's source run as plain Python (prefetch a no-op) instead of compiled."""
-    kernels = (nstep_kernel._nstep_window, nstep_kernel._nstep_gather)
-    monkeypatch.setattr(nstep_kernel, "_compiled", [kernels])
+    monkeypatch.setattr(nstep_kernel, "_compiled", [nstep_kernel._nstep_gather])
 
 
 def _compare(rb: ReplayBuffer, rng: np.random.Generator, envs: int, keys, monkeypatch) -> None:
@@ -133,7 +132,7 @@ def test_fused_read_matches_numpy_path(case: int, compiled: bool, monkeypatch) -
     """Random streams (several envs or an env field, both kinds of end, wraps, cuts by
     truncate_newest, the newest items, duplicates), n from 1 to 4, every field or a few:
     the same batch as the NumPy path, bit for bit."""
-    if compiled and nstep_kernel.gather_kernel() is None:
+    if compiled and nstep_kernel.kernel() is None:
         pytest.skip("numba not installed, or XPBANK_NO_NUMBA=1")
     if not compiled:
         _python_kernel(monkeypatch)
@@ -154,7 +153,7 @@ def test_fused_read_matches_numpy_path(case: int, compiled: bool, monkeypatch) -
 @pytest.mark.parametrize("obs_dtype", list(LAYOUTS))
 def test_fused_read_for_every_word_size(obs_dtype: torch.dtype, monkeypatch) -> None:
     """Rows copied in 8- and 4-byte words, fields sharing words (bytes and flags)."""
-    if nstep_kernel.gather_kernel() is None:
+    if nstep_kernel.kernel() is None:
         _python_kernel(monkeypatch)
     rng = np.random.default_rng(7)
     width = {torch.float32: 2, torch.float64: 2, torch.float16: 1, torch.uint8: 1}[obs_dtype]
@@ -185,8 +184,9 @@ def test_nstep_gather_equals_window_then_pairs() -> None:
     assert inputs is not None
     ids = rng.integers(rb._ring.first_id, rb._ring.next_id, 100)
     pairs = storage.pair_rows(list(spec), nexts)
-    rows, *rest = nstep_kernel.nstep_gather(ids % 48, *inputs, rb._nstep._powers, pairs)
+    rows, last, *rest = nstep_kernel.nstep_gather(ids % 48, *inputs, rb._nstep._powers, pairs)
     pair, *expected = nstep_kernel.nstep_window(ids, *inputs, rb._nstep._powers)
+    assert np.array_equal(pair, np.concatenate([ids % 48, last]))
     for got, want in zip(rest, expected, strict=True):
         assert np.array_equal(got, want)
     read, reference = pairs.read(rows), storage.gather_pairs(pair, list(spec), nexts)

@@ -175,7 +175,7 @@ class NStep:
         fused = self._fused(storage, spec, episodes, keys)
         if fused is not None:  # numba: window, return, discount and the rows in one call
             kernel, pairs, args = fused
-            rows, steps, ret, disc, ended = filled = gather_outputs(pairs, ids.shape[0])
+            rows, _, steps, ret, disc, ended = filled = gather_outputs(pairs, ids.shape[0])
             # the tensors first (Python work while its code and data are in cache), then
             # the compiled pass that fills them (and evicts much of the cache); the call
             # is nstep_kernel.nstep_gather's, its arguments made once by _fused
@@ -220,7 +220,7 @@ class NStep:
         ``pair_rows`` is ``None``: CUDA, unpacked). Looked up once per storage, spec,
         index and fields (all fixed arrays and views: the index and the storage write
         into them in place)."""
-        kernel = nstep_kernel.gather_kernel()
+        kernel = nstep_kernel.kernel()
         if kernel is None:
             return None
         found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe

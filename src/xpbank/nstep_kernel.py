@@ -44,15 +44,22 @@ from xpbank import _jit, _prefetch
 from xpbank._prefetch import prefetch
 from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["gather_kernel", "gather_outputs", "kernel", "nstep_gather", "nstep_window"]
+__all__ = ["gather_outputs", "kernel", "nstep_gather", "nstep_window"]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
-# [] until the first kernel() call, then [(window kernel, gather kernel)] or [None]
-_compiled: list[tuple[Callable[..., Any], ...] | None] = []
-AHEAD = 8  # nstep_gather prefetches the lines of the item this many places ahead
+_compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
+AHEAD = 8  # the kernel prefetches the lines of the item this many places ahead
+# nstep_window's plan: no row words to copy (the kernel's types stay those of a real plan)
+_NO_WORDS = np.zeros((1, 0), dtype=np.uint64)
+_NO_RUNS = np.zeros((0, 2), dtype=np.uint64)
+_NO_SRC = np.zeros(0, dtype=np.int64)
+_NO_MIXED = np.zeros(0, dtype=np.uint64)
 
 
-def _kernels() -> tuple[Callable[..., Any], ...] | None:
+def kernel() -> Callable[..., Any] | None:
+    """The compiled kernel (numba, ``cache=True``; compiled on first use), or ``None``
+    where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take the
+    NumPy path."""
     if not _compiled:
         if _jit.ENABLED:
             try:
@@ -60,24 +67,10 @@ def _kernels() -> tuple[Callable[..., Any], ...] | None:
             except ImportError:
                 pass
             else:
-                _prefetch.register(numba)  # before the kernels that use it are compiled
-        _compiled.append(_jit.compile_kernels(_nstep_window, _nstep_gather))
+                _prefetch.register(numba)  # before the kernel that uses it is compiled
+        kernels = _jit.compile_kernels(_nstep_gather)
+        _compiled.append(None if kernels is None else kernels[0])
     return _compiled[0]
-
-
-def kernel() -> Callable[..., Any] | None:
-    """The compiled window kernel (numba, ``cache=True``; compiled on first use), or
-    ``None`` where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take
-    the NumPy path."""
-    kernels = _kernels()
-    return None if kernels is None else kernels[0]
-
-
-def gather_kernel() -> Callable[..., Any] | None:
-    """The compiled window-and-rows kernel behind :func:`nstep_gather`, or ``None`` (as
-    :func:`kernel`)."""
-    kernels = _compiled[0] if _compiled else _kernels()
-    return None if kernels is None else kernels[1]
 
 
 def nstep_window(
@@ -115,11 +108,14 @@ def nstep_window(
         raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
     b = ids.shape[0]
     pair = np.empty(2 * b, dtype=np.int64)
+    np.remainder(ids, capacity, out=pair[:b])
     steps = np.empty(b, dtype=np.int64)
     ret = np.empty(b, dtype=np.float32)
     disc = np.empty(b, dtype=np.float32)
     done = np.empty(b, dtype=np.bool_)
-    fn(ids, lockstep, capacity, nxt, term, reward, powers, pair, steps, ret, disc, done)
+    rows = np.empty((b, 0), dtype=np.uint64)
+    fn(pair[:b], lockstep, capacity, nxt, term, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
+       _NO_MIXED, _NO_MIXED, _NO_MIXED, rows, pair[b:], steps, ret, disc, done)  # fmt: skip
     return pair, steps, ret, disc, done
 
 
@@ -132,8 +128,8 @@ def nstep_gather(
     reward: np.ndarray,
     powers: np.ndarray,
     pairs: PairRows,
-    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    out: tuple[np.ndarray, ...] | None = None,
+) -> tuple[np.ndarray, ...]:
     """:func:`nstep_window` and the rows' read in one pass: each output row takes the
     item's fields from the item's row and the next fields from its window's last row,
     word by word as ``pairs.plan`` says, reading no other line of either row.
@@ -151,13 +147,14 @@ def nstep_gather(
             tensors, before they are filled); default new ones.
 
     Returns:
-        ``(rows, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]`` output
-        rows (read them with ``pairs.read``), the others as :func:`nstep_window`'s.
+        ``(rows, last, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]``
+        output rows (read them with ``pairs.read``), ``last`` the windows' last slots,
+        the others as :func:`nstep_window`'s.
 
     Raises:
         RuntimeError: numba is not available (see :func:`kernel`).
     """
-    fn = gather_kernel()
+    fn = kernel()
     if fn is None:
         raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
     if out is None:
@@ -168,60 +165,17 @@ def nstep_gather(
     return out
 
 
-def gather_outputs(
-    pairs: PairRows, b: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Empty outputs of :func:`nstep_gather` for ``b`` items: ``(rows, steps, returns,
-    discounts, terminated)``."""
+def gather_outputs(pairs: PairRows, b: int) -> tuple[np.ndarray, ...]:
+    """Empty outputs of :func:`nstep_gather` for ``b`` items: ``(rows, last, steps,
+    returns, discounts, terminated)``."""
     return (
         pairs.empty(b),
+        np.empty(b, dtype=np.int64),
         np.empty(b, dtype=np.int64),
         np.empty(b, dtype=np.float32),
         np.empty(b, dtype=np.float32),
         np.empty(b, dtype=np.bool_),
     )
-
-
-def _nstep_window(
-    ids: Any,
-    lockstep: Any,
-    capacity: Any,
-    nxt: Any,
-    term: Any,
-    reward: Any,
-    powers: Any,
-    pair: Any,
-    steps: Any,
-    ret: Any,
-    disc: Any,
-    done: Any,
-) -> None:  # pragma: no cover - compiled by numba; run only through kernel()
-    """The kernel (numba nopython; outputs written in place). Mirrors ``walk_slots``:
-    lockstep windows stop at the first step whose ``next`` is ``-1`` (the slots after
-    it are never read); link-following windows step to ``next`` until it is ``-1``."""
-    b = ids.shape[0]
-    n = powers.shape[0] - 1
-    for i in range(b):
-        item = ids[i]
-        slot = item % capacity
-        pair[i] = slot
-        acc = 0.0
-        k = 1
-        while True:
-            acc += powers[k - 1] * np.float64(reward[slot])
-            if k == n:
-                break
-            after = nxt[slot]
-            if after < 0:
-                break
-            slot = (item + lockstep * k) % capacity if lockstep > 0 else after % capacity
-            k += 1
-        pair[b + i] = slot
-        steps[i] = k
-        ret[i] = np.float32(acc)
-        ended = term[slot]
-        done[i] = ended
-        disc[i] = np.float32(0.0) if ended else np.float32(powers[k])
 
 
 def _nstep_gather(
@@ -239,16 +193,19 @@ def _nstep_gather(
     mask: Any,
     keep: Any,
     rows: Any,
+    last_slot: Any,
     steps: Any,
     ret: Any,
     disc: Any,
     done: Any,
-) -> None:  # pragma: no cover - compiled by numba; run only through gather_kernel()
+) -> None:  # pragma: no cover - compiled by numba; run only through kernel()
     """The kernel (numba nopython; outputs written in place). Iteration ``i`` prefetches
-    item ``i``'s lines and then reads item ``i - AHEAD``: its window exactly as
-    ``_nstep_window`` (a lockstep window's next slot is ``lockstep`` on, wrapped without
-    a division), then its output row from the two rows. Word indices are unsigned (no
-    negative-index checks in the copy loops, which then compile to vector moves)."""
+    item ``i``'s lines and then reads item ``i - AHEAD``: its window, then its output
+    row from the two rows. The window mirrors ``walk_slots``: lockstep windows step
+    ``lockstep`` slots on (wrapped without a division) and stop at the first step whose
+    ``next`` is ``-1`` (the slots after it are never read); link-following windows step
+    to ``next`` until it is ``-1``. Word indices are unsigned (no negative-index checks
+    in the copy loops, which then compile to vector moves)."""
     b = slots.shape[0]
     n = powers.shape[0] - 1
     row_bytes = np.int64(words.strides[0])
@@ -305,6 +262,7 @@ def _nstep_gather(
             else:
                 slot = after % capacity
             k += 1
+        last_slot[j] = slot
         steps[j] = k
         ret[j] = np.float32(acc)
         ended = term[slot]
