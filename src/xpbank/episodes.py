@@ -50,6 +50,7 @@ import torch
 from xpbank.episode_fields import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.storage.hugepages import advise_huge_pages
 
 if TYPE_CHECKING:
     from xpbank.ring import Ring
@@ -108,7 +109,7 @@ class EpisodeIndex:
         c = ring.capacity
         self._env = np.zeros(c, dtype=np.int64)
         self._prev = np.full(c, -1, dtype=np.int64)
-        self._next = np.full(c, -1, dtype=np.int64)
+        self._next = _huge_pages(c, -1)  # read at random by n-step sampling
         self._start = np.full(c, -1, dtype=np.int64)
         self._term = np.zeros(c, dtype=bool)
         self._trunc = np.zeros(c, dtype=bool)
@@ -504,6 +505,14 @@ class EpisodeIndex:
 
 
 _MINUS_ONE = np.array(-1, dtype=np.int64)
+
+
+def _huge_pages(c: int, fill: int) -> np.ndarray:
+    """``c`` int64 entries of ``fill`` over transparent huge pages where the system gives
+    them (see storage/hugepages.py: fewer TLB misses on scattered reads; 8 MB per 1M slots)."""
+    block = torch.empty(c, dtype=torch.int64)
+    advise_huge_pages(block)  # before the first write maps the pages
+    return block.fill_(fill).numpy()
 
 
 def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +44,13 @@ import torch
 from xpbank import nstep_kernel
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import nstep_window
+from xpbank.nstep_kernel import gather_outputs, nstep_window
 from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
+from xpbank.storage.pair_rows import PairRows
 
 __all__ = ["NStep"]
 
@@ -75,6 +77,8 @@ class NStep:
     next_keys: Any = None
     _cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _powers: np.ndarray = field(init=False, repr=False, compare=False)  # gamma ** arange(n + 1)
+    # _fused's last answer: [(storage, spec, episode index, keys, answer)]
+    _fused_cache: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_positive_int("n", self.n)
@@ -88,6 +92,10 @@ class NStep:
         ):
             raise SpecError(f"gamma: expected a number in [0, 1], got {self.gamma!r}")  # NaN fails too
         object.__setattr__(self, "_powers", float(self.gamma) ** np.arange(self.n + 1, dtype=np.float64))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the caches hold the storage's arrays: a pickled option starts without them
+        return {**self.__dict__, "_cache": [], "_fused_cache": []}
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, JSON-able (nested keys as lists, which the
@@ -154,12 +162,26 @@ class NStep:
         reward field where it has one); the reduction is a few NumPy calls over ``[n, B]``.
         With numba (``xpbank[fast]``) and a float32/float64 host view of the reward, the
         window and its reduction are one compiled call instead
-        (:mod:`xpbank.nstep_kernel`, same results), then the same row read.
+        (:mod:`xpbank.nstep_kernel`, same results), then the same row read; where the
+        storage also has ``pair_rows`` (``TensorStorage`` on the CPU, packed) that one
+        call reads the rows too (:func:`~xpbank.nstep_kernel.nstep_gather`): each item's
+        fields from its row and the next fields from its window's last row, no other
+        bytes of either, with the loads of items a few places ahead prefetched.
         """
         episodes = ring.episodes
         spec = storage.spec
         if episodes is None or spec is None:
             raise RuntimeError("NStep.gather needs the buffer's episode index")
+        fused = self._fused(storage, spec, episodes, keys)
+        if fused is not None:  # numba: window, return, discount and the rows in one call
+            kernel, pairs, args = fused
+            rows, _, steps, ret, disc, ended = filled = gather_outputs(pairs, ids.shape[0])
+            # the tensors first (Python work while its code and data are in cache), then
+            # the compiled pass that fills them (and evicts much of the cache); the call
+            # is nstep_kernel.nstep_gather's, its arguments made once by _fused
+            out = _merge(pairs.read(rows), ret, disc, steps, ended)
+            kernel(_numpy(slots), episodes.lockstep or 0, ring.capacity, *args, *filled)
+            return out
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
         n = self.n
@@ -183,6 +205,40 @@ class NStep:
         else:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         return _merge(out, ret, disc, steps, terminated)
+
+    def _fused(
+        self,
+        storage: Storage,
+        spec: Spec,
+        episodes: EpisodeIndex,
+        keys: list[NestedKey] | None,
+    ) -> tuple[Callable[..., Any], PairRows, tuple[np.ndarray, ...]] | None:
+        """The compiled kernel of :func:`~xpbank.nstep_kernel.nstep_gather`, the storage's
+        ``pairs`` and the kernel's arguments between the capacity and the outputs (links,
+        flags, rewards, powers, rows and plan), or ``None``: no numba, no float32/float64
+        host view of the reward, or a storage without ``pair_rows`` (or whose
+        ``pair_rows`` is ``None``: CUDA, unpacked). Looked up once per storage, spec,
+        index and fields (all fixed arrays and views: the index and the storage write
+        into them in place)."""
+        kernel = nstep_kernel.kernel()
+        if kernel is None:
+            return None
+        found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe
+        if found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys:
+            return None if found[4] is None else (kernel, *found[4])
+        reward_key, next_keys = self.keys(spec)
+        wanted = list(spec) if keys is None else keys
+        inputs = _kernel_inputs(storage, spec, reward_key, episodes)
+        pair_rows = getattr(storage, "pair_rows", None)
+        pairs = pair_rows(wanted, next_keys) if inputs is not None and pair_rows is not None else None
+        fused = None
+        if pairs is not None and inputs is not None:
+            plan = pairs.plan
+            rows = (pairs.words, plan.runs, plan.run_src, plan.mixed, plan.mask, plan.keep)
+            args = (*inputs[2:], self._powers, *rows)
+            fused = (pairs, args)
+        self._fused_cache[:] = [(storage, spec, episodes, None if keys is None else list(keys), fused)]
+        return None if fused is None else (kernel, *fused)
 
 
 def _merge(

@@ -8,6 +8,14 @@ the whole of it is one compiled loop over the batch, :func:`nstep_window`, with 
 results: the same slots, steps and flags, and the return summed in float64 in the order
 of ``np.dot(powers, by_step)`` (step 0 first), then cast to float32.
 
+:func:`nstep_gather` goes one step further for packed CPU rows (``TensorStorage``): the
+same pass also writes the sampled rows, each item's fields from its row and the next
+fields from its window's last row, copying only the machine words that hold them (the
+plan of :mod:`xpbank.storage.pair_rows`), and prefetching (:mod:`xpbank._prefetch`) the
+lines of the item ``AHEAD`` places on so their cache misses overlap. The rows of
+``[B]`` items then cost about one pass over what is returned, instead of a gather of
+``2B`` whole rows.
+
 The NumPy path stays the reference and runs where numba is missing, where the
 environment variable ``XPBANK_NO_NUMBA=1`` is set (read once, at this module's import),
 or where the reward field has no NumPy host view of dtype float32/float64.
@@ -32,12 +40,20 @@ from typing import Any
 
 import numpy as np
 
-from xpbank import _jit
+from xpbank import _jit, _prefetch
+from xpbank._prefetch import prefetch
+from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["kernel", "nstep_window"]
+__all__ = ["gather_outputs", "kernel", "nstep_gather", "nstep_window"]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
 _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
+AHEAD = 8  # the kernel prefetches the lines of the item this many places ahead
+# nstep_window's plan: no row words to copy (the kernel's types stay those of a real plan)
+_NO_WORDS = np.zeros((1, 0), dtype=np.uint64)
+_NO_RUNS = np.zeros((0, 2), dtype=np.uint64)
+_NO_SRC = np.zeros(0, dtype=np.int64)
+_NO_MIXED = np.zeros(0, dtype=np.uint64)
 
 
 def kernel() -> Callable[..., Any] | None:
@@ -45,7 +61,14 @@ def kernel() -> Callable[..., Any] | None:
     where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take the
     NumPy path."""
     if not _compiled:
-        kernels = _jit.compile_kernels(_nstep_window)
+        if _jit.ENABLED:
+            try:
+                import numba  # type: ignore[import-untyped, unused-ignore]
+            except ImportError:
+                pass
+            else:
+                _prefetch.register(numba)  # before the kernel that uses it is compiled
+        kernels = _jit.compile_kernels(_nstep_gather)
         _compiled.append(None if kernels is None else kernels[0])
     return _compiled[0]
 
@@ -85,37 +108,144 @@ def nstep_window(
         raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
     b = ids.shape[0]
     pair = np.empty(2 * b, dtype=np.int64)
+    np.remainder(ids, capacity, out=pair[:b])
     steps = np.empty(b, dtype=np.int64)
     ret = np.empty(b, dtype=np.float32)
     disc = np.empty(b, dtype=np.float32)
     done = np.empty(b, dtype=np.bool_)
-    fn(ids, lockstep, capacity, nxt, term, reward, powers, pair, steps, ret, disc, done)
+    rows = np.empty((b, 0), dtype=np.uint64)
+    fn(pair[:b], lockstep, capacity, nxt, term, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
+       _NO_MIXED, _NO_MIXED, _NO_MIXED, rows, pair[b:], steps, ret, disc, done)  # fmt: skip
     return pair, steps, ret, disc, done
 
 
-def _nstep_window(
-    ids: Any,
+def nstep_gather(
+    slots: np.ndarray,
+    lockstep: int,
+    capacity: int,
+    nxt: np.ndarray,
+    term: np.ndarray,
+    reward: np.ndarray,
+    powers: np.ndarray,
+    pairs: PairRows,
+    out: tuple[np.ndarray, ...] | None = None,
+) -> tuple[np.ndarray, ...]:
+    """:func:`nstep_window` and the rows' read in one pass: each output row takes the
+    item's fields from the item's row and the next fields from its window's last row,
+    word by word as ``pairs.plan`` says, reading no other line of either row.
+
+    The loads of the item ``AHEAD`` places on (its row's lines, its window's rewards and
+    links; in lockstep mode the last row of a full window too) are prefetched, so the
+    cache misses of several items overlap, as NumPy's ``take`` of whole rows gets from
+    the hardware. Results equal :func:`nstep_window` followed by a gather of the pairs.
+
+    Args:
+        slots: ``[B]`` the live items' slots (``id % capacity``; int64, not checked).
+        lockstep, capacity, nxt, term, reward, powers: as :func:`nstep_window`.
+        pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
+        out: arrays to fill, from :func:`gather_outputs` (a caller may view them, as
+            tensors, before they are filled); default new ones.
+
+    Returns:
+        ``(rows, last, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]``
+        output rows (read them with ``pairs.read``), ``last`` the windows' last slots,
+        the others as :func:`nstep_window`'s.
+
+    Raises:
+        RuntimeError: numba is not available (see :func:`kernel`).
+    """
+    fn = kernel()
+    if fn is None:
+        raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
+    if out is None:
+        out = gather_outputs(pairs, slots.shape[0])
+    plan = pairs.plan
+    fn(slots, lockstep, capacity, nxt, term, reward, powers, pairs.words, plan.runs, plan.run_src,
+       plan.mixed, plan.mask, plan.keep, *out)  # fmt: skip
+    return out
+
+
+def gather_outputs(pairs: PairRows, b: int) -> tuple[np.ndarray, ...]:
+    """Empty outputs of :func:`nstep_gather` for ``b`` items: ``(rows, last, steps,
+    returns, discounts, terminated)``."""
+    return (
+        pairs.empty(b),
+        np.empty(b, dtype=np.int64),
+        np.empty(b, dtype=np.int64),
+        np.empty(b, dtype=np.float32),
+        np.empty(b, dtype=np.float32),
+        np.empty(b, dtype=np.bool_),
+    )
+
+
+def _nstep_gather(
+    slots: Any,
     lockstep: Any,
     capacity: Any,
     nxt: Any,
     term: Any,
     reward: Any,
     powers: Any,
-    pair: Any,
+    words: Any,
+    runs: Any,
+    run_src: Any,
+    mixed: Any,
+    mask: Any,
+    keep: Any,
+    rows: Any,
+    last_slot: Any,
     steps: Any,
     ret: Any,
     disc: Any,
     done: Any,
 ) -> None:  # pragma: no cover - compiled by numba; run only through kernel()
-    """The kernel (numba nopython; outputs written in place). Mirrors ``walk_slots``:
-    lockstep windows stop at the first step whose ``next`` is ``-1`` (the slots after
-    it are never read); link-following windows step to ``next`` until it is ``-1``."""
-    b = ids.shape[0]
+    """The kernel (numba nopython; outputs written in place). Iteration ``i`` prefetches
+    item ``i``'s lines and then reads item ``i - AHEAD``: its window, then its output
+    row from the two rows. The window mirrors ``walk_slots``: lockstep windows step
+    ``lockstep`` slots on (wrapped without a division) and stop at the first step whose
+    ``next`` is ``-1`` (the slots after it are never read); link-following windows step
+    to ``next`` until it is ``-1``. Word indices are unsigned (no negative-index checks
+    in the copy loops, which then compile to vector moves)."""
+    b = slots.shape[0]
     n = powers.shape[0] - 1
-    for i in range(b):
-        item = ids[i]
-        slot = item % capacity
-        pair[i] = slot
+    row_bytes = np.int64(words.strides[0])
+    word = np.int64(words.strides[1])
+    base = np.int64(words.ctypes.data)
+    nxt_base, term_base = np.int64(nxt.ctypes.data), np.int64(term.ctypes.data)
+    rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
+    for i in range(b + AHEAD):
+        if i < b:  # prefetch item i: its row's item words, the window's rewards and links
+            s0 = np.int64(slots[i])
+            last = s0
+            prefetch(nxt_base + s0 * 8)
+            prefetch(rew_base + s0 * rew_step)
+            if lockstep > 0:  # the window's slots are known: a full window's
+                for k in range(1, n):
+                    last += lockstep
+                    if last >= capacity:
+                        last %= capacity
+                    prefetch(rew_base + last * rew_step)
+                    if k < n - 1:
+                        prefetch(nxt_base + last * 8)
+            prefetch(term_base + last)
+            for r in range(runs.shape[0]):
+                if run_src[r] == 1 and lockstep == 0:
+                    continue  # following links: the window's last row is not known yet
+                row = base + (s0 if run_src[r] == 0 else last) * row_bytes
+                line = row + np.int64(runs[r, 0]) * word
+                line -= line % 64
+                hi = row + np.int64(runs[r, 1]) * word
+                while line < hi:
+                    prefetch(line)
+                    line += 64
+            for q in range(mixed.shape[0]):
+                prefetch(base + s0 * row_bytes + np.int64(mixed[q]) * word)
+                prefetch(base + last * row_bytes + np.int64(mixed[q]) * word)
+        j = i - AHEAD
+        if j < 0:
+            continue
+        s0 = np.int64(slots[j])
+        slot = s0
         acc = 0.0
         k = 1
         while True:
@@ -125,11 +255,23 @@ def _nstep_window(
             after = nxt[slot]
             if after < 0:
                 break
-            slot = (item + lockstep * k) % capacity if lockstep > 0 else after % capacity
+            if lockstep > 0:
+                slot += lockstep
+                if slot >= capacity:
+                    slot %= capacity
+            else:
+                slot = after % capacity
             k += 1
-        pair[b + i] = slot
-        steps[i] = k
-        ret[i] = np.float32(acc)
+        last_slot[j] = slot
+        steps[j] = k
+        ret[j] = np.float32(acc)
         ended = term[slot]
-        done[i] = ended
-        disc[i] = np.float32(0.0) if ended else np.float32(powers[k])
+        done[j] = ended
+        disc[j] = np.float32(0.0) if ended else np.float32(powers[k])
+        for r in range(runs.shape[0]):
+            row = s0 if run_src[r] == 0 else slot
+            for w in range(runs[r, 0], runs[r, 1]):
+                rows[j, w] = words[row, w]
+        for q in range(mixed.shape[0]):
+            w = mixed[q]
+            rows[j, w] = (words[s0, w] & mask[q]) | (words[slot, w] & keep[q])

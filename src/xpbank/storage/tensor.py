@@ -28,6 +28,7 @@ from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
 from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
 from xpbank.storage.hugepages import advise_huge_pages
+from xpbank.storage.pair_rows import PairRows, block_pair_rows
 
 __all__ = ["TensorStorage"]
 
@@ -114,6 +115,7 @@ class _Block:
         )
         # every row as a record: a gather of records is one NumPy call (see gather)
         self.np_records = None if self.np_data is None else self.np_data.view(self.record)[:, 0]
+        self.pairs: dict[Any, PairRows] = {}  # TensorStorage.pair_rows, per (keys, second)
         self._scratch = np.empty((0, row_bytes), np.uint8)
         self._scratch_views: list[tuple[NestedKey, np.ndarray]] = []
 
@@ -313,6 +315,30 @@ class TensorStorage(StorageBase):
             for i, m in chosen:
                 out[m.key] = as_torch(halves[m.key in second][block.names[i]], m.dtype)
         return {k: out[k] for k in keys}
+
+    def pair_rows(self, keys: Sequence[NestedKey], second: Collection[NestedKey]) -> PairRows | None:
+        """:meth:`gather_pairs` as a plan for a compiled kernel: the packed CPU rows that
+        hold every field of ``keys``, and which words of an output row come from the item
+        and which (the fields in ``second``) from its partner (see
+        :mod:`xpbank.storage.pair_rows`). ``None`` where the fields are not all in one
+        CPU block (CUDA, ``pack=False``). Made once per ``(keys, second)``.
+
+        Example:
+            >>> from xpbank import Field, Spec, TensorStorage
+            >>> st = TensorStorage(4, Spec({"obs": Field((2,)), "next_obs": Field((2,))}))
+            >>> st.pair_rows(["obs", "next_obs"], ["next_obs"]).plan.run_src.tolist()
+            [0, 1]
+        """
+        if self._spec is None:
+            raise RuntimeError("TensorStorage.pair_rows before initialize(spec)")
+        block = self._block_of[keys[0]] if keys else None
+        if block is None or block.np_data is None or any(self._block_of[k] is not block for k in keys):
+            return None
+        cache = (tuple(keys), tuple(second))
+        found = block.pairs.get(cache)
+        if found is None:
+            found = block.pairs[cache] = block_pair_rows(block, keys, second)
+        return found
 
     def view(self, key: NestedKey) -> torch.Tensor:
         """Field ``key`` of every slot, ``[capacity, *shape]``, as a view of the storage.
