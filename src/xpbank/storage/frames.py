@@ -138,6 +138,9 @@ class FrameStorage(StorageBase):
         advise_huge_pages(self._frames)
         self._frames[self.capacity] = 0
         self._np_frames = to_numpy(self._frames)
+        # items per chunk of a read (one take of both outputs up to this many)
+        self._chunk_items = max(1, _CHUNK_BYTES // max(1, self.stack * self._np_frames[0].nbytes))
+        self._order = tuple(spec)  # the fields of a whole-item read, in spec order
         self._table: FrameTable | None = None  # made once the ring is attached (its env layout)
         self._last = SlotPool(self.capacity, self.frame_shape, self.dtype)  # next frames kept aside
         self._stacks = SlotPool(self.capacity, (self.stack, *self.frame_shape), self.dtype)  # rescued
@@ -248,15 +251,16 @@ class FrameStorage(StorageBase):
         come from cache). Rows the frame array cannot
         serve (marked in the table) are then patched from the side stores.
         """
-        src = self._frame_table().src.take(slots, axis=0)  # half fancy indexing's cost
+        table = self._table if self._table is not None and not self._table.stale else self._frame_table()
+        src = table.src.take(slots, axis=0)  # half fancy indexing's cost
         frames, s = self._np_frames, self.stack
         n = src.shape[0]
         both = want_obs and want_next
         # one allocation for both: freed and reused as one block, it stays mapped (two
         # large blocks freed together are handed back to the system by the allocator,
         # and every sample then pays page faults on fresh memory: measured 3x slower at B=256)
-        block = np.empty((int(want_obs) + int(want_next), n, s, *self.frame_shape), dtype=frames.dtype)
-        step = max(1, _CHUNK_BYTES // max(1, s * frames[0].nbytes))
+        block = np.empty((2 if both else 1, n, s, *self.frame_shape), dtype=frames.dtype)
+        step = self._chunk_items
         if n <= step and both:  # one chunk (the common case at small batches): ONE take of
             # both outputs, through a view of the table's rows (a fresh C-contiguous copy) as
             # [obs or next, item, frame]: pairs[k, i, j] = src[i, j + k] (no index copy)
@@ -317,15 +321,16 @@ class FrameStorage(StorageBase):
         if (rest is None or rest) and self._rest is not None:  # first, while the caches hold
             out = self._rest.gather(slots, rest)  # its index arrays
         if want_obs or want_next:
-            read = self._read(slots.cpu().numpy(), want_obs, want_next)
+            read = self._read(
+                slots.numpy() if slots.device.type == "cpu" else slots.cpu().numpy(), want_obs, want_next
+            )
             if not self.stacked:
                 read = [value.squeeze(1) for value in read]
             if want_obs:
                 out[obs_key] = read[0]
             if want_next:
                 out[next_key] = read[-1]  # type: ignore[index]
-        order = self._spec if keys is None else keys
-        return {k: out[k] for k in order}
+        return {k: out[k] for k in (self._order if keys is None else keys)}
 
     def nbytes(self) -> int:
         """Bytes held: the frames, the table of their positions, the side stores and the
