@@ -311,6 +311,14 @@ class FrameStorage(StorageBase):
         if self._spec is None:
             raise RuntimeError("FrameStorage.gather before initialize(spec)")
         obs_key, next_key = self.obs_key, self.next_key
+        if keys is None and self.stacked and next_key is not None:  # the sample hot path:
+            try:  # one NumPy view of the slots for both reads
+                rows = slots.numpy()
+            except TypeError:  # on a GPU
+                rows = slots.cpu().numpy()
+            out = {} if self._rest is None else self._rest.gather_host(rows)
+            out[obs_key], out[next_key] = self._read(rows, True, True)
+            return {k: out[k] for k in self._order}
         rest: list[NestedKey] | None = None  # None: every other field
         if keys is None:  # every field: the sample hot path
             want_obs, want_next = True, next_key is not None

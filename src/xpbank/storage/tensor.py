@@ -375,3 +375,30 @@ class TensorStorage(StorageBase):
         or ``None`` on CUDA. For bulk readers (banks); writing through it bypasses checks."""
         block = self._block_of.get(key)
         return None if block is None else block.np_views.get(key)
+
+    def gather_host(self, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
+        """Every field of ``rows`` (a NumPy int64 index) of a CPU storage, in spec order:
+        :meth:`gather` of all fields for a caller that holds the index in NumPy already
+        (``FrameStorage``, whose other fields live here), without its per-call choices.
+
+        Example:
+            >>> import numpy as np, torch
+            >>> from xpbank import Field, Spec
+            >>> st = TensorStorage(4, Spec({"a": Field((), torch.int64), "b": Field((2,))}))
+            >>> st.write(slice(0, 4), {"a": torch.arange(4), "b": torch.ones(4, 2)})
+            >>> out = st.gather_host(np.array([3, 1]))
+            >>> out["a"].tolist(), out["b"].shape
+            ([3, 1], torch.Size([2, 2]))
+        """
+        if self.device.type != "cpu":
+            return self.gather(torch.from_numpy(rows))
+        out: dict[NestedKey, torch.Tensor] = {}
+        for block in self._blocks:
+            if block.row_bytes >= _WIDE_ROW_BYTES:  # as gather: wide rows field by field
+                for m in block.members:
+                    out[m.key] = as_torch(block.np_views[m.key][rows], m.dtype)
+                continue
+            records = block.np_records.take(rows)  # type: ignore[union-attr]
+            for name, m in zip(block.names, block.members, strict=True):
+                out[m.key] = as_torch(records[name], m.dtype)
+        return {k: out[k] for k in self._spec}  # type: ignore[union-attr]
