@@ -311,16 +311,10 @@ class FrameStorage(StorageBase):
         if self._spec is None:
             raise RuntimeError("FrameStorage.gather before initialize(spec)")
         obs_key, next_key = self.obs_key, self.next_key
-        if keys is None and self.stacked and next_key is not None:  # the sample hot path:
-            try:  # one NumPy view of the slots for both reads
-                rows = slots.numpy()
-            except TypeError:  # on a GPU
-                rows = slots.cpu().numpy()
-            out = {} if self._rest is None else self._rest.gather_host(rows)
-            out[obs_key], out[next_key] = self._read(rows, True, True)
-            return {k: out[k] for k in self._order}
+        if keys is None and self.stacked and next_key is not None:  # the sample hot path
+            return self._gather_all(slots, obs_key, next_key)
         rest: list[NestedKey] | None = None  # None: every other field
-        if keys is None:  # every field: the sample hot path
+        if keys is None:  # every field
             want_obs, want_next = True, next_key is not None
         else:
             want_obs, want_next = obs_key in keys, next_key is not None and next_key in keys
@@ -339,6 +333,18 @@ class FrameStorage(StorageBase):
             if want_next:
                 out[next_key] = read[-1]  # type: ignore[index]
         return {k: out[k] for k in (self._order if keys is None else keys)}
+
+    def _gather_all(
+        self, slots: torch.Tensor, obs_key: NestedKey, next_key: NestedKey
+    ) -> dict[NestedKey, torch.Tensor]:
+        """Every field of ``slots``: one NumPy view of the slots for both reads."""
+        try:
+            rows = slots.numpy()
+        except TypeError:  # on a GPU
+            rows = slots.cpu().numpy()
+        out = {} if self._rest is None else self._rest.gather_host(rows)
+        out[obs_key], out[next_key] = self._read(rows, True, True)
+        return {k: out[k] for k in self._order}
 
     def nbytes(self) -> int:
         """Bytes held: the frames, the table of their positions, the side stores and the
