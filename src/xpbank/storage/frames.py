@@ -54,7 +54,7 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Slots, StorageBase, check_capacity
-from xpbank.storage.dtypes import as_torch, to_numpy
+from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import FrameTable
 from xpbank.storage.frame_write import plan_frames
@@ -278,8 +278,10 @@ class FrameStorage(StorageBase):
         nxt = block[-1] if want_next else None
         if src.min() < 0:  # a few rows the frame array cannot serve
             self._patch(slots, src, obs, nxt)
-        out = [] if obs is None else [as_torch(obs, self.dtype)]
-        return out if nxt is None else [*out, as_torch(nxt, self.dtype)]
+        out = [] if obs is None else [torch.from_numpy(obs)]
+        if nxt is not None:
+            out.append(torch.from_numpy(nxt))
+        return out if out[0].dtype == self.dtype else [value.view(self.dtype) for value in out]
 
     def _patch(
         self, slots: np.ndarray, src: np.ndarray, obs: np.ndarray | None, nxt: np.ndarray | None
