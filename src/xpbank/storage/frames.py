@@ -325,9 +325,7 @@ class FrameStorage(StorageBase):
         if (rest is None or rest) and self._rest is not None:  # first, while the caches hold
             out = self._rest.gather(slots, rest)  # its index arrays
         if want_obs or want_next:
-            read = self._read(
-                slots.numpy() if slots.device.type == "cpu" else slots.cpu().numpy(), want_obs, want_next
-            )
+            read = self._read(slots.cpu().numpy(), want_obs, want_next)
             if not self.stacked:
                 read = [value.squeeze(1) for value in read]
             if want_obs:
