@@ -103,5 +103,19 @@ def to_tensordict(
     # tensors were checked against the spec already. Public constructor as fallback.
     new_unsafe = getattr(TensorDict, "_new_unsafe", None)
     if new_unsafe is not None:
-        return new_unsafe(root, batch_size=size, device=device)
+        return _assemble(new_unsafe, root, size, None if device is None else torch.device(device))
     return TensorDict(root, batch_size=size, device=device)
+
+
+def _assemble(
+    new_unsafe: Any, node: dict[str, Any], size: torch.Size, device: torch.device | None
+) -> TensorDict:
+    """A TensorDict of ``node``, nested dicts first, its device set afterwards (the
+    tensors are on it already): given a device, ``_new_unsafe`` converts it and asks torch
+    about MPS again for every (nested) TensorDict it makes, on each sampled batch."""
+    for key, value in node.items():
+        if type(value) is dict:
+            node[key] = _assemble(new_unsafe, value, size, device)
+    td = new_unsafe(node, batch_size=size)
+    td._device = device
+    return td

@@ -110,6 +110,8 @@ class MissingExtraError(XpbankError, ImportError):
 
 def check_positive_int(name: str, value: Any) -> int:
     """``value`` as a positive int (NumPy ints too, bools not), or a :class:`CapacityError`."""
+    if type(value) is int and value > 0:  # the common case, on every sample
+        return value
     import operator
 
     try:

@@ -357,7 +357,7 @@ class ReplayBuffer:
 
     # -- reading ---------------------------------------------------------------
     def _fields(self, fields: Sequence[Any] | None) -> list[NestedKey] | None:
-        return check_fields(self.spec, fields)
+        return None if fields is None else check_fields(self.spec, fields)
 
     def _gather(
         self,
@@ -377,11 +377,12 @@ class ReplayBuffer:
             if slots.ndim > 1:
                 flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
         # _check_reserved keeps a stored field from being shadowed by "index"
-        flat["index"] = ids.to(self._storage.device)
+        device = self._storage.device
+        flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
         if info:
             flat.update({name: value.to(self._storage.device) for name, value in info.items()})
-        td = to_tensordict(flat, tuple(slots.shape), self._storage.device)
-        if self._storage.device != self._device:
+        td = to_tensordict(flat, tuple(slots.shape), device)
+        if device != self._device:
             td = td.to(self._device, non_blocking=self._device.type == "cuda")
         return td
 

@@ -54,7 +54,7 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Slots, StorageBase, check_capacity
-from xpbank.storage.dtypes import as_torch, to_numpy
+from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import FrameTable
 from xpbank.storage.frame_write import plan_frames
@@ -138,6 +138,9 @@ class FrameStorage(StorageBase):
         advise_huge_pages(self._frames)
         self._frames[self.capacity] = 0
         self._np_frames = to_numpy(self._frames)
+        # items per chunk of a read (one take of both outputs up to this many)
+        self._chunk_items = max(1, _CHUNK_BYTES // max(1, self.stack * self._np_frames[0].nbytes))
+        self._order = tuple(spec)  # the fields of a whole-item read, in spec order
         self._table: FrameTable | None = None  # made once the ring is attached (its env layout)
         self._last = SlotPool(self.capacity, self.frame_shape, self.dtype)  # next frames kept aside
         self._stacks = SlotPool(self.capacity, (self.stack, *self.frame_shape), self.dtype)  # rescued
@@ -248,15 +251,16 @@ class FrameStorage(StorageBase):
         come from cache). Rows the frame array cannot
         serve (marked in the table) are then patched from the side stores.
         """
-        src = self._frame_table().src.take(slots, axis=0)  # half fancy indexing's cost
+        table = self._table if self._table is not None and not self._table.stale else self._frame_table()
+        src = table.src.take(slots, axis=0)  # half fancy indexing's cost
         frames, s = self._np_frames, self.stack
         n = src.shape[0]
         both = want_obs and want_next
         # one allocation for both: freed and reused as one block, it stays mapped (two
         # large blocks freed together are handed back to the system by the allocator,
         # and every sample then pays page faults on fresh memory: measured 3x slower at B=256)
-        block = np.empty((int(want_obs) + int(want_next), n, s, *self.frame_shape), dtype=frames.dtype)
-        step = max(1, _CHUNK_BYTES // max(1, s * frames[0].nbytes))
+        block = np.empty((2 if both else 1, n, s, *self.frame_shape), dtype=frames.dtype)
+        step = self._chunk_items
         if n <= step and both:  # one chunk (the common case at small batches): ONE take of
             # both outputs, through a view of the table's rows (a fresh C-contiguous copy) as
             # [obs or next, item, frame]: pairs[k, i, j] = src[i, j + k] (no index copy)
@@ -274,8 +278,10 @@ class FrameStorage(StorageBase):
         nxt = block[-1] if want_next else None
         if src.min() < 0:  # a few rows the frame array cannot serve
             self._patch(slots, src, obs, nxt)
-        out = [] if obs is None else [as_torch(obs, self.dtype)]
-        return out if nxt is None else [*out, as_torch(nxt, self.dtype)]
+        out = [] if obs is None else [torch.from_numpy(obs)]
+        if nxt is not None:
+            out.append(torch.from_numpy(nxt))
+        return out if out[0].dtype == self.dtype else [value.view(self.dtype) for value in out]
 
     def _patch(
         self, slots: np.ndarray, src: np.ndarray, obs: np.ndarray | None, nxt: np.ndarray | None
@@ -307,8 +313,10 @@ class FrameStorage(StorageBase):
         if self._spec is None:
             raise RuntimeError("FrameStorage.gather before initialize(spec)")
         obs_key, next_key = self.obs_key, self.next_key
+        if keys is None and self.stacked and next_key is not None:  # the sample hot path
+            return self._gather_all(slots, obs_key, next_key)
         rest: list[NestedKey] | None = None  # None: every other field
-        if keys is None:  # every field: the sample hot path
+        if keys is None:  # every field
             want_obs, want_next = True, next_key is not None
         else:
             want_obs, want_next = obs_key in keys, next_key is not None and next_key in keys
@@ -324,8 +332,19 @@ class FrameStorage(StorageBase):
                 out[obs_key] = read[0]
             if want_next:
                 out[next_key] = read[-1]  # type: ignore[index]
-        order = self._spec if keys is None else keys
-        return {k: out[k] for k in order}
+        return {k: out[k] for k in (self._order if keys is None else keys)}
+
+    def _gather_all(
+        self, slots: torch.Tensor, obs_key: NestedKey, next_key: NestedKey
+    ) -> dict[NestedKey, torch.Tensor]:
+        """Every field of ``slots``: one NumPy view of the slots for both reads."""
+        try:
+            rows = slots.numpy()
+        except TypeError:  # on a GPU
+            rows = slots.cpu().numpy()
+        out = {} if self._rest is None else self._rest.gather_host(rows)
+        out[obs_key], out[next_key] = self._read(rows, True, True)
+        return {k: out[k] for k in self._order}
 
     def nbytes(self) -> int:
         """Bytes held: the frames, the table of their positions, the side stores and the
