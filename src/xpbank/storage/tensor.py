@@ -17,7 +17,7 @@ CUDA storage goes through the same field views with torch ops (no NumPy).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,8 @@ import torch
 from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
-from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.blocks import Block, as_numpy, layout, torch_view
+from xpbank.storage.dtypes import as_torch
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.pair_rows import PairRows, block_pair_rows
 
@@ -44,93 +45,6 @@ _SCRATCH_BYTES = 1 << 19
 # with cold caches and cost 25-40 us at B=32 (0.8x raw); per-field gathers ran at 0.96-
 # 0.99x raw and give contiguous fields. Below this width whole rows stay (narrow rows).
 _WIDE_ROW_BYTES = 4096
-
-
-@dataclass
-class _Member:
-    key: NestedKey
-    start: int  # byte offset in the row
-    nbytes: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    np_dtype: np.dtype  # what NumPy sees (bfloat16 as int16 ...)
-
-
-def _torch_view(block: torch.Tensor, m: _Member) -> torch.Tensor:
-    """Field ``m`` of a byte block ``[n, row_bytes]`` as a ``[n, *shape]`` view."""
-    cols = block[:, m.start : m.start + m.nbytes]
-    return cols.view(m.dtype).view(block.shape[0], *m.shape)
-
-
-def _numpy_view(block: np.ndarray, m: _Member) -> np.ndarray:
-    """Field ``m`` of a byte block as a NumPy view (never a copy)."""
-    # splitting the contiguous last axis: reshape returns a view, never a copy
-    return block[:, m.start : m.start + m.nbytes].view(m.np_dtype).reshape(block.shape[0], *m.shape)
-
-
-def _as_numpy(value: torch.Tensor) -> np.ndarray:
-    try:
-        return value.numpy()  # the common case: a plain CPU tensor (~0.6 us)
-    except (RuntimeError, TypeError):  # requires grad, not on the CPU, or no NumPy dtype
-        return to_numpy(value.detach().cpu())
-
-
-def _layout(spec: Spec, keys: Sequence[NestedKey]) -> tuple[list[_Member], int]:
-    """Byte layout of ``keys``: widest dtypes first so no padding is needed between them."""
-    fields = sorted(keys, key=lambda k: -spec[k].dtype.itemsize)
-    members, offset, align = [], 0, 1
-    for key in fields:
-        field = spec[key]
-        size = field.dtype.itemsize
-        offset = -(-offset // size) * size
-        members.append(
-            _Member(key, offset, field.numel * size, field.shape, field.dtype, numpy_dtype(field.dtype))
-        )
-        offset += field.numel * size
-        align = max(align, size)
-    row = max(align, -(-offset // align) * align)
-    return members, row
-
-
-class _Block:
-    """One byte block and the fields that live in it."""
-
-    def __init__(self, members: list[_Member], row_bytes: int, data: torch.Tensor):
-        self.members = members
-        self.row_bytes = row_bytes
-        self.data = data
-        self.views = {m.key: _torch_view(data, m) for m in members}
-        self.np_data = data.numpy() if data.device.type == "cpu" else None
-        self.np_views = {} if self.np_data is None else {m.key: _numpy_view(self.np_data, m) for m in members}
-        # one NumPy record per row: viewing gathered rows as records exposes every
-        # field at once (one view op instead of three per field)
-        self.names = [f"f{i}" for i in range(len(members))]  # the record's field of each member
-        self.record = np.dtype(
-            {
-                "names": self.names,
-                "formats": [(m.np_dtype, m.shape) if m.shape else m.np_dtype for m in members],
-                "offsets": [m.start for m in members],
-                "itemsize": row_bytes,
-            }
-        )
-        # every row as a record: a gather of records is one NumPy call (see gather)
-        self.np_records = None if self.np_data is None else self.np_data.view(self.record)[:, 0]
-        self.pairs: dict[Any, PairRows] = {}  # TensorStorage.pair_rows, per (keys, second)
-        self._scratch = np.empty((0, row_bytes), np.uint8)
-        self._scratch_views: list[tuple[NestedKey, np.ndarray]] = []
-
-    def fill_rows(self, batch: Mapping[NestedKey, torch.Tensor], n: int) -> np.ndarray:
-        """Whole rows of ``batch`` (every field present) assembled in a reused buffer."""
-        if self._scratch.shape[0] != n:  # batches usually keep one size: views made once
-            self._scratch = np.empty((n, self.row_bytes), np.uint8)
-            self._scratch_views = [(m.key, _numpy_view(self._scratch, m)) for m in self.members]
-        for key, view in self._scratch_views:
-            value = batch[key]
-            try:  # inlined _as_numpy: this loop is the write hot path
-                view[...] = value.numpy()
-            except (RuntimeError, TypeError):  # grad, device or dtype NumPy lacks
-                view[...] = to_numpy(value.detach().cpu())
-        return self._scratch
 
 
 class TensorStorage(StorageBase):
@@ -176,8 +90,8 @@ class TensorStorage(StorageBase):
         self.shared = shared
         self.pack = pack
         self._spec: Spec | None = None
-        self._blocks: list[_Block] = []
-        self._block_of: dict[NestedKey, _Block] = {}
+        self._blocks: list[Block] = []
+        self._block_of: dict[NestedKey, Block] = {}
         if spec is not None:
             self.initialize(spec)
 
@@ -189,7 +103,7 @@ class TensorStorage(StorageBase):
         groups = [list(spec)] if self.pack else [[key] for key in spec]
         blocks = []
         for keys in groups:
-            members, row = _layout(spec, keys)
+            members, row = layout(spec, keys)
             data = torch.empty(
                 (self.capacity, row), dtype=torch.uint8, device=self.device, pin_memory=self.pin_memory
             )
@@ -197,7 +111,7 @@ class TensorStorage(StorageBase):
                 data.share_memory_()
             elif not self.pin_memory:
                 advise_huge_pages(data)
-            blocks.append(_Block(members, row, data))
+            blocks.append(Block(members, row, data))
         self._blocks = blocks
         self._block_of = {m.key: b for b in blocks for m in b.members}
         self._spec = spec
@@ -234,7 +148,7 @@ class TensorStorage(StorageBase):
             else:
                 for m in block.members:
                     if m.key in batch:
-                        block.np_views[m.key][slots] = _as_numpy(batch[m.key])
+                        block.np_views[m.key][slots] = as_numpy(batch[m.key])
 
     def gather(
         self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None
@@ -269,7 +183,7 @@ class TensorStorage(StorageBase):
             else:
                 rows = block.data.index_select(0, index)
                 for m in chosen:
-                    out[m.key] = _torch_view(rows, m)
+                    out[m.key] = torch_view(rows, m)
         order = self._spec if keys is None else keys
         return {k: out[k] for k in order}
 
@@ -376,7 +290,7 @@ class TensorStorage(StorageBase):
             stop = min(block.row_bytes, -(-max(m.start + m.nbytes for m in chosen) // align) * align)
             span = block.data[:, start:stop].clone(memory_format=torch.contiguous_format)  # one pass
             for m in chosen:
-                out[m.key] = _torch_view(span, replace(m, start=m.start - start)).contiguous()
+                out[m.key] = torch_view(span, replace(m, start=m.start - start)).contiguous()
         return {k: out[k] for k in keys}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -389,7 +303,7 @@ class TensorStorage(StorageBase):
     def __setstate__(self, state: dict[str, Any]) -> None:
         parts = state.pop("_block_parts")
         self.__dict__.update(state)
-        self._blocks = [_Block(members, row, data) for members, row, data in parts]
+        self._blocks = [Block(members, row, data) for members, row, data in parts]
         self._block_of = {m.key: b for b in self._blocks for m in b.members}
 
     def nbytes(self) -> int:
