@@ -27,6 +27,17 @@ class Reference:
         self.next_id = -(-self.next_id // self.capacity) * self.capacity
         self.items = []
 
+    def truncate_newest(self) -> list[int]:
+        """Each env's newest item, where live and not ending its episode, becomes truncated."""
+        live, marked = set(self.live()), []
+        for env in sorted({it[1] for it in self.items}):
+            p = max(p for p, it in enumerate(self.items) if it[1] == env)
+            i, e, term, trunc = self.items[p]
+            if i in live and not (term or trunc):
+                self.items[p] = (i, e, term, True)
+                marked.append(i)
+        return marked
+
     def live(self) -> list[int]:
         return [i for i, *_ in self.items[-self.capacity :]]
 
@@ -85,6 +96,11 @@ def check(rb: ReplayBuffer, ref: Reference, n: int = 4) -> None:
         ok = p > 0 and not (items[p - 1][2] or items[p - 1][3]) and items[p - 1][0] >= first
         pred.append(items[p - 1][0] if ok else -1)
     assert eps.predecessors(live).tolist() == pred
+    links = eps.links()  # stop: bit 0 no next item in the episode, bit 1 terminated
+    stop = [int(ref.window(i, 2)[1] < 0) | (int(by_id[i][1]) << 1) for i in live]
+    assert links.stop[np.asarray(live) % ref.capacity].tolist() == stop
+    everywhere = (links.next < 0).astype(np.uint8) | (links.terminated.astype(np.uint8) << 1)
+    assert links.stop.dtype == np.uint8 and (links.stop == everywhere).all()  # dead slots too
 
 
 def random_stream(seed: int, capacity: int, num_envs: int, env_field: bool, steps: int = 60):
@@ -258,6 +274,12 @@ class IndexMachine(RuleBasedStateMachine):
     def clear(self) -> None:
         self.rb.clear()
         self.ref.clear()
+
+    @rule()
+    def truncate(self) -> None:
+        if self.rb.episodes is not None:
+            marked = self.rb.episodes.truncate_newest()
+            assert sorted(marked.tolist()) == self.ref.truncate_newest()
 
     @rule()
     def round_trip(self) -> None:

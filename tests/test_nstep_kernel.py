@@ -118,7 +118,8 @@ def test_kernel_window_against_brute_force() -> None:
     reward = rng.normal(size=(c, 2))[:, 0]  # a strided view
     ids = rng.integers(first, first + c, size=50)
     for lockstep in (e, 0):
-        pair, steps, ret, disc, done = nstep_kernel.nstep_window(ids, lockstep, c, nxt, term, reward, powers)
+        stop = (nxt < 0).astype(np.uint8) | (term.astype(np.uint8) << 1)
+        pair, steps, ret, disc, done = nstep_kernel.nstep_window(ids, lockstep, c, nxt, stop, reward, powers)
         for row, item in enumerate(ids.tolist()):
             acc, k, cur = 0.0, 0, item
             while True:

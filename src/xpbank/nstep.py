@@ -259,7 +259,7 @@ def _merge(
 def _kernel_inputs(
     storage: Storage, spec: Spec, key: NestedKey, episodes: EpisodeIndex
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
-    """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, terminated,
+    """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, stop,
     rewards)``, or ``None`` (take the NumPy path): no numba (or ``XPBANK_NO_NUMBA=1``), or
     no float32/float64 host view of the reward field."""
     if nstep_kernel.kernel() is None:
@@ -270,7 +270,7 @@ def _kernel_inputs(
         return None
     links = episodes.links()
     rewards = host.reshape(host.shape[0])  # one number per item (keys() checks): a view
-    return episodes.lockstep or 0, links.next.shape[0], links.next, links.terminated, rewards
+    return episodes.lockstep or 0, links.next.shape[0], links.next, links.stop, rewards
 
 
 def _gather_pairs(

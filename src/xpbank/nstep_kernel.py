@@ -24,11 +24,12 @@ Example:
     >>> import numpy as np
     >>> from xpbank.nstep_kernel import kernel, nstep_window
     >>> nxt = np.array([2, 3, 4, -1, -1, -1])  # [6 slots] env 0: 0 -> 2 -> 4; env 1: 1 -> 3
-    >>> term = np.array([0, 0, 0, 1, 0, 0], dtype=bool)
+    >>> term = np.array([0, 0, 0, 1, 0, 0], dtype=np.uint8)
+    >>> stop = (nxt < 0) | (term << 1)  # the index's stop bytes: 1 next is -1, 2 terminated
     >>> reward = np.ones(6, dtype=np.float32)
     >>> # (pair, steps, returns, discounts, terminated) of items 0 and 1, where numba is installed
     >>> kernel() is None or [a.tolist() for a in nstep_window(
-    ...     np.array([0, 1]), 2, 6, nxt, term, reward, 0.5 ** np.arange(4.0))] == [
+    ...     np.array([0, 1]), 2, 6, nxt, stop, reward, 0.5 ** np.arange(4.0))] == [
     ...     [0, 1, 4, 3], [3, 2], [1.75, 1.5], [0.125, 0.0], [False, True]]
     True
 """
@@ -78,7 +79,7 @@ def nstep_window(
     lockstep: int,
     capacity: int,
     nxt: np.ndarray,
-    term: np.ndarray,
+    stop: np.ndarray,
     reward: np.ndarray,
     powers: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -89,8 +90,10 @@ def nstep_window(
         lockstep: ``num_envs`` in lockstep mode (an env's next item is that many ids
             later), or ``0``: follow the ``next`` links.
         capacity: the ring's capacity (slot = id % capacity).
-        nxt: the per-slot ``next`` ids of the episode index (``-1``: none).
-        term: the per-slot ``terminated`` flags.
+        nxt: the per-slot ``next`` ids of the episode index (``-1``: none); read only
+            when following links (``lockstep == 0``).
+        stop: the index's per-slot ``stop`` bytes (uint8; bit 0: ``next`` is ``-1``,
+            bit 1: terminated; :class:`~xpbank.episodes.SlotLinks`).
         reward: the reward of every slot (a NumPy view, strided or not; float32/float64).
         powers: ``gamma ** arange(n + 1)`` (float64): ``n = len(powers) - 1``.
 
@@ -114,7 +117,7 @@ def nstep_window(
     disc = np.empty(b, dtype=np.float32)
     done = np.empty(b, dtype=np.bool_)
     rows = np.empty((b, 0), dtype=np.uint64)
-    fn(pair[:b], lockstep, capacity, nxt, term, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
+    fn(pair[:b], lockstep, capacity, nxt, stop, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
        _NO_MIXED, _NO_MIXED, _NO_MIXED, rows, pair[b:], steps, ret, disc, done)  # fmt: skip
     return pair, steps, ret, disc, done
 
@@ -124,7 +127,7 @@ def nstep_gather(
     lockstep: int,
     capacity: int,
     nxt: np.ndarray,
-    term: np.ndarray,
+    stop: np.ndarray,
     reward: np.ndarray,
     powers: np.ndarray,
     pairs: PairRows,
@@ -141,7 +144,7 @@ def nstep_gather(
 
     Args:
         slots: ``[B]`` the live items' slots (``id % capacity``; int64, not checked).
-        lockstep, capacity, nxt, term, reward, powers: as :func:`nstep_window`.
+        lockstep, capacity, nxt, stop, reward, powers: as :func:`nstep_window`.
         pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
         out: arrays to fill, from :func:`gather_outputs` (a caller may view them, as
             tensors, before they are filled); default new ones.
@@ -160,7 +163,7 @@ def nstep_gather(
     if out is None:
         out = gather_outputs(pairs, slots.shape[0])
     plan = pairs.plan
-    fn(slots, lockstep, capacity, nxt, term, reward, powers, pairs.words, plan.runs, plan.run_src,
+    fn(slots, lockstep, capacity, nxt, stop, reward, powers, pairs.words, plan.runs, plan.run_src,
        plan.mixed, plan.mask, plan.keep, *out)  # fmt: skip
     return out
 
@@ -183,7 +186,7 @@ def _nstep_gather(
     lockstep: Any,
     capacity: Any,
     nxt: Any,
-    term: Any,
+    stop: Any,
     reward: Any,
     powers: Any,
     words: Any,
@@ -203,21 +206,23 @@ def _nstep_gather(
     item ``i``'s lines and then reads item ``i - AHEAD``: its window, then its output
     row from the two rows. The window mirrors ``walk_slots``: lockstep windows step
     ``lockstep`` slots on (wrapped without a division) and stop at the first step whose
-    ``next`` is ``-1`` (the slots after it are never read); link-following windows step
-    to ``next`` until it is ``-1``. Word indices are unsigned (no negative-index checks
+    ``next`` is ``-1`` (the slots after it are never read), read from the one-byte
+    ``stop`` (a full window's bytes lie within ``(n - 1) * lockstep + 1`` bytes: one
+    line or two, not one ``next`` line per step); link-following windows step to
+    ``next`` until it is ``-1``. ``terminated`` of the last slot is ``stop``'s bit 1. Word indices are unsigned (no negative-index checks
     in the copy loops, which then compile to vector moves)."""
     b = slots.shape[0]
     n = powers.shape[0] - 1
     row_bytes = np.int64(words.strides[0])
     word = np.int64(words.strides[1])
     base = np.int64(words.ctypes.data)
-    nxt_base, term_base = np.int64(nxt.ctypes.data), np.int64(term.ctypes.data)
+    nxt_base, stop_base = np.int64(nxt.ctypes.data), np.int64(stop.ctypes.data)
     rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
     for i in range(b + AHEAD):
-        if i < b:  # prefetch item i: its row's item words, the window's rewards and links
+        if i < b:  # prefetch item i: its row's item words, the window's rewards and stops
             s0 = np.int64(slots[i])
             last = s0
-            prefetch(nxt_base + s0 * 8)
+            prefetch(stop_base + s0)
             prefetch(rew_base + s0 * rew_step)
             if lockstep > 0:  # the window's slots are known: a full window's
                 for k in range(1, n):
@@ -225,9 +230,10 @@ def _nstep_gather(
                     if last >= capacity:
                         last %= capacity
                     prefetch(rew_base + last * rew_step)
-                    if k < n - 1:
-                        prefetch(nxt_base + last * 8)
-            prefetch(term_base + last)
+                if (stop_base + last) >> 6 != (stop_base + s0) >> 6:
+                    prefetch(stop_base + last)
+            else:  # following links: only the first is known
+                prefetch(nxt_base + s0 * 8)
             for r in range(runs.shape[0]):
                 if run_src[r] == 1 and lockstep == 0:
                     continue  # following links: the window's last row is not known yet
@@ -252,20 +258,22 @@ def _nstep_gather(
             acc += powers[k - 1] * np.float64(reward[slot])
             if k == n:
                 break
-            after = nxt[slot]
-            if after < 0:
-                break
             if lockstep > 0:
+                if stop[slot] & 1:  # STOP_END: next is -1
+                    break
                 slot += lockstep
                 if slot >= capacity:
                     slot %= capacity
             else:
+                after = nxt[slot]
+                if after < 0:
+                    break
                 slot = after % capacity
             k += 1
         last_slot[j] = slot
         steps[j] = k
         ret[j] = np.float32(acc)
-        ended = term[slot]
+        ended = (stop[slot] & 2) != 0  # STOP_TERM
         done[j] = ended
         disc[j] = np.float32(0.0) if ended else np.float32(powers[k])
         for r in range(runs.shape[0]):
