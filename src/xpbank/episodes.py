@@ -288,7 +288,13 @@ class EpisodeIndex:
     def _set_stop(self, slots: Any) -> None:
         """``stop`` of ``slots`` (a slice or slot array) from their ``next`` and
         ``terminated``: called after every write of either."""
-        stop = np.left_shift(self._term[slots].view(np.uint8), 1)
+        term = self._term[slots].view(np.uint8)
+        if isinstance(slots, slice):  # in place: three NumPy calls (a lockstep write's)
+            stop = self._stop[slots]
+            np.add(term, term, out=stop)  # bit 1 (STOP_TERM)
+            stop |= (self._next[slots] < 0).view(np.uint8)  # bit 0 (STOP_END)
+            return
+        stop = np.left_shift(term, 1)
         stop |= (self._next[slots] < 0).view(np.uint8)
         self._stop[slots] = stop
 
