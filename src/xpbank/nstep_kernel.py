@@ -209,8 +209,9 @@ def _nstep_gather(
     ``next`` is ``-1`` (the slots after it are never read), read from the one-byte
     ``stop`` (a full window's bytes lie within ``(n - 1) * lockstep + 1`` bytes: one
     line or two, not one ``next`` line per step); link-following windows step to
-    ``next`` until it is ``-1``. ``terminated`` of the last slot is ``stop``'s bit 1. Word indices are unsigned (no negative-index checks
-    in the copy loops, which then compile to vector moves)."""
+    ``next`` until it is ``-1``. ``terminated`` of the last slot is ``stop``'s bit 1.
+    Word indices are unsigned (no negative-index checks in the copy loops, which then
+    compile to vector moves)."""
     b = slots.shape[0]
     n = powers.shape[0] - 1
     row_bytes = np.int64(words.strides[0])
@@ -225,7 +226,7 @@ def _nstep_gather(
             prefetch(stop_base + s0)
             prefetch(rew_base + s0 * rew_step)
             if lockstep > 0:  # the window's slots are known: a full window's
-                for k in range(1, n):
+                for _ in range(1, n):
                     last += lockstep
                     if last >= capacity:
                         last %= capacity
