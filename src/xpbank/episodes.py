@@ -328,7 +328,7 @@ class EpisodeIndex:
         self._next[slots] = -1
         self._set_stop(slots)
         self._last_end = self._last_end | live  # replaced, not mutated: a plan may hold it
-        self._fresh = self._fresh | live
+        self._fresh = (self._last_id < 0) | self._last_end  # as loads do: shaped like last_id
         return ids
 
     def _env_key(self, spec: Spec) -> NestedKey | None:
