@@ -282,7 +282,14 @@ class EpisodeIndex:
             head.fill(-1)
             np.copyto(head, plan.ids, where=plan.link)
         self._next[back:hi] = self._links
-        self._set_stop(slice(back, hi))
+        # stop: an item without a next holds 1 | terminated << 1 (_STOP_OF_TERM), a linked
+        # one 0; the predecessors (each env's newest item: no next yet) hold theirs already
+        stop = self._stop[back:hi]
+        np.take(_STOP_OF_TERM, plan.terminated.view(np.uint8), out=stop[e:], mode="clip")
+        if plan.fresh is not None:  # one env step: the new items have no next
+            np.multiply(stop[:e], plan.fresh, out=stop[:e])
+        else:
+            np.multiply(stop, self._links < 0, out=stop)
         return True
 
     def _set_stop(self, slots: Any) -> None:
@@ -531,6 +538,7 @@ class EpisodeIndex:
 
 
 _MINUS_ONE = np.array(-1, dtype=np.int64)
+_STOP_OF_TERM = np.array([STOP_END, STOP_END | STOP_TERM], dtype=np.uint8)  # no next: by terminated
 
 
 def _huge_pages(c: int, fill: int, dtype: torch.dtype = torch.int64) -> np.ndarray:
