@@ -96,11 +96,13 @@ def check(rb: ReplayBuffer, ref: Reference, n: int = 4) -> None:
         ok = p > 0 and not (items[p - 1][2] or items[p - 1][3]) and items[p - 1][0] >= first
         pred.append(items[p - 1][0] if ok else -1)
     assert eps.predecessors(live).tolist() == pred
-    links = eps.links()  # stop: bit 0 no next item in the episode, bit 1 terminated
-    stop = [int(ref.window(i, 2)[1] < 0) | (int(by_id[i][1]) << 1) for i in live]
-    assert links.stop[np.asarray(live) % ref.capacity].tolist() == stop
-    everywhere = (links.next < 0).astype(np.uint8) | (links.terminated.astype(np.uint8) << 1)
-    assert links.stop.dtype == np.uint8 and (links.stop == everywhere).all()  # dead slots too
+    links = eps.links()  # flags: the (terminated, truncated) columns, one array
+    assert links.flags[:, 0] is not None and (links.flags[:, 0] == links.terminated).all()
+    assert (links.flags[:, 1] == links.truncated).all() and links.terminated.base is links.flags
+    if eps.lockstep is not None:  # the n-step kernel's rule: no next item <=> ended or newest
+        e, next_id = eps.lockstep, rb._ring.next_id
+        no_next = [ref.window(i, 2)[1] < 0 for i in live]
+        assert no_next == [by_id[i][1] or by_id[i][2] or i + e >= next_id for i in live]
 
 
 def random_stream(seed: int, capacity: int, num_envs: int, env_field: bool, steps: int = 60):
@@ -370,4 +372,3 @@ def test_truncate_newest_after_new_envs_appear_past_a_clear() -> None:
     ids = rb.extend(batch([2], [False], [False], True))
     assert rb.episodes.truncate_newest().tolist() == [ids[0]]
     assert rb.episodes.truncated([ids[0]]).tolist() == [True]
-    assert rb.episodes.links().stop[ids[0] % 4] == 1  # STOP_END, not terminated

@@ -184,8 +184,10 @@ def test_nstep_gather_equals_window_then_pairs() -> None:
     assert inputs is not None
     ids = rng.integers(rb._ring.first_id, rb._ring.next_id, 100)
     pairs = storage.pair_rows(list(spec), nexts)
-    rows, last, *rest = nstep_kernel.nstep_gather(ids % 48, *inputs, rb._nstep._powers, pairs)
-    pair, *expected = nstep_kernel.nstep_window(ids, *inputs, rb._nstep._powers)
+    lockstep, capacity, *links = inputs
+    window = (lockstep, capacity, rb._ring.next_id, *links, rb._nstep._powers)
+    rows, last, *rest = nstep_kernel.nstep_gather(ids, *window, pairs)
+    pair, *expected = nstep_kernel.nstep_window(ids, *window)
     assert np.array_equal(pair, np.concatenate([ids % 48, last]))
     for got, want in zip(rest, expected, strict=True):
         assert np.array_equal(got, want)

@@ -118,8 +118,10 @@ def test_kernel_window_against_brute_force() -> None:
     reward = rng.normal(size=(c, 2))[:, 0]  # a strided view
     ids = rng.integers(first, first + c, size=50)
     for lockstep in (e, 0):
-        stop = (nxt < 0).astype(np.uint8) | (term.astype(np.uint8) << 1)
-        pair, steps, ret, disc, done = nstep_kernel.nstep_window(ids, lockstep, c, nxt, stop, reward, powers)
+        flags = nstep_kernel.flags_view(np.stack([term, trunc], axis=1))
+        pair, steps, ret, disc, done = nstep_kernel.nstep_window(
+            ids, lockstep, c, first + c, nxt, flags, reward, powers
+        )
         for row, item in enumerate(ids.tolist()):
             acc, k, cur = 0.0, 0, item
             while True:
@@ -159,4 +161,4 @@ def test_nstep_window_without_numba_raises(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(nstep_kernel, "_compiled", [None])
     one = np.zeros(1, dtype=np.int64)
     with pytest.raises(RuntimeError, match="numba is not available"):
-        nstep_kernel.nstep_window(one, 1, 1, one, one != 0, np.zeros(1), np.ones(2))
+        nstep_kernel.nstep_window(one, 1, 1, 1, one, one.view(np.uint16)[:1], np.zeros(1), np.ones(2))

@@ -10,9 +10,12 @@ needed to follow one env's stream through the ring without scanning at sample ti
   here, or the next step is not written yet);
 - ``terminated`` / ``truncated`` (and ``is_end``, their or): whether the item ends its
   episode, read from the batch when it is written;
-- ``start``: the id of the first item of its episode;
-- ``stop``: one byte that says what n-step windows read of a slot (bit 0: ``next`` is
-  ``-1``, bit 1: ``terminated``), kept with ``next`` and ``terminated`` at every write.
+- ``start``: the id of the first item of its episode.
+
+``terminated`` and ``truncated`` are the two columns of one ``[capacity, 2]`` array
+(``flags``), so one two-byte read tells whether a slot ends its episode and how: in
+lockstep mode that and the ring's ``next_id`` say where a window stops, without ``next``
+(the n-step kernel's read, :mod:`xpbank.nstep_kernel`).
 
 Which env an item came from: with ``num_envs=E`` each ``extend`` of ``k * E`` items is
 ``k`` steps of every env, time-major (item ``i`` is env ``i % E``); with a per-item
@@ -86,10 +89,7 @@ class SlotLinks:
     start: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    stop: np.ndarray  # uint8: bit 0 next < 0 (STOP_END), bit 1 terminated (STOP_TERM)
-
-
-STOP_END, STOP_TERM = 1, 2  # the bits of ``stop``
+    flags: np.ndarray  # [capacity, 2] bool: terminated, truncated (the two arrays above)
 
 
 class EpisodeIndex:
@@ -117,9 +117,8 @@ class EpisodeIndex:
         self._prev = np.full(c, -1, dtype=np.int64)
         self._next = _huge_pages(c, -1)  # read at random by n-step sampling
         self._start = np.full(c, -1, dtype=np.int64)
-        self._term = np.zeros(c, dtype=bool)
-        self._trunc = np.zeros(c, dtype=bool)
-        self._stop = _huge_pages(c, STOP_END, torch.uint8)  # next == -1, not terminated
+        self._flags = np.zeros((c, 2), dtype=bool)  # one read: does a slot end, and how
+        self._term, self._trunc = self._flags[:, 0], self._flags[:, 1]  # views
         self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
         self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._links = np.zeros(0, dtype=np.int64)  # apply's reused buffer of next links
@@ -250,10 +249,7 @@ class EpisodeIndex:
         self._next[slots] = -1
         link = plan.link if plan.link is not None else ~plan.fresh  # type: ignore[operator]
         live = link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
-        linked = plan.prev[live] % c
-        self._next[linked] = plan.ids[live]
-        self._set_stop(slots)
-        self._set_stop(linked)
+        self._next[plan.prev[live] % c] = plan.ids[live]
 
     def _apply_lockstep(self, plan: _Plan, c: int, n: int) -> bool:
         """:meth:`apply`'s per-slot part for a lockstep write whose predecessors are all
@@ -282,28 +278,7 @@ class EpisodeIndex:
             head.fill(-1)
             np.copyto(head, plan.ids, where=plan.link)
         self._next[back:hi] = self._links
-        # stop: an item without a next holds 1 | terminated << 1 (_STOP_OF_TERM), a linked
-        # one 0; the predecessors (each env's newest item: no next yet) hold theirs already
-        stop = self._stop[back:hi]
-        np.take(_STOP_OF_TERM, plan.terminated.view(np.uint8), out=stop[e:], mode="clip")
-        if plan.fresh is not None:  # one env step: the new items have no next
-            np.multiply(stop[:e], plan.fresh, out=stop[:e])
-        else:
-            np.multiply(stop, self._links < 0, out=stop)
         return True
-
-    def _set_stop(self, slots: Any) -> None:
-        """``stop`` of ``slots`` (a slice or slot array) from their ``next`` and
-        ``terminated``: called after every write of either."""
-        term = self._term[slots].view(np.uint8)
-        if isinstance(slots, slice):  # in place: three NumPy calls (a lockstep write's)
-            stop = self._stop[slots]
-            np.add(term, term, out=stop)  # bit 1 (STOP_TERM)
-            stop |= (self._next[slots] < 0).view(np.uint8)  # bit 0 (STOP_END)
-            return
-        stop = np.left_shift(term, 1)
-        stop |= (self._next[slots] < 0).view(np.uint8)
-        self._stop[slots] = stop
 
     def clear(self) -> None:
         """Every item was dropped: the next item of each env starts an episode."""
@@ -330,10 +305,9 @@ class EpisodeIndex:
         """
         live = (self._last_id >= self._ring.first_id) & ~self._last_end
         ids = self._last_id[live]
-        slots = ids % self._ring.capacity
-        self._trunc[slots] = True
-        self._next[slots] = -1
-        self._set_stop(slots)
+        c = self._ring.capacity
+        self._trunc[ids % c] = True
+        self._next[ids % c] = -1
         self._last_end = self._last_end | live  # replaced, not mutated: a plan may hold it
         self._fresh = (self._last_id < 0) | self._last_end  # as loads do: shaped like last_id
         return ids
@@ -493,7 +467,7 @@ class EpisodeIndex:
     def links(self) -> SlotLinks:
         """The per-slot arrays themselves (views, read-only by contract), for hot paths
         that index them by slot without the liveness checks of the queries above."""
-        return SlotLinks(self._env, self._prev, self._next, self._start, self._term, self._trunc, self._stop)
+        return SlotLinks(self._env, self._prev, self._next, self._start, self._term, self._trunc, self._flags)
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -527,7 +501,6 @@ class EpisodeIndex:
             ("truncated", self._trunc),
         ):
             arr[:size] = _array(state[name], arr.dtype)
-        self._set_stop(slice(0, size))
         self._last_id = _array(state["last_id"], np.int64).copy()
         self._last_end = _array(state["last_end"], bool).copy()
         self._cur_start = _array(state["cur_start"], np.int64).copy()
@@ -538,13 +511,12 @@ class EpisodeIndex:
 
 
 _MINUS_ONE = np.array(-1, dtype=np.int64)
-_STOP_OF_TERM = np.array([STOP_END, STOP_END | STOP_TERM], dtype=np.uint8)  # no next: by terminated
 
 
-def _huge_pages(c: int, fill: int, dtype: torch.dtype = torch.int64) -> np.ndarray:
-    """``c`` entries of ``fill`` over transparent huge pages where the system gives them
-    (see storage/hugepages.py: fewer TLB misses on scattered reads; 4 MB or more only)."""
-    block = torch.empty(c, dtype=dtype)
+def _huge_pages(c: int, fill: int) -> np.ndarray:
+    """``c`` int64 entries of ``fill`` over transparent huge pages where the system gives
+    them (see storage/hugepages.py: fewer TLB misses on scattered reads; 8 MB per 1M slots)."""
+    block = torch.empty(c, dtype=torch.int64)
     advise_huge_pages(block)  # before the first write maps the pages
     return block.fill_(fill).numpy()
 

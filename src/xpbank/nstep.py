@@ -180,14 +180,17 @@ class NStep:
             # the compiled pass that fills them (and evicts much of the cache); the call
             # is nstep_kernel.nstep_gather's, its arguments made once by _fused
             out = _merge(pairs.read(rows), ret, disc, steps, ended)
-            kernel(_numpy(slots), episodes.lockstep or 0, ring.capacity, *args, *filled)
+            kernel(_numpy(ids), episodes.lockstep or 0, ring.capacity, ring.next_id, *args, *filled)
             return out
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
         n = self.n
         fast = _kernel_inputs(storage, spec, reward_key, episodes)
         if fast is not None:  # numba: window, return and discount in one compiled call
-            pair, steps, ret, disc, terminated = nstep_window(_numpy(ids), *fast, self._powers)
+            lockstep, capacity, nxt, flags, rewards = fast
+            pair, steps, ret, disc, terminated = nstep_window(
+                _numpy(ids), lockstep, capacity, ring.next_id, nxt, flags, rewards, self._powers
+            )
             if n == 1:
                 out = storage.gather(torch.from_numpy(pair[: pair.shape[0] // 2]), wanted)
             else:
@@ -259,9 +262,10 @@ def _merge(
 def _kernel_inputs(
     storage: Storage, spec: Spec, key: NestedKey, episodes: EpisodeIndex
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
-    """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, stop,
-    rewards)``, or ``None`` (take the NumPy path): no numba (or ``XPBANK_NO_NUMBA=1``), or
-    no float32/float64 host view of the reward field."""
+    """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, flags,
+    rewards)`` (``flags`` as :func:`~xpbank.nstep_kernel.flags_view`), or ``None`` (take
+    the NumPy path): no numba (or ``XPBANK_NO_NUMBA=1``), or no float32/float64 host view
+    of the reward field."""
     if nstep_kernel.kernel() is None:
         return None
     host_view = getattr(storage, "host_view", None)
@@ -270,7 +274,8 @@ def _kernel_inputs(
         return None
     links = episodes.links()
     rewards = host.reshape(host.shape[0])  # one number per item (keys() checks): a view
-    return episodes.lockstep or 0, links.next.shape[0], links.next, links.stop, rewards
+    flags = nstep_kernel.flags_view(links.flags)
+    return episodes.lockstep or 0, links.next.shape[0], links.next, flags, rewards
 
 
 def _gather_pairs(

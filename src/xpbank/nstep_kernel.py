@@ -24,12 +24,12 @@ Example:
     >>> import numpy as np
     >>> from xpbank.nstep_kernel import kernel, nstep_window
     >>> nxt = np.array([2, 3, 4, -1, -1, -1])  # [6 slots] env 0: 0 -> 2 -> 4; env 1: 1 -> 3
-    >>> term = np.array([0, 0, 0, 1, 0, 0], dtype=np.uint8)
-    >>> stop = (nxt < 0) | (term << 1)  # the index's stop bytes: 1 next is -1, 2 terminated
+    >>> flags = np.zeros((6, 2), dtype=bool)  # (terminated, truncated) of each slot
+    >>> flags[3, 0] = True  # item 3 terminates
     >>> reward = np.ones(6, dtype=np.float32)
     >>> # (pair, steps, returns, discounts, terminated) of items 0 and 1, where numba is installed
     >>> kernel() is None or [a.tolist() for a in nstep_window(
-    ...     np.array([0, 1]), 2, 6, nxt, stop, reward, 0.5 ** np.arange(4.0))] == [
+    ...     np.array([0, 1]), 2, 6, 6, nxt, flags_view(flags), reward, 0.5 ** np.arange(4.0))] == [
     ...     [0, 1, 4, 3], [3, 2], [1.75, 1.5], [0.125, 0.0], [False, True]]
     True
 """
@@ -45,7 +45,7 @@ from xpbank import _jit, _prefetch
 from xpbank._prefetch import prefetch
 from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["gather_outputs", "kernel", "nstep_gather", "nstep_window"]
+__all__ = ["flags_view", "gather_outputs", "kernel", "nstep_gather", "nstep_window"]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
 _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
@@ -55,6 +55,14 @@ _NO_WORDS = np.zeros((1, 0), dtype=np.uint64)
 _NO_RUNS = np.zeros((0, 2), dtype=np.uint64)
 _NO_SRC = np.zeros(0, dtype=np.int64)
 _NO_MIXED = np.zeros(0, dtype=np.uint64)
+# the bits of a (terminated, truncated) pair read as one uint16 that say terminated
+_TERMINATED = int(np.array([1, 0], dtype=np.uint8).view(np.uint16)[0])
+
+
+def flags_view(flags: np.ndarray) -> np.ndarray:
+    """The index's ``[capacity, 2]`` bool ``(terminated, truncated)`` array as ``[capacity]``
+    uint16 (a view): non-zero where the slot ends its episode."""
+    return flags.view(np.uint16).reshape(flags.shape[0])
 
 
 def kernel() -> Callable[..., Any] | None:
@@ -78,8 +86,9 @@ def nstep_window(
     ids: np.ndarray,
     lockstep: int,
     capacity: int,
+    next_id: int,
     nxt: np.ndarray,
-    stop: np.ndarray,
+    flags: np.ndarray,
     reward: np.ndarray,
     powers: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -90,10 +99,12 @@ def nstep_window(
         lockstep: ``num_envs`` in lockstep mode (an env's next item is that many ids
             later), or ``0``: follow the ``next`` links.
         capacity: the ring's capacity (slot = id % capacity).
+        next_id: the ring's ``next_id`` (lockstep: an id from it on is not written yet).
         nxt: the per-slot ``next`` ids of the episode index (``-1``: none); read only
             when following links (``lockstep == 0``).
-        stop: the index's per-slot ``stop`` bytes (uint8; bit 0: ``next`` is ``-1``,
-            bit 1: terminated; :class:`~xpbank.episodes.SlotLinks`).
+        flags: the index's ``(terminated, truncated)`` pairs as :func:`flags_view` gives
+            them: a lockstep window stops at a slot that ends its episode (where ``next``
+            is ``-1``, as at the newest step of an env, which ``next_id`` tells).
         reward: the reward of every slot (a NumPy view, strided or not; float32/float64).
         powers: ``gamma ** arange(n + 1)`` (float64): ``n = len(powers) - 1``.
 
@@ -111,23 +122,24 @@ def nstep_window(
         raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
     b = ids.shape[0]
     pair = np.empty(2 * b, dtype=np.int64)
-    np.remainder(ids, capacity, out=pair[:b])
+    np.remainder(ids, capacity, out=pair[:b])  # the kernel takes the ids and computes these too
     steps = np.empty(b, dtype=np.int64)
     ret = np.empty(b, dtype=np.float32)
     disc = np.empty(b, dtype=np.float32)
     done = np.empty(b, dtype=np.bool_)
     rows = np.empty((b, 0), dtype=np.uint64)
-    fn(pair[:b], lockstep, capacity, nxt, stop, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
+    fn(ids, lockstep, capacity, next_id, nxt, flags, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
        _NO_MIXED, _NO_MIXED, _NO_MIXED, rows, pair[b:], steps, ret, disc, done)  # fmt: skip
     return pair, steps, ret, disc, done
 
 
 def nstep_gather(
-    slots: np.ndarray,
+    ids: np.ndarray,
     lockstep: int,
     capacity: int,
+    next_id: int,
     nxt: np.ndarray,
-    stop: np.ndarray,
+    flags: np.ndarray,
     reward: np.ndarray,
     powers: np.ndarray,
     pairs: PairRows,
@@ -143,8 +155,8 @@ def nstep_gather(
     the hardware. Results equal :func:`nstep_window` followed by a gather of the pairs.
 
     Args:
-        slots: ``[B]`` the live items' slots (``id % capacity``; int64, not checked).
-        lockstep, capacity, nxt, stop, reward, powers: as :func:`nstep_window`.
+        ids: ``[B]`` the live items' ids (int64, not checked).
+        lockstep, capacity, next_id, nxt, flags, reward, powers: as :func:`nstep_window`.
         pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
         out: arrays to fill, from :func:`gather_outputs` (a caller may view them, as
             tensors, before they are filled); default new ones.
@@ -161,9 +173,9 @@ def nstep_gather(
     if fn is None:
         raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
     if out is None:
-        out = gather_outputs(pairs, slots.shape[0])
+        out = gather_outputs(pairs, ids.shape[0])
     plan = pairs.plan
-    fn(slots, lockstep, capacity, nxt, stop, reward, powers, pairs.words, plan.runs, plan.run_src,
+    fn(ids, lockstep, capacity, next_id, nxt, flags, reward, powers, pairs.words, plan.runs, plan.run_src,
        plan.mixed, plan.mask, plan.keep, *out)  # fmt: skip
     return out
 
@@ -182,11 +194,12 @@ def gather_outputs(pairs: PairRows, b: int) -> tuple[np.ndarray, ...]:
 
 
 def _nstep_gather(
-    slots: Any,
+    ids: Any,
     lockstep: Any,
     capacity: Any,
+    next_id: Any,
     nxt: Any,
-    stop: Any,
+    flags: Any,
     reward: Any,
     powers: Any,
     words: Any,
@@ -206,24 +219,25 @@ def _nstep_gather(
     item ``i``'s lines and then reads item ``i - AHEAD``: its window, then its output
     row from the two rows. The window mirrors ``walk_slots``: lockstep windows step
     ``lockstep`` slots on (wrapped without a division) and stop at the first step whose
-    ``next`` is ``-1`` (the slots after it are never read), read from the one-byte
-    ``stop`` (a full window's bytes lie within ``(n - 1) * lockstep + 1`` bytes: one
-    line or two, not one ``next`` line per step); link-following windows step to
-    ``next`` until it is ``-1``. ``terminated`` of the last slot is ``stop``'s bit 1.
+    ``next`` would be ``-1`` (the slots after it are never read): the step ends its
+    episode (``flags``: a full window's pairs lie within ``2 * (n - 1) * lockstep + 2``
+    bytes, one line or two, where ``next`` took a line per step) or the env's next step
+    has no id below ``next_id`` yet; link-following windows step to ``next`` until it is
+    ``-1``. ``terminated`` of the last slot is its flags' ``_TERMINATED`` bits.
     Word indices are unsigned (no negative-index checks in the copy loops, which then
     compile to vector moves)."""
-    b = slots.shape[0]
+    b = ids.shape[0]
     n = powers.shape[0] - 1
     row_bytes = np.int64(words.strides[0])
     word = np.int64(words.strides[1])
     base = np.int64(words.ctypes.data)
-    nxt_base, stop_base = np.int64(nxt.ctypes.data), np.int64(stop.ctypes.data)
+    nxt_base, flags_base = np.int64(nxt.ctypes.data), np.int64(flags.ctypes.data)
     rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
     for i in range(b + AHEAD):
-        if i < b:  # prefetch item i: its row's item words, the window's rewards and stops
-            s0 = np.int64(slots[i])
+        if i < b:  # prefetch item i: its row's item words, the window's rewards and flags
+            s0 = np.int64(ids[i]) % capacity
             last = s0
-            prefetch(stop_base + s0)
+            prefetch(flags_base + s0 * 2)
             prefetch(rew_base + s0 * rew_step)
             if lockstep > 0:  # the window's slots are known: a full window's
                 for _ in range(1, n):
@@ -231,8 +245,8 @@ def _nstep_gather(
                     if last >= capacity:
                         last %= capacity
                     prefetch(rew_base + last * rew_step)
-                if (stop_base + last) >> 6 != (stop_base + s0) >> 6:
-                    prefetch(stop_base + last)
+                if (flags_base + last * 2) >> 6 != (flags_base + s0 * 2) >> 6:
+                    prefetch(flags_base + last * 2)
             else:  # following links: only the first is known
                 prefetch(nxt_base + s0 * 8)
             for r in range(runs.shape[0]):
@@ -251,7 +265,8 @@ def _nstep_gather(
         j = i - AHEAD
         if j < 0:
             continue
-        s0 = np.int64(slots[j])
+        item = np.int64(ids[j])
+        s0 = item % capacity
         slot = s0
         acc = 0.0
         k = 1
@@ -260,7 +275,8 @@ def _nstep_gather(
             if k == n:
                 break
             if lockstep > 0:
-                if stop[slot] & 1:  # STOP_END: next is -1
+                item += lockstep  # the env's next step
+                if flags[slot] != 0 or item >= next_id:  # the episode ended, or not written yet
                     break
                 slot += lockstep
                 if slot >= capacity:
@@ -274,7 +290,7 @@ def _nstep_gather(
         last_slot[j] = slot
         steps[j] = k
         ret[j] = np.float32(acc)
-        ended = (stop[slot] & 2) != 0  # STOP_TERM
+        ended = (flags[slot] & _TERMINATED) != 0
         done[j] = ended
         disc[j] = np.float32(0.0) if ended else np.float32(powers[k])
         for r in range(runs.shape[0]):
