@@ -97,7 +97,7 @@ def check(rb: ReplayBuffer, ref: Reference, n: int = 4) -> None:
         pred.append(items[p - 1][0] if ok else -1)
     assert eps.predecessors(live).tolist() == pred
     links = eps.links()  # flags: the (terminated, truncated) columns, one array
-    assert links.flags[:, 0] is not None and (links.flags[:, 0] == links.terminated).all()
+    assert (links.flags[:, 0] == links.terminated).all()
     assert (links.flags[:, 1] == links.truncated).all() and links.terminated.base is links.flags
     if eps.lockstep is not None:  # the n-step kernel's rule: no next item <=> ended or newest
         e, next_id = eps.lockstep, rb._ring.next_id
