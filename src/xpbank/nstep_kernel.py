@@ -22,7 +22,7 @@ or where the reward field has no NumPy host view of dtype float32/float64.
 
 Example:
     >>> import numpy as np
-    >>> from xpbank.nstep_kernel import kernel, nstep_window
+    >>> from xpbank.nstep_kernel import flags_view, kernel, nstep_window
     >>> nxt = np.array([2, 3, 4, -1, -1, -1])  # [6 slots] env 0: 0 -> 2 -> 4; env 1: 1 -> 3
     >>> flags = np.zeros((6, 2), dtype=bool)  # (terminated, truncated) of each slot
     >>> flags[3, 0] = True  # item 3 terminates
@@ -122,7 +122,7 @@ def nstep_window(
         raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
     b = ids.shape[0]
     pair = np.empty(2 * b, dtype=np.int64)
-    np.remainder(ids, capacity, out=pair[:b])  # the kernel takes the ids and computes these too
+    np.remainder(ids, capacity, out=pair[:b])  # the items' slots (the kernel works from the ids)
     steps = np.empty(b, dtype=np.int64)
     ret = np.empty(b, dtype=np.float32)
     disc = np.empty(b, dtype=np.float32)
