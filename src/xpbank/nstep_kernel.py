@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from xpbank import _jit, _prefetch
+from xpbank import _jit
 from xpbank._prefetch import prefetch
 from xpbank.storage.pair_rows import PairRows
 
@@ -70,13 +70,6 @@ def kernel() -> Callable[..., Any] | None:
     where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take the
     NumPy path."""
     if not _compiled:
-        if _jit.ENABLED:
-            try:
-                import numba  # type: ignore[import-untyped, unused-ignore]
-            except ImportError:
-                pass
-            else:
-                _prefetch.register(numba)  # before the kernel that uses it is compiled
         kernels = _jit.compile_kernels(_nstep_gather)
         _compiled.append(None if kernels is None else kernels[0])
     return _compiled[0]
