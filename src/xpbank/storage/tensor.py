@@ -26,7 +26,7 @@ import torch
 from xpbank.errors import DeviceError
 from xpbank.spec import NestedKey, Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
-from xpbank.storage.blocks import Block, as_numpy, layout, torch_view
+from xpbank.storage.blocks import Block, Member, as_numpy, layout, torch_view
 from xpbank.storage.dtypes import as_torch
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.pair_rows import PairRows, block_pair_rows
@@ -162,24 +162,11 @@ class TensorStorage(StorageBase):
             chosen = block.members if wanted is None else [m for m in block.members if m.key in wanted]
             if not chosen:
                 continue
-            if block.row_bytes >= _WIDE_ROW_BYTES or (
-                wanted is not None and 2 * sum(m.nbytes for m in chosen) < block.row_bytes
-            ):
-                # wide rows (images), or a few narrow fields: gather field by field
-                if block.np_data is not None:  # NumPy's row copies beat index_select here (~5%)
-                    rows_np = index.numpy()
-                    for m in chosen:
-                        out[m.key] = as_torch(block.np_views[m.key][rows_np], m.dtype)
-                else:
-                    for m in chosen:
-                        out[m.key] = block.views[m.key].index_select(0, index)
-                continue
-            if block.np_records is not None:  # CPU: one NumPy take of whole records (20 -> 9 us
-                records = block.np_records.take(index.numpy())  # at B=32, 208 -> 177 at 2,560;
-                # fancy indexing, unlike take, copies records field by field: 6x slower)
-                for i, m in enumerate(block.members):
-                    if wanted is None or m.key in wanted:
-                        out[m.key] = as_torch(records[block.names[i]], m.dtype)
+            if block.np_data is not None:  # CPU: NumPy's row copies beat index_select here
+                _read_host(block, index.numpy(), chosen, out)
+            elif _by_field(block, chosen):
+                for m in chosen:
+                    out[m.key] = block.views[m.key].index_select(0, index)
             else:
                 rows = block.data.index_select(0, index)
                 for m in chosen:
@@ -335,12 +322,29 @@ class TensorStorage(StorageBase):
             return self.gather(torch.from_numpy(rows))
         out: dict[NestedKey, torch.Tensor] = {}
         for block in self._blocks:
-            if block.row_bytes >= _WIDE_ROW_BYTES:  # as gather: wide rows field by field
-                for m in block.members:
-                    out[m.key] = as_torch(block.np_views[m.key][rows], m.dtype)
-                continue
-            records = block.np_records.take(rows)  # type: ignore[union-attr]
-            for name, m in zip(block.names, block.members, strict=True):
-                value = torch.from_numpy(records[name])  # as_torch, inlined: 4 calls per sample
-                out[m.key] = value if value.dtype == m.dtype else value.view(m.dtype)
+            _read_host(block, rows, block.members, out)
         return out
+
+
+def _by_field(block: Block, chosen: Sequence[Member]) -> bool:
+    """Whether to gather ``chosen`` field by field: wide rows (images), or a few narrow
+    fields (less than half the row); else whole rows in one gather."""
+    return block.row_bytes >= _WIDE_ROW_BYTES or 2 * sum(m.nbytes for m in chosen) < block.row_bytes
+
+
+def _read_host(
+    block: Block, rows: np.ndarray, chosen: Sequence[Member], out: dict[NestedKey, torch.Tensor]
+) -> None:
+    """Fields ``chosen`` of a CPU block's ``rows`` into ``out``, as fresh tensors."""
+    if _by_field(block, chosen):
+        for m in chosen:
+            out[m.key] = as_torch(block.np_views[m.key][rows], m.dtype)
+        return
+    # one NumPy take of whole records (20 -> 9 us at B=32, 208 -> 177 at 2,560; fancy
+    # indexing, unlike take, copies records field by field: 6x slower)
+    records = block.np_records.take(rows)  # type: ignore[union-attr]
+    every = chosen is block.members
+    for name, m in zip(block.names, block.members, strict=True):
+        if every or m in chosen:
+            value = torch.from_numpy(records[name])  # as_torch, inlined: a call per field
+            out[m.key] = value if value.dtype == m.dtype else value.view(m.dtype)
