@@ -109,7 +109,7 @@ def _compare(rb: ReplayBuffer, rng: np.random.Generator, envs: int, keys, monkey
     newest = live[-envs:]
     ids = torch.from_numpy(np.concatenate([rng.choice(live, size=48), newest, newest, live[:3]]))
     slots = ids % ring.capacity
-    assert rb._nstep._fused(storage, storage.spec, ring.episodes, keys) is not None  # the fused path runs
+    assert rb._nstep._fused(storage, storage.spec, ring.episodes, keys)[4] is not None  # the fused path runs
     fused = rb._nstep.gather(storage, ring, slots, ids, keys)
     with _numpy_path(monkeypatch):
         reference = rb._nstep.gather(storage, ring, slots, ids, keys)
@@ -191,7 +191,7 @@ def test_nstep_gather_equals_window_then_pairs() -> None:
     assert np.array_equal(pair, np.concatenate([ids % 48, last]))
     for got, want in zip(rest, expected, strict=True):
         assert np.array_equal(got, want)
-    read, reference = pairs.read(rows), storage.gather_pairs(pair, list(spec), nexts)
+    read, reference = nstep_kernel.nstep_rows(pairs).read(rows), storage.gather_pairs(pair, list(spec), nexts)
     for key in spec:
         assert torch.equal(read[key], reference[key]), key
 
@@ -208,7 +208,7 @@ def test_other_storages_take_the_other_paths() -> None:
                 "terminated": torch.zeros(2, dtype=torch.bool),
             }
         )
-        assert rb._nstep._fused(rb._storage, rb.spec, rb.episodes, None) is None
+        assert rb._nstep._fused(rb._storage, rb.spec, rb.episodes, None)[4] is None
         assert rb.sample(4)["nstep_steps"].tolist() == [1, 1, 1, 1]
 
 

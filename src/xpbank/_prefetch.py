@@ -23,13 +23,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["prefetch", "register"]
+__all__ = ["prefetch", "prefetch_once", "register"]
 
 _registered: list[bool] = []
 
 
 def prefetch(address: Any) -> None:
     """Hint that the cache line holding byte ``address`` (an int) is read soon (no-op in Python)."""
+
+
+def prefetch_once(address: Any) -> None:
+    """:func:`prefetch` for a line read once: non-temporal (``prefetchnta``), so it displaces
+    little of what the caller keeps in the outer caches (no-op in Python)."""
 
 
 def register(numba: Any) -> None:
@@ -40,24 +45,32 @@ def register(numba: Any) -> None:
     from numba.core import cgutils  # type: ignore[import-untyped, unused-ignore]
     from numba.extending import intrinsic, overload  # type: ignore[import-untyped, unused-ignore]
 
-    @intrinsic
-    def _hint(typingctx: Any, address: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            ptr = builder.inttoptr(args[0], i8p)
-            # read (0), keep in every cache level (3), data cache (1)
-            builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-            return context.get_dummy_value()
+    def hint(locality: int) -> Any:
+        @intrinsic
+        def _hint(typingctx: Any, address: Any) -> Any:
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+                fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+                fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+                ptr = builder.inttoptr(args[0], i8p)
+                # read (0), locality (3: keep in every level, 0: non-temporal), data cache (1)
+                builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+                return context.get_dummy_value()
 
-        return numba.types.void(numba.types.int64), codegen
+            return numba.types.void(numba.types.int64), codegen
 
-    @overload(prefetch)
-    def _prefetch(address: Any) -> Any:
-        def impl(address: Any) -> Any:  # the same signature as the typing one, as numba asks
-            return _hint(address)  # type: ignore[call-arg]  # numba passes typingctx
+        return _hint
 
-        return impl
+    def typed(_hint: Any) -> Any:
+        def typing(address: Any) -> Any:
+            def impl(address: Any) -> Any:  # the same signature as the typing one, as numba asks
+                return _hint(address)  # numba passes typingctx
+
+            return impl
+
+        return typing
+
+    overload(prefetch)(typed(hint(3)))
+    overload(prefetch_once)(typed(hint(0)))
 
     _registered.append(True)

@@ -123,6 +123,9 @@ class EpisodeIndex:
         self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._links = np.zeros(0, dtype=np.int64)  # apply's reused buffer of next links
         self._strides = np.zeros((0, 1), dtype=np.int64)  # walk_slots: (num_envs * arange(n))[:, None]
+        # per-slot data that readers derive from the index and the stored items (n-step's
+        # WindowTable), by their key; each has reset(), called when a state is loaded
+        self.derived: dict[Any, Any] = {}
         self._reset_envs(self.num_envs or 1)
 
     def _reset_envs(self, n: int) -> None:
@@ -491,6 +494,8 @@ class EpisodeIndex:
         """Inverse of :meth:`state_dict` (the ring is loaded first)."""
         if state["num_envs"] != self.num_envs:
             raise SpecError(f"episodes: state has num_envs={state['num_envs']}, this buffer {self.num_envs}")
+        for derived in self.derived.values():
+            derived.reset()
         size = len(state["env"])
         for name, arr in (
             ("env", self._env),

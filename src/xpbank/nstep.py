@@ -19,6 +19,12 @@ one, so the bootstrap stays) and at the newest item written, so the newest items
 shorter window and bootstrap from the newest step's next observation. No slot of an item
 newer than the window is ever read.
 
+With numba (``xpbank[fast]``), a lockstep buffer (``num_envs=``) also keeps the results
+of complete windows (:class:`~xpbank.nstep_kernel.WindowTable`), so most sampled items
+read one small cell instead of their window. Rewrite rewards through
+:meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` (which drops the results that
+read them), not by writing into the storage's views.
+
 Example:
     >>> import torch
     >>> from xpbank import NStep, ReplayBuffer
@@ -34,7 +40,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,18 +50,16 @@ import torch
 from xpbank import nstep_kernel
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import gather_outputs, nstep_window
+from xpbank.nstep_kernel import MAX_TABLE_N, NO_TABLE, WindowTable, kernel_plan, nstep_rows, nstep_window
 from xpbank.nstep_returns import nstep_sum
 from xpbank.ring import Ring
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec import NestedKey, Spec, is_next_key, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
-from xpbank.storage.pair_rows import PairRows
 
 __all__ = ["NStep"]
 
 _REWARD = (("next", "reward"), "reward")
-_FLAT_NEXT = ("terminated", "truncated", "done")
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -133,7 +137,7 @@ class NStep:
         if self.next_keys is not None:
             nexts = [normalize_key(k) for k in self.next_keys]
         else:
-            nexts = [k for k in spec if k != reward and _is_next(k)]
+            nexts = [k for k in spec if k != reward and is_next_key(k)]
         for key in [reward, *nexts]:
             if key not in spec:
                 raise SpecError(f"nstep: field {key_str(key)!r} is not in the spec; known: {names}")
@@ -166,21 +170,27 @@ class NStep:
         storage also has ``pair_rows`` (``TensorStorage`` on the CPU, packed) that one
         call reads the rows too (:func:`~xpbank.nstep_kernel.nstep_gather`): each item's
         fields from its row and the next fields from its window's last row, no other
-        bytes of either, with the loads of items a few places ahead prefetched.
+        bytes of either, with the loads of items a few places ahead prefetched. In
+        lockstep mode both compiled calls read complete windows from the buffer's
+        :class:`~xpbank.nstep_kernel.WindowTable` (:meth:`_table`).
         """
         episodes = ring.episodes
         spec = storage.spec
         if episodes is None or spec is None:
             raise RuntimeError("NStep.gather needs the buffer's episode index")
-        fused = self._fused(storage, spec, episodes, keys)
-        if fused is not None:  # numba: window, return, discount and the rows in one call
-            kernel, pairs, args = fused
-            rows, _, steps, ret, disc, ended = filled = gather_outputs(pairs, ids.shape[0])
+        found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe
+        if not (
+            found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys
+        ):
+            found = self._fused(storage, spec, episodes, keys)
+        if found[4] is not None:  # numba: window, return, discount and the rows in one call
+            kernel, rows_of, args = found[4]
+            rows = np.empty((ids.shape[0], rows_of.width), dtype=rows_of.plan.word)
             # the tensors first (Python work while its code and data are in cache), then
             # the compiled pass that fills them (and evicts much of the cache); the call
             # is nstep_kernel.nstep_gather's, its arguments made once by _fused
-            out = _merge(pairs.read(rows), ret, disc, steps, ended)
-            kernel(_numpy(ids), episodes.lockstep or 0, ring.capacity, ring.next_id, *args, *filled)
+            out = rows_of.read(rows)
+            kernel(_numpy(ids), ring.next_id, ring.next_id - ring.size, *args, rows)
             return out
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
@@ -189,8 +199,9 @@ class NStep:
         if fast is not None:  # numba: window, return and discount in one compiled call
             lockstep, capacity, nxt, flags, rewards = fast
             pair, steps, ret, disc, terminated = nstep_window(
-                _numpy(ids), lockstep, capacity, ring.next_id, nxt, flags, rewards, self._powers
-            )
+                _numpy(ids), lockstep, capacity, ring.next_id, nxt, flags, rewards, self._powers,
+                self._table(spec, episodes, capacity), ring.first_id,
+            )  # fmt: skip
             if n == 1:
                 out = storage.gather(torch.from_numpy(pair[: pair.shape[0] // 2]), wanted)
             else:
@@ -209,39 +220,63 @@ class NStep:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
         return _merge(out, ret, disc, steps, terminated)
 
+    def _table(self, spec: Spec, episodes: EpisodeIndex, capacity: int) -> WindowTable | None:
+        """The buffer's :class:`~xpbank.nstep_kernel.WindowTable` (lockstep mode; else
+        ``None``), made on first use and kept in ``episodes.derived``."""
+        lockstep = episodes.lockstep
+        if lockstep is None or self.n > MAX_TABLE_N:
+            return None
+        key = ("nstep", self.n, float(self.gamma), self.keys(spec)[0])
+        table = episodes.derived.get(key)
+        if table is None:
+            table = episodes.derived[key] = WindowTable(capacity, self.n, lockstep)
+        return table
+
+    def rewritten(self, spec: Spec, ring: Ring, slots: torch.Tensor, keys: Collection[NestedKey]) -> None:
+        """:meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` wrote fields ``keys``
+        of the live items in ``slots``: where the reward is one of them, the windows that
+        hold those items are walked again when sampled (their kept results are dropped)."""
+        episodes = ring.episodes
+        if episodes is None or not episodes.derived or self.keys(spec)[0] not in keys:
+            return
+        ids = _numpy(ring.ids_of_slots(slots))
+        for table in episodes.derived.values():
+            if isinstance(table, WindowTable):
+                table.forget(ids, ring.first_id)
+
     def _fused(
         self,
         storage: Storage,
         spec: Spec,
         episodes: EpisodeIndex,
         keys: list[NestedKey] | None,
-    ) -> tuple[Callable[..., Any], PairRows, tuple[np.ndarray, ...]] | None:
-        """The compiled kernel of :func:`~xpbank.nstep_kernel.nstep_gather`, the storage's
-        ``pairs`` and the kernel's arguments between the capacity and the outputs (links,
-        flags, rewards, powers, rows and plan), or ``None``: no numba, no float32/float64
-        host view of the reward, or a storage without ``pair_rows`` (or whose
-        ``pair_rows`` is ``None``: CUDA, unpacked). Looked up once per storage, spec,
-        index and fields (all fixed arrays and views: the index and the storage write
-        into them in place)."""
+    ) -> tuple[Any, ...]:
+        """The fused path's cache entry for a storage, spec, index and fields: ``(storage,
+        spec, episodes, keys, fused)``, ``fused`` being the compiled kernel of
+        :func:`~xpbank.nstep_kernel.nstep_gather`, its output rows (the storage's
+        ``pair_rows`` with the n-step values, :func:`~xpbank.nstep_kernel.nstep_rows`)
+        and the kernel's arguments between ``first_id`` and the rows (lockstep,
+        capacity, links, flags, rewards, powers, the window table, rows and plan), or
+        ``None``: no numba, no float32/float64 host view of the reward, or a storage
+        without ``pair_rows`` (or whose ``pair_rows`` is ``None``: CUDA, unpacked). Made
+        once per entry (all fixed arrays and views: the index, the table and the storage
+        write into them in place) and kept as the one entry of ``_fused_cache``."""
         kernel = nstep_kernel.kernel()
-        if kernel is None:
-            return None
-        found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe
-        if found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys:
-            return None if found[4] is None else (kernel, *found[4])
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
-        inputs = _kernel_inputs(storage, spec, reward_key, episodes)
+        inputs = None if kernel is None else _kernel_inputs(storage, spec, reward_key, episodes)
         pair_rows = getattr(storage, "pair_rows", None)
         pairs = pair_rows(wanted, next_keys) if inputs is not None and pair_rows is not None else None
         fused = None
         if pairs is not None and inputs is not None:
-            plan = pairs.plan
-            rows = (pairs.words, plan.runs, plan.run_src, plan.mixed, plan.mask, plan.keep)
-            args = (*inputs[2:], self._powers, *rows)
-            fused = (pairs, args)
-        self._fused_cache[:] = [(storage, spec, episodes, None if keys is None else list(keys), fused)]
-        return None if fused is None else (kernel, *fused)
+            rows = nstep_rows(pairs)
+            runs, mixed, offsets = kernel_plan(rows)
+            table = self._table(spec, episodes, inputs[1]) or NO_TABLE
+            args = (*inputs, self._powers, table.cells, table.state, rows.words, runs, mixed, offsets)
+            fused = (kernel, rows, args)
+        entry = (storage, spec, episodes, None if keys is None else list(keys), fused)
+        self._fused_cache[:] = [entry]
+        return entry
 
 
 def _merge(
@@ -310,9 +345,3 @@ def _numpy(values: torch.Tensor) -> np.ndarray:
         return values.numpy()  # a CPU field of a gathered batch: a view (the common case)
     except (RuntimeError, TypeError):  # on a device, or bfloat16 (which NumPy lacks)
         return values.detach().float().cpu().numpy()
-
-
-def _is_next(key: NestedKey) -> bool:
-    if isinstance(key, tuple):
-        return key[0] == "next"
-    return key.startswith("next_") or key in _FLAT_NEXT

@@ -14,7 +14,14 @@ fields from its window's last row, copying only the machine words that hold them
 plan of :mod:`xpbank.storage.pair_rows`), and prefetching (:mod:`xpbank._prefetch`) the
 lines of the item ``AHEAD`` places on so their cache misses overlap. The rows of
 ``[B]`` items then cost about one pass over what is returned, instead of a gather of
-``2B`` whole rows.
+``2B`` whole rows. The n-step values are written into the same output rows, after the
+row's bytes (:meth:`PairRows.with_extras
+<xpbank.storage.pair_rows.PairRows.with_extras>`), so a sample makes one array.
+
+In lockstep mode both keep a :class:`WindowTable`: the results of the items whose
+windows are complete, filled in id order as items become complete, so that a sampled
+item's window is read from one 8-byte cell instead of walked (a reward line per step and
+the flags).
 
 The NumPy path stays the reference and runs where numba is missing, where the
 environment variable ``XPBANK_NO_NUMBA=1`` is set (read once, at this module's import),
@@ -42,21 +49,36 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
-from xpbank._prefetch import prefetch
+from xpbank._prefetch import prefetch, prefetch_once
 from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["flags_view", "gather_outputs", "kernel", "nstep_gather", "nstep_window"]
+__all__ = [
+    "NO_TABLE",
+    "WindowTable",
+    "flags_view",
+    "kernel",
+    "kernel_plan",
+    "nstep_gather",
+    "nstep_rows",
+    "nstep_window",
+]
 
 DISABLED = not _jit.ENABLED  # read once, at import (xpbank._jit)
 _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
 AHEAD = 8  # the kernel prefetches the lines of the item this many places ahead
-# nstep_window's plan: no row words to copy (the kernel's types stay those of a real plan)
-_NO_WORDS = np.zeros((1, 0), dtype=np.uint64)
-_NO_RUNS = np.zeros((0, 2), dtype=np.uint64)
-_NO_SRC = np.zeros(0, dtype=np.int64)
-_NO_MIXED = np.zeros(0, dtype=np.uint64)
 # the bits of a (terminated, truncated) pair read as one uint16 that say terminated
 _TERMINATED = int(np.array([1, 0], dtype=np.uint8).view(np.uint16)[0])
+MAX_TABLE_N = 0xFFFF  # a table cell keeps k in 16 bits
+#: the per-item values the kernel writes after each output row: (key, dtype), in order
+EXTRAS: tuple[tuple[str | None, np.dtype], ...] = (
+    ("nstep_return", np.dtype(np.float32)),
+    ("nstep_discount", np.dtype(np.float32)),
+    ("nstep_steps", np.dtype(np.int64)),
+    ("nstep_terminated", np.dtype(np.bool_)),
+    (None, np.dtype(np.int64)),  # the window's last slot (nstep_window's pairs)
+)
+_NO_WORDS = np.zeros((1, 1), dtype=np.uint64)  # nstep_window: no rows to copy
+_NO_PLAN = np.zeros((0, 3), dtype=np.uint64)
 
 
 def flags_view(flags: np.ndarray) -> np.ndarray:
@@ -65,14 +87,98 @@ def flags_view(flags: np.ndarray) -> np.ndarray:
     return flags.view(np.uint16).reshape(flags.shape[0])
 
 
+class WindowTable:
+    """The n-step results of a lockstep buffer's items whose windows are complete, one
+    8-byte cell per slot: the return (float32), ``k``, and whether the last step
+    terminated.
+
+    A window is complete once all ``n`` of its steps are written (``id + (n - 1) * E <
+    next_id``), and then it never changes: it stops at the first of its first ``n - 1``
+    steps that ends the episode, and those flags, the steps' rewards and the last step's
+    ``terminated`` are not rewritten after (:meth:`EpisodeIndex.truncate_newest
+    <xpbank.EpisodeIndex.truncate_newest>` marks only each env's newest item, at most a
+    complete window's last step, and only as truncated), except a reward by
+    :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>`, which calls
+    :meth:`forget`. The kernel fills the cells of the items completed since its last
+    call, in id order (amortized O(1) per item written, reading lines just written),
+    and reads a sampled item's window from its cell where the cell is filled.
+
+    Args:
+        capacity: the ring's capacity.
+        n: the most steps in a window (at most ``MAX_TABLE_N``).
+        lockstep: the buffer's ``num_envs`` (lockstep mode).
+
+    Attributes:
+        cells: ``[capacity, 2]`` uint32: the return's float32 bits, and ``k |
+            terminated << 16`` (0: not filled; such an item's window is walked, and
+            kept); ``returns`` and ``meta`` view the two columns.
+        state: ``[hi, 1]`` int64: the cells of the live ids below ``hi`` are filled
+            (the kernel advances it); the 1 says the table is in use.
+
+    Example:
+        >>> table = WindowTable(capacity=10, n=3, lockstep=2)
+        >>> table.state.tolist()
+        [0, 1]
+    """
+
+    def __init__(self, capacity: int, n: int, lockstep: int):
+        if not 1 <= n <= MAX_TABLE_N:
+            raise ValueError(f"WindowTable: n must be in 1 .. {MAX_TABLE_N}, got {n}")
+        self.capacity, self.n, self.lockstep = capacity, n, lockstep
+        self.cells = np.zeros((capacity, 2), dtype=np.uint32)
+        self.returns = self.cells.view(np.float32)[:, 0]
+        self.meta = self.cells[:, 1]
+        self.state = np.array([0, 1], dtype=np.int64)
+
+    def reset(self) -> None:
+        """Forget every cell (the index and the stored items were loaded from a state)."""
+        self.meta.fill(0)
+        self.state[0] = 0
+
+    def forget(self, ids: np.ndarray, first_id: int) -> None:
+        """The rewards of items ``ids`` were rewritten: the windows that hold them are
+        walked again (and kept again) when sampled."""
+        steps = self.lockstep * np.arange(self.n, dtype=np.int64)
+        owners = (np.asarray(ids, dtype=np.int64).reshape(-1, 1) - steps).reshape(-1)
+        owners = owners[(owners >= first_id) & (owners < self.state[0])]
+        self.meta[owners % self.capacity] = 0
+
+
+#: the kernel's table where there is none (link-following mode): marked not in use
+NO_TABLE = WindowTable(1, 1, 1)
+NO_TABLE.state[1] = 0
+
+
 def kernel() -> Callable[..., Any] | None:
     """The compiled kernel (numba, ``cache=True``; compiled on first use), or ``None``
     where numba is missing or ``XPBANK_NO_NUMBA=1`` was set: callers then take the
     NumPy path."""
     if not _compiled:
-        kernels = _jit.compile_kernels(_nstep_gather)
+        kernels = _jit.compile_kernels(_nstep_gather, helpers=(_window, _cell))
         _compiled.append(None if kernels is None else kernels[0])
     return _compiled[0]
+
+
+def nstep_rows(pairs: PairRows) -> PairRows:
+    """``pairs`` with the n-step values (:data:`EXTRAS`) after each output row: what
+    :func:`nstep_gather` writes and reads back."""
+    return pairs.with_extras(EXTRAS)
+
+
+def kernel_plan(rows: PairRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's copy plan and value offsets for output ``rows`` (from
+    :func:`nstep_rows`): ``runs`` ``[m, 3]`` uint64 ``(first word, end word, 0: item /
+    1: partner)``, ``mixed`` ``[q, 3]`` uint64 ``(word, item bits, partner bits)`` and
+    the byte offsets of the :data:`EXTRAS` (int64)."""
+    plan = rows.plan
+    runs = np.zeros((plan.runs.shape[0], 3), dtype=np.uint64)
+    runs[:, :2] = plan.runs
+    runs[:, 2] = plan.run_src
+    mixed = np.zeros((plan.mixed.shape[0], 3), dtype=np.uint64)
+    mixed[:, 0] = plan.mixed
+    mixed[:, 1] = plan.mask
+    mixed[:, 2] = plan.keep
+    return runs, mixed, np.array(rows.extra_offsets, dtype=np.int64)
 
 
 def nstep_window(
@@ -84,6 +190,8 @@ def nstep_window(
     flags: np.ndarray,
     reward: np.ndarray,
     powers: np.ndarray,
+    table: WindowTable | None = None,
+    first_id: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each item's n-step window and its reduction, in one pass over the batch.
 
@@ -100,6 +208,9 @@ def nstep_window(
             is ``-1``, as at the newest step of an env, which ``next_id`` tells).
         reward: the reward of every slot (a NumPy view, strided or not; float32/float64).
         powers: ``gamma ** arange(n + 1)`` (float64): ``n = len(powers) - 1``.
+        table: the buffer's :class:`WindowTable` (lockstep mode only), advanced and
+            read; default none (every window walked).
+        first_id: the ring's ``first_id`` (where a table starts filling).
 
     Returns:
         ``(pair, steps, returns, discounts, terminated)``: ``pair`` ``[2B]`` int64 the
@@ -114,15 +225,12 @@ def nstep_window(
     if fn is None:
         raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
     b = ids.shape[0]
-    pair = np.empty(2 * b, dtype=np.int64)
-    np.remainder(ids, capacity, out=pair[:b])  # the items' slots (the kernel works from the ids)
-    steps = np.empty(b, dtype=np.int64)
-    ret = np.empty(b, dtype=np.float32)
-    disc = np.empty(b, dtype=np.float32)
-    done = np.empty(b, dtype=np.bool_)
-    rows = np.empty((b, 0), dtype=np.uint64)
-    fn(ids, lockstep, capacity, next_id, nxt, flags, reward, powers, _NO_WORDS, _NO_RUNS, _NO_SRC,
-       _NO_MIXED, _NO_MIXED, _NO_MIXED, rows, pair[b:], steps, ret, disc, done)  # fmt: skip
+    rows = np.empty((b, _EXTRA_WORDS), dtype=np.uint64)
+    t = table if table is not None else NO_TABLE
+    fn(ids, next_id, first_id, lockstep, capacity, nxt, flags, reward, powers, t.cells, t.state,
+       _NO_WORDS, _NO_PLAN, _NO_PLAN, _EXTRA_OFFSETS, rows)  # fmt: skip
+    ret, disc, steps, done, last = _extras(rows, _EXTRA_OFFSETS)
+    pair = np.concatenate([ids % capacity, last])
     return pair, steps, ret, disc, done
 
 
@@ -136,28 +244,31 @@ def nstep_gather(
     reward: np.ndarray,
     powers: np.ndarray,
     pairs: PairRows,
-    out: tuple[np.ndarray, ...] | None = None,
+    table: WindowTable | None = None,
+    first_id: int = 0,
 ) -> tuple[np.ndarray, ...]:
     """:func:`nstep_window` and the rows' read in one pass: each output row takes the
     item's fields from the item's row and the next fields from its window's last row,
-    word by word as ``pairs.plan`` says, reading no other line of either row.
+    word by word as ``pairs.plan`` says, reading no other line of either row, and the
+    n-step values after them (:func:`nstep_rows`).
 
-    The loads of the item ``AHEAD`` places on (its row's lines, its window's rewards and
-    links; in lockstep mode the last row of a full window too) are prefetched, so the
-    cache misses of several items overlap, as NumPy's ``take`` of whole rows gets from
-    the hardware. Results equal :func:`nstep_window` followed by a gather of the pairs.
+    The loads of the item ``AHEAD`` places on (its row's lines, its table cell or its
+    window's rewards and links; in lockstep mode the last row of a full window too) are
+    prefetched, so the cache misses of several items overlap, as NumPy's ``take`` of
+    whole rows gets from the hardware. Results equal :func:`nstep_window` followed by a
+    gather of the pairs.
 
     Args:
         ids: ``[B]`` the live items' ids (int64, not checked).
-        lockstep, capacity, next_id, nxt, flags, reward, powers: as :func:`nstep_window`.
+        lockstep, capacity, next_id, nxt, flags, reward, powers, table, first_id: as
+            :func:`nstep_window`.
         pairs: the storage's rows and copy plan (``TensorStorage.pair_rows``).
-        out: arrays to fill, from :func:`gather_outputs` (a caller may view them, as
-            tensors, before they are filled); default new ones.
 
     Returns:
         ``(rows, last, steps, returns, discounts, terminated)``: ``rows`` ``[B, W]``
-        output rows (read them with ``pairs.read``), ``last`` the windows' last slots,
-        the others as :func:`nstep_window`'s.
+        output rows (read them with ``nstep_rows(pairs).read``: the fields and the
+        n-step values), ``last`` the windows' last slots, the others as
+        :func:`nstep_window`'s (views of ``rows``).
 
     Raises:
         RuntimeError: numba is not available (see :func:`kernel`).
@@ -165,29 +276,40 @@ def nstep_gather(
     fn = kernel()
     if fn is None:
         raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
-    if out is None:
-        out = gather_outputs(pairs, ids.shape[0])
-    plan = pairs.plan
-    fn(ids, lockstep, capacity, next_id, nxt, flags, reward, powers, pairs.words, plan.runs, plan.run_src,
-       plan.mixed, plan.mask, plan.keep, *out)  # fmt: skip
-    return out
+    out = nstep_rows(pairs)
+    runs, mixed, offsets = kernel_plan(out)
+    rows = out.empty(ids.shape[0])
+    t = table if table is not None else NO_TABLE
+    fn(ids, next_id, first_id, lockstep, capacity, nxt, flags, reward, powers, t.cells, t.state,
+       out.words, runs, mixed, offsets, rows)  # fmt: skip
+    ret, disc, steps, done, last = _extras(rows, offsets)
+    return rows, last, steps, ret, disc, done
 
 
-def gather_outputs(pairs: PairRows, b: int) -> tuple[np.ndarray, ...]:
-    """Empty outputs of :func:`nstep_gather` for ``b`` items: ``(rows, last, steps,
-    returns, discounts, terminated)``."""
-    return (
-        pairs.empty(b),
-        np.empty(b, dtype=np.int64),
-        np.empty(b, dtype=np.int64),
-        np.empty(b, dtype=np.float32),
-        np.empty(b, dtype=np.float32),
-        np.empty(b, dtype=np.bool_),
+def _extras(rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The :data:`EXTRAS` columns of output rows, as views."""
+    raw = rows.view(np.uint8)
+    return tuple(
+        raw[:, off : off + dtype.itemsize].view(dtype)[:, 0]
+        for off, (_, dtype) in zip(offsets.tolist(), EXTRAS, strict=True)
     )
 
 
-def _nstep_gather(
-    ids: Any,
+_EXTRA_OFFSETS = np.arange(len(EXTRAS), dtype=np.int64) * 8  # nstep_window's rows: the values alone
+_EXTRA_WORDS = len(EXTRAS)
+
+
+def _cell(k: Any, terminated: Any) -> Any:  # pragma: no cover - compiled into the kernel
+    """A table cell's meta word: ``k`` in the low 16 bits, bit 16 set where it terminated."""
+    meta = np.uint32(k)
+    if terminated:
+        meta |= np.uint32(0x10000)
+    return meta
+
+
+def _window(
+    item: Any,
+    s0: Any,
     lockstep: Any,
     capacity: Any,
     next_id: Any,
@@ -195,101 +317,167 @@ def _nstep_gather(
     flags: Any,
     reward: Any,
     powers: Any,
+) -> tuple[Any, Any, Any]:  # pragma: no cover - compiled into the kernel; run as Python by tests
+    """Item ``item``'s window (it is in slot ``s0``): ``(last slot, k, return)``, the return
+    summed in float64, step 0 first. Lockstep windows step ``lockstep`` slots on (wrapped
+    without a division) and stop at the first step that ends its episode (``flags``) or
+    whose env's next step has no id below ``next_id`` yet; link-following windows step to
+    ``next`` until it is ``-1``. The slots after a window's end are never read."""
+    n = powers.shape[0] - 1
+    slot = s0
+    acc = 0.0
+    k = 1
+    while True:
+        acc += powers[k - 1] * np.float64(reward[slot])
+        if k == n:
+            break
+        if lockstep > 0:
+            item += lockstep  # the env's next step
+            if flags[slot] != 0 or item >= next_id:  # the episode ended, or not written yet
+                break
+            slot += lockstep
+            if slot >= capacity:
+                slot %= capacity
+        else:
+            after = nxt[slot]
+            if after < 0:
+                break
+            slot = after % capacity
+        k += 1
+    return slot, k, acc
+
+
+def _nstep_gather(
+    ids: Any,
+    next_id: Any,
+    first_id: Any,
+    lockstep: Any,
+    capacity: Any,
+    nxt: Any,
+    flags: Any,
+    reward: Any,
+    powers: Any,
+    table: Any,
+    table_state: Any,
     words: Any,
     runs: Any,
-    run_src: Any,
     mixed: Any,
-    mask: Any,
-    keep: Any,
+    extra: Any,
     rows: Any,
-    last_slot: Any,
-    steps: Any,
-    ret: Any,
-    disc: Any,
-    done: Any,
 ) -> None:  # pragma: no cover - compiled by numba; run only through kernel()
-    """The kernel (numba nopython; outputs written in place). Iteration ``i`` prefetches
-    item ``i``'s lines and then reads item ``i - AHEAD``: its window, then its output
-    row from the two rows. The window mirrors ``walk_slots``: lockstep windows step
-    ``lockstep`` slots on (wrapped without a division) and stop at the first step whose
-    ``next`` would be ``-1`` (the slots after it are never read): the step ends its
-    episode (``flags``: a full window's pairs lie within ``2 * (n - 1) * lockstep + 2``
-    bytes, one line or two, where ``next`` took a line per step) or the env's next step
-    has no id below ``next_id`` yet; link-following windows step to ``next`` until it is
-    ``-1``. ``terminated`` of the last slot is its flags' ``_TERMINATED`` bits.
-    Word indices are unsigned (no negative-index checks in the copy loops, which then
-    compile to vector moves)."""
+    """The kernel (numba nopython; ``rows`` and the table written in place).
+
+    Where the table is in use (``table_state[1]``), it first fills the cells of the
+    items completed since its last call, in id order, and advances ``table_state[0]``
+    (``hi``). Then iteration ``i`` prefetches item ``i``'s lines and reads item
+    ``i - AHEAD``: its window from its cell where its id is below ``hi`` and the cell is
+    filled, else walked (:func:`_window`; a walked window below ``hi`` is kept), then
+    its output row (the copy written out here: as a call it cost ~7 us a batch):
+    the words of ``runs`` and ``mixed`` from the item's row and the last one's, and the
+    n-step values at the byte offsets ``extra`` (the :data:`EXTRAS`' order). A table
+    read is one line where a walk reads a reward line per step and the flags (a full
+    window's pairs lie within ``2 * (n - 1) * lockstep + 2`` bytes, one line or two).
+    ``terminated`` of the last slot is its flags' ``_TERMINATED`` bits. Word indices are
+    unsigned (no negative-index checks in the copy loops, which then compile to vector
+    moves)."""
     b = ids.shape[0]
     n = powers.shape[0] - 1
+    table_ret, table_meta = table.view(np.float32)[:, 0], table[:, 1]
+    hi = np.int64(0)
+    if table_state[1] != 0 and lockstep > 0:
+        hi = np.int64(table_state[0])
+        if hi > next_id:  # the ring went back (a loaded state): nothing is known
+            table_meta[:] = 0
+            hi = np.int64(0)
+        start = max(hi, np.int64(first_id))
+        hi = max(start, np.int64(next_id - (n - 1) * lockstep))
+        s = start % capacity
+        for t in range(start, hi):  # the windows completed since the last call
+            slot, k, acc = _window(t, s, lockstep, capacity, next_id, nxt, flags, reward, powers)
+            table_ret[s] = np.float32(acc)
+            table_meta[s] = _cell(k, (flags[slot] & _TERMINATED) != 0)
+            s += 1
+            if s == capacity:
+                s = 0
+        table_state[0] = hi
+    f32, i64, u8 = rows.view(np.float32), rows.view(np.int64), rows.view(np.uint8)
+    o_ret, o_disc, o_steps, o_done, o_last = (
+        extra[0] // 4,
+        extra[1] // 4,
+        extra[2] // 8,
+        extra[3],
+        extra[4] // 8,
+    )
     row_bytes = np.int64(words.strides[0])
     word = np.int64(words.strides[1])
     base = np.int64(words.ctypes.data)
     nxt_base, flags_base = np.int64(nxt.ctypes.data), np.int64(flags.ctypes.data)
     rew_base, rew_step = np.int64(reward.ctypes.data), np.int64(reward.strides[0])
+    meta_base, meta_step = np.int64(table_meta.ctypes.data), np.int64(table_meta.strides[0])
     for i in range(b + AHEAD):
-        if i < b:  # prefetch item i: its row's item words, the window's rewards and flags
-            s0 = np.int64(ids[i]) % capacity
+        if i < b:  # prefetch item i: its row's item words, its cell or its window's rewards and flags
+            item = np.int64(ids[i])
+            s0 = item % capacity
             last = s0
-            prefetch(flags_base + s0 * 2)
-            prefetch(rew_base + s0 * rew_step)
             if lockstep > 0:  # the window's slots are known: a full window's
                 for _ in range(1, n):
                     last += lockstep
                     if last >= capacity:
                         last %= capacity
-                    prefetch(rew_base + last * rew_step)
-                if (flags_base + last * 2) >> 6 != (flags_base + s0 * 2) >> 6:
-                    prefetch(flags_base + last * 2)
+                if item < hi:
+                    prefetch(meta_base + s0 * meta_step)
+                else:
+                    prefetch(flags_base + s0 * 2)
+                    for j in range(n):
+                        prefetch(rew_base + ((s0 + j * lockstep) % capacity) * rew_step)
+                    if (flags_base + last * 2) >> 6 != (flags_base + s0 * 2) >> 6:
+                        prefetch(flags_base + last * 2)
             else:  # following links: only the first is known
+                prefetch(flags_base + s0 * 2)
+                prefetch(rew_base + s0 * rew_step)
                 prefetch(nxt_base + s0 * 8)
             for r in range(runs.shape[0]):
-                if run_src[r] == 1 and lockstep == 0:
+                if runs[r, 2] == 1 and lockstep == 0:
                     continue  # following links: the window's last row is not known yet
-                row = base + (s0 if run_src[r] == 0 else last) * row_bytes
+                row = base + (s0 if runs[r, 2] == 0 else last) * row_bytes
                 line = row + np.int64(runs[r, 0]) * word
                 line -= line % 64
-                hi = row + np.int64(runs[r, 1]) * word
-                while line < hi:
-                    prefetch(line)
+                end = row + np.int64(runs[r, 1]) * word
+                while line < end:
+                    prefetch_once(line)
                     line += 64
             for q in range(mixed.shape[0]):
-                prefetch(base + s0 * row_bytes + np.int64(mixed[q]) * word)
-                prefetch(base + last * row_bytes + np.int64(mixed[q]) * word)
+                prefetch_once(base + s0 * row_bytes + np.int64(mixed[q, 0]) * word)
+                prefetch_once(base + last * row_bytes + np.int64(mixed[q, 0]) * word)
         j = i - AHEAD
         if j < 0:
             continue
         item = np.int64(ids[j])
         s0 = item % capacity
-        slot = s0
-        acc = 0.0
-        k = 1
-        while True:
-            acc += powers[k - 1] * np.float64(reward[slot])
-            if k == n:
-                break
-            if lockstep > 0:
-                item += lockstep  # the env's next step
-                if flags[slot] != 0 or item >= next_id:  # the episode ended, or not written yet
-                    break
-                slot += lockstep
-                if slot >= capacity:
-                    slot %= capacity
-            else:
-                after = nxt[slot]
-                if after < 0:
-                    break
-                slot = after % capacity
-            k += 1
-        last_slot[j] = slot
-        steps[j] = k
-        ret[j] = np.float32(acc)
-        ended = (flags[slot] & _TERMINATED) != 0
-        done[j] = ended
-        disc[j] = np.float32(0.0) if ended else np.float32(powers[k])
+        meta = table_meta[s0] if item < hi else np.uint32(0)
+        if meta != 0:  # the cell's: a lockstep window's last slot from its length
+            k = np.int64(meta & np.uint32(0xFFFF))
+            ended = (meta >> np.uint32(16)) != 0
+            total = table_ret[s0]
+            slot = s0 + (k - 1) * lockstep
+            if slot >= capacity:
+                slot %= capacity
+        else:  # walked
+            slot, k, acc = _window(item, s0, lockstep, capacity, next_id, nxt, flags, reward, powers)
+            ended = (flags[slot] & _TERMINATED) != 0
+            total = np.float32(acc)
+            if item < hi:  # a complete window: keep it
+                table_ret[s0] = total
+                table_meta[s0] = _cell(k, ended)
         for r in range(runs.shape[0]):
-            row = s0 if run_src[r] == 0 else slot
+            src = s0 if runs[r, 2] == 0 else slot
             for w in range(runs[r, 0], runs[r, 1]):
-                rows[j, w] = words[row, w]
+                rows[j, w] = words[src, w]
         for q in range(mixed.shape[0]):
-            w = mixed[q]
-            rows[j, w] = (words[s0, w] & mask[q]) | (words[slot, w] & keep[q])
+            w = mixed[q, 0]
+            rows[j, w] = (words[s0, w] & mixed[q, 1]) | (words[slot, w] & mixed[q, 2])
+        f32[j, o_ret] = total
+        f32[j, o_disc] = np.float32(0.0) if ended else np.float32(powers[k])
+        i64[j, o_steps] = k
+        u8[j, o_done] = ended
+        i64[j, o_last] = slot

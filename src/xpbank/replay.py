@@ -324,6 +324,8 @@ class ReplayBuffer:
         if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
             slots, flat = _keep_last(slots, flat)
         self._storage.write(slots, flat)
+        if self._nstep is not None:  # n-step results kept for these items' windows
+            self._nstep.rewritten(self.spec, self._ring, slots, flat.keys())
 
     @_locked
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:

@@ -18,7 +18,7 @@ import torch
 from xpbank.cast import is_safe_cast
 from xpbank.errors import SpecError
 
-__all__ = ["Field", "Spec", "NestedKey", "normalize_key", "key_str"]
+__all__ = ["Field", "Spec", "NestedKey", "is_next_key", "normalize_key", "key_str"]
 
 NestedKey: TypeAlias = "str | tuple[str, ...]"
 
@@ -35,6 +35,23 @@ def normalize_key(key: Any) -> NestedKey:
 def key_str(key: NestedKey) -> str:
     """A key as people read it: ``'obs'``, ``'next.obs'``."""
     return key if isinstance(key, str) else ".".join(key)
+
+
+_FLAT_NEXT = frozenset(("terminated", "truncated", "done"))
+
+
+def is_next_key(key: NestedKey) -> bool:
+    """Whether a field belongs to the step's outcome (the next step) by its name: with
+    TorchRL keys everything under ``"next"``; with flat keys ``next_*`` and
+    ``terminated``, ``truncated``, ``done`` (a flat ``reward`` is the step's own).
+
+    Example:
+        >>> [is_next_key(k) for k in ("obs", "next_obs", "done", ("next", "reward"))]
+        [False, True, True, True]
+    """
+    if isinstance(key, tuple):
+        return key[0] == "next"
+    return key.startswith("next_") or key in _FLAT_NEXT
 
 
 def reject_reserved(spec: Spec, reserved: frozenset[Any], why: str) -> Spec:

@@ -26,7 +26,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import functools
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +148,51 @@ class PairRows:
     words: np.ndarray
     record: np.dtype
     fields: tuple[tuple[NestedKey, str, torch.dtype | None], ...]
+    extra_offsets: tuple[int, ...] = ()  # byte offsets of with_extras' values in an output row
+
+    @functools.cached_property
+    def width(self) -> int:
+        """Words in an output row (``W``)."""
+        return self.record.itemsize // self.plan.word.itemsize
 
     def empty(self, b: int) -> np.ndarray:
-        """Output rows for ``b`` items, ``[b, W]`` (uninitialized)."""
-        return np.empty((b, self.words.shape[1]), dtype=self.plan.word)
+        """Output rows for ``b`` items, ``[b, W]`` words (uninitialized)."""
+        return np.empty((b, self.width), dtype=self.plan.word)
+
+    def with_extras(self, extras: Sequence[tuple[NestedKey | None, np.dtype]]) -> PairRows:
+        """These rows with each output row widened by ``extras``: per-item values a
+        kernel writes after the row's bytes (each at an offset aligned to 8, from the
+        first multiple of 8 past the row; ``extra_offsets``), read back by :meth:`read`
+        as fields ``key`` (``None``: written but not read back). The widened row stays a
+        whole number of 8-byte words.
+
+        Example:
+            >>> import numpy as np
+            >>> from xpbank import Field, Spec, TensorStorage
+            >>> st = TensorStorage(4, Spec({"obs": Field((2,)), "next_obs": Field((2,))}))
+            >>> rows = st.pair_rows(["obs"], []).with_extras([("ret", np.dtype(np.float32))])
+            >>> rows.extra_offsets, rows.empty(3).shape, sorted(rows.read(rows.empty(3)))
+            ((16,), (3, 3), ['obs', 'ret'])
+        """
+        offset = -(-self.record.itemsize // 8) * 8
+        names, formats, offsets = [], [], []
+        fields = list(self.fields)
+        for i, (key, dtype) in enumerate(extras):
+            names.append(f"x{i}")
+            formats.append(np.dtype(dtype))
+            offsets.append(offset)
+            if key is not None:
+                fields.append((key, f"x{i}", None))
+            offset += -(-np.dtype(dtype).itemsize // 8) * 8
+        base: Mapping[str, Any] = self.record.fields or {}
+        widened: Any = {
+            "names": [*base, *names],
+            "formats": [base[k][0] for k in base] + formats,
+            "offsets": [base[k][1] for k in base] + offsets,
+            "itemsize": offset,
+        }
+        record = np.dtype(widened)
+        return PairRows(self.plan, self.words, record, tuple(fields), tuple(offsets))
 
     def read(self, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         """The wanted fields of filled output ``rows``, as tensors viewing them (no copy:
