@@ -15,7 +15,8 @@ Part 2, n-step: 1M items from 8 envs (obs/next_obs float32[64], reward, terminat
 truncated; random episode ends), batch 256: xpbank's uniform sample with ``NStep(3,
 0.99)`` against the same buffer's plain uniform sample, and SB3's NStepReplayBuffer
 (n_steps=3) against SB3's plain ReplayBuffer. Also extend with and without the episode
-index (one [8] step, and [256]).
+index (one [8] step, and [256]), and one [8] step followed by a sample, a training
+loop's step (n-step: the sample then also fills the window table for the step's items).
 
 Each part's buffers are built first and then timed together: ``--chunks`` rounds, each
 running one block of ``--calls`` calls of every timed function in turn, the fastest block
@@ -184,7 +185,15 @@ def xpbank_nstep(capacity: int) -> tuple[Timed, Timed]:
         samples[f"xpbank sample ({label})"] = lambda i, rb=rb: rb.sample(BATCH)
         extends[f"extend [8] ({label})"] = lambda i, rb=rb: rb.extend(step8[i % 64])
         extends[f"extend [256] ({label})"] = lambda i, rb=rb: rb.extend(step256[i % 16])
+        # a training loop's step: one env step written, one batch drawn (n-step: the
+        # sample also fills the window table for the 8 items completed by the write)
+        extends[f"extend [8] + sample ({label})"] = lambda i, rb=rb: write_then_sample(rb, step8[i % 64])
     return samples, extends
+
+
+def write_then_sample(rb: ReplayBuffer, step: dict[str, torch.Tensor]) -> None:
+    rb.extend(step)
+    rb.sample(BATCH)
 
 
 def sb3_nstep(capacity: int) -> Timed:
