@@ -27,10 +27,20 @@ def kernel_off(monkeypatch: pytest.MonkeyPatch):
     """A context manager: the kernel switched off (the NumPy path) inside it."""
 
     @contextlib.contextmanager
-    def off():
+    def off(*buffers: ReplayBuffer):
+        # and the fused entries ``buffers``' NStep keeps (each holds the kernel it found),
+        # set aside: else the "NumPy path" would run the cached kernel
+        caches = [rb._nstep._fused_cache for rb in buffers]
+        saved = [list(c) for c in caches]
         with monkeypatch.context() as m:
             m.setattr(nstep_kernel, "_compiled", [None])
-            yield
+            for c in caches:
+                c.clear()
+            try:
+                yield
+            finally:
+                for c, entry in zip(caches, saved, strict=True):
+                    c[:] = entry
 
     return off
 
@@ -94,7 +104,7 @@ def test_kernel_matches_numpy_path(case: int, n: int, kernel_off) -> None:
             ids_t = torch.from_numpy(ids)
             slots = ids_t % capacity
             fast = rb._nstep.gather(storage, ring, slots, ids_t, None)
-            with kernel_off():
+            with kernel_off(rb):
                 slow = rb._nstep.gather(storage, ring, slots, ids_t, None)
             assert nstep_kernel.kernel() is not None
             _assert_same(fast, slow)
@@ -145,7 +155,7 @@ def test_numpy_path_when_reward_has_no_float_host_view(kernel_off) -> None:
                    "terminated": torch.as_tensor(rng.random(2) < 0.2)})  # fmt: skip
     ids = torch.arange(rb._ring.first_id, rb._ring.next_id)
     fast = rb._nstep.gather(rb._storage, rb._ring, ids % 64, ids, None)
-    with kernel_off():
+    with kernel_off(rb):
         slow = rb._nstep.gather(rb._storage, rb._ring, ids % 64, ids, None)
     _assert_same(fast, slow)
 
