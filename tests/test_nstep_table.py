@@ -56,7 +56,8 @@ def _gather(rb: ReplayBuffer, ids: np.ndarray, which: str, keys: list | None = N
     cache = rb._nstep._fused_cache
     saved = list(cache)
     with _kernel(which):
-        if which == "numpy" or (cache and cache[0][4] is not None and cache[0][4][0] is not nstep_kernel.kernel()):
+        fused = cache[0][4] if cache else None
+        if which == "numpy" or (fused is not None and fused[0] is not nstep_kernel.kernel()):
             cache.clear()
         try:
             return rb._nstep.gather(rb._storage, rb._ring, ids_t % rb.capacity, ids_t, keys)
