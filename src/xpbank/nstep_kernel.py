@@ -5,8 +5,9 @@
 rewards and reduces them (:func:`~xpbank.nstep_returns.nstep_sum`): a dozen NumPy calls,
 each costing its per-call overhead. With numba installed (``pip install xpbank[fast]``)
 the whole of it is one compiled loop over the batch, :func:`nstep_window`, with the same
-results: the same slots, steps and flags, and the return summed in float64 in the order
-of ``np.dot(powers, by_step)`` (step 0 first), then cast to float32.
+results: the same slots, steps and flags, and the return summed in float64 one step
+after another from step 0 (as :func:`~xpbank.nstep_returns.nstep_sum`), then cast to
+float32.
 
 :func:`nstep_gather` goes one step further for packed CPU rows (``TensorStorage``): the
 same pass also writes the sampled rows, each item's fields from its row and the next
