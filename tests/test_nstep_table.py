@@ -306,3 +306,23 @@ def test_an_empty_state_without_an_index_forgets_the_table(which: str) -> None:
     got = _gather(rb, ids, which)
     _assert_same(got, _gather(rb, ids, "numpy"))
     assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+
+
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_the_kernel_restarts_a_table_above_next_id(which: str) -> None:
+    """The kernel's own guard: a ring moved back under the table with no load at all
+    (``Ring.load_state_dict`` alone, as nothing in xpbank does now) has ``hi`` above
+    ``next_id``: the table starts over instead of reading the old items' cells."""
+    rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, GAMMA), seed=0)
+    for _ in range(20):
+        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.ones(2)})
+    _gather(rb, np.array([0]), which)
+    assert _table(rb).state[0] == 36
+    rb._ring.load_state_dict({"next_id": 0, "size": 0})
+    rb.episodes.clear()
+    for _ in range(10):
+        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.full((2,), 2.0)})
+    got = _gather(rb, np.arange(20), which)
+    _assert_same(got, _gather(rb, np.arange(20), "numpy"))
+    assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+    assert _table(rb).state[0] == 16
