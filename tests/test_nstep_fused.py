@@ -91,11 +91,18 @@ def test_pair_plan_word_sizes_and_errors() -> None:
 
 
 @contextlib.contextmanager
-def _numpy_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The compiled kernels switched off (the NumPy path) inside."""
+def _numpy_path(monkeypatch: pytest.MonkeyPatch, rb: ReplayBuffer) -> Iterator[None]:
+    """The compiled kernels switched off (the NumPy path) inside, and ``rb``'s cached
+    fused entry (which holds the kernel it found) set aside meanwhile."""
+    cache = rb._nstep._fused_cache
+    saved = list(cache)
     with monkeypatch.context() as m:
         m.setattr(nstep_kernel, "_compiled", [None])
-        yield
+        cache.clear()
+        try:
+            yield
+        finally:
+            cache[:] = saved
 
 
 def _python_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +118,7 @@ def _compare(rb: ReplayBuffer, rng: np.random.Generator, envs: int, keys, monkey
     slots = ids % ring.capacity
     assert rb._nstep._fused(storage, storage.spec, ring.episodes, keys)[4] is not None  # the fused path runs
     fused = rb._nstep.gather(storage, ring, slots, ids, keys)
-    with _numpy_path(monkeypatch):
+    with _numpy_path(monkeypatch, rb):
         reference = rb._nstep.gather(storage, ring, slots, ids, keys)
     _assert_same(fused, reference)
 

@@ -48,10 +48,22 @@ def _table(rb: ReplayBuffer) -> WindowTable:
     return tables[0]
 
 
-def _gather(rb: ReplayBuffer, ids: np.ndarray, which: str) -> dict:
+def _gather(rb: ReplayBuffer, ids: np.ndarray, which: str, keys: list | None = None) -> dict:
+    """``rb``'s n-step gather of ``ids`` on the ``which`` path. ``NStep._fused_cache``
+    holds the kernel it found first, so the entry is set aside for the NumPy path (and
+    dropped where it holds another kernel): else every path would run the cached one."""
     ids_t = torch.from_numpy(ids)
+    cache = rb._nstep._fused_cache
+    saved = list(cache)
     with _kernel(which):
-        return rb._nstep.gather(rb._storage, rb._ring, ids_t % rb.capacity, ids_t, None)
+        fused = cache[0][4] if cache else None
+        if which == "numpy" or (fused is not None and fused[0] is not nstep_kernel.kernel()):
+            cache.clear()
+        try:
+            return rb._nstep.gather(rb._storage, rb._ring, ids_t % rb.capacity, ids_t, keys)
+        finally:
+            if which == "numpy":
+                cache[:] = saved
 
 
 class Model:
@@ -269,3 +281,48 @@ def test_a_ring_moved_back_without_an_index_load_forgets_the_table(which: str) -
     got = _gather(rb, np.arange(10), which)
     _assert_same(got, _gather(rb, np.arange(10), "numpy"))
     assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+
+
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_an_empty_state_without_an_index_forgets_the_table(which: str) -> None:
+    """As above, but the new items are written past the table's old ``hi`` before the
+    next sample: the kernel cannot tell, so the load itself forgets the table (regression:
+    ids 0 .. 35 were read from the old items' cells, returns of reward 1 for reward 2)."""
+    step = {"obs": torch.zeros(2, 1), "reward": torch.ones(2)}
+    rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, GAMMA), seed=0)
+    for _ in range(20):
+        rb.extend(step)
+    _gather(rb, np.array([0]), which)
+    assert _table(rb).state[0] == 36
+    empty = ReplayBuffer(64, seed=0)
+    empty.extend(step)
+    empty.clear()
+    state = empty.state_dict()
+    state["ring"]["next_id"] = 0
+    rb.load_state_dict(state)
+    for _ in range(20):
+        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.full((2,), 2.0)})
+    ids = np.arange(40)
+    got = _gather(rb, ids, which)
+    _assert_same(got, _gather(rb, ids, "numpy"))
+    assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+
+
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_the_kernel_restarts_a_table_above_next_id(which: str) -> None:
+    """The kernel's own guard: a ring moved back under the table with no load at all
+    (``Ring.load_state_dict`` alone, as nothing in xpbank does now) has ``hi`` above
+    ``next_id``: the table starts over instead of reading the old items' cells."""
+    rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, GAMMA), seed=0)
+    for _ in range(20):
+        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.ones(2)})
+    _gather(rb, np.array([0]), which)
+    assert _table(rb).state[0] == 36
+    rb._ring.load_state_dict({"next_id": 0, "size": 0})
+    rb.episodes.clear()
+    for _ in range(10):
+        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.full((2,), 2.0)})
+    got = _gather(rb, np.arange(20), which)
+    _assert_same(got, _gather(rb, np.arange(20), "numpy"))
+    assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+    assert _table(rb).state[0] == 16

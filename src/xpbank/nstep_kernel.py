@@ -5,8 +5,9 @@
 rewards and reduces them (:func:`~xpbank.nstep_returns.nstep_sum`): a dozen NumPy calls,
 each costing its per-call overhead. With numba installed (``pip install xpbank[fast]``)
 the whole of it is one compiled loop over the batch, :func:`nstep_window`, with the same
-results: the same slots, steps and flags, and the return summed in float64 in the order
-of ``np.dot(powers, by_step)`` (step 0 first), then cast to float32.
+results: the same slots, steps and flags, and the return summed in float64 one step
+after another from step 0 (as :func:`~xpbank.nstep_returns.nstep_sum`), then cast to
+float32.
 
 :func:`nstep_gather` goes one step further for packed CPU rows (``TensorStorage``): the
 same pass also writes the sampled rows, each item's fields from its row and the next
@@ -100,7 +101,7 @@ class WindowTable:
     complete window's last step, and only as truncated), except a reward by
     :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>`, which calls
     :meth:`forget`. The kernel fills the cells of the items completed since its last
-    call, in id order (amortized O(1) per item written, reading lines just written),
+    call, in id order (one window walk per item written, over lines written recently),
     and reads a sampled item's window from its cell where the cell is filled.
 
     Args:
@@ -112,8 +113,10 @@ class WindowTable:
         cells: ``[capacity, 2]`` uint32: the return's float32 bits, and ``k |
             terminated << 16`` (0: not filled; such an item's window is walked, and
             kept); ``returns`` and ``meta`` view the two columns.
-        state: ``[hi, 1]`` int64: the cells of the live ids below ``hi`` are filled
-            (the kernel advances it); the 1 says the table is in use.
+        state: ``[hi, 1]`` int64: the cells of the live ids below ``hi`` are filled,
+            or 0 where :meth:`forget` dropped them (the kernel advances it; a reset, or
+            the kernel finding ``next_id`` below it, sets it back); the 1 says the table
+            is in use.
 
     Example:
         >>> table = WindowTable(capacity=10, n=3, lockstep=2)
@@ -131,7 +134,8 @@ class WindowTable:
         self.state = np.array([0, 1], dtype=np.int64)
 
     def reset(self) -> None:
-        """Forget every cell (the index and the stored items were loaded from a state)."""
+        """Forget every cell (the index and the stored items were loaded from a state, or
+        an empty state without an index was: the ring's ids may have moved back)."""
         self.meta.fill(0)
         self.state[0] = 0
 

@@ -103,7 +103,12 @@ def nstep_sum(
         ([1.75, 2.0], [0.125, 0.0])
     """
     np.copyto(by_step[1:], 0, where=past)
-    returns = np.dot(powers[: by_step.shape[0]], by_step).astype(np.float32)  # float64 sums
+    # float64 sums, one step after another from step 0: the compiled kernel's order, bit
+    # for bit (np.dot's BLAS blocks and fuses the multiply-adds: the last bit differs)
+    acc = np.zeros(by_step.shape[1:], dtype=np.float64)
+    for j in range(by_step.shape[0]):
+        acc += powers[j] * by_step[j].astype(np.float64, copy=False)
+    returns = acc.astype(np.float32)
     discounts = powers[steps].astype(np.float32)
     np.copyto(discounts, _ZERO, where=terminated)
     return returns, discounts

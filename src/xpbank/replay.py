@@ -517,6 +517,9 @@ class ReplayBuffer:
             if self._ring.episodes is None:
                 self._ring.episodes = EpisodeIndex(self._ring, self._num_envs, self._episode_keys)
             self._ring.episodes.load_state_dict(state["episodes"])
+        elif self._ring.episodes is not None:  # an empty state: the ring's ids may have moved
+            for derived in self._ring.episodes.derived.values():
+                derived.reset()  # (n-step's kept windows: new items may reuse their ids)
 
     def config(self) -> dict[str, Any]:
         """The JSON-able constructor options a bank rebuilds this buffer from.
