@@ -1,4 +1,4 @@
-"""The n-step window table (``nstep_kernel.WindowTable``): a lockstep buffer keeps the
+"""The n-step window table (``nstep_table.WindowTable``): a lockstep buffer keeps the
 results of complete windows and the kernel reads them instead of walking. Checked
 against a brute-force model written here and against the NumPy path (which keeps no
 table), bit for bit, through writes, samples, reward rewrites (``ReplayBuffer.update``),
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from test_nstep_kernel import _assert_same
-from xpbank import NStep, ReplayBuffer, nstep_kernel
-from xpbank.nstep_kernel import MAX_TABLE_N, WindowTable
+from xpbank import NStep, ReplayBuffer, SpecError, nstep_kernel
+from xpbank.nstep_table import MAX_TABLE_N, WindowTable
 
 GAMMA = 0.9
 
@@ -288,24 +288,35 @@ def test_an_empty_state_without_an_index_forgets_the_table(which: str) -> None:
     """As above, but the new items are written past the table's old ``hi`` before the
     next sample: the kernel cannot tell, so the load itself forgets the table (regression:
     ids 0 .. 35 were read from the old items' cells, returns of reward 1 for reward 2)."""
-    step = {"obs": torch.zeros(2, 1), "reward": torch.ones(2)}
+
+    def step(reward: float, end: bool = False) -> dict[str, torch.Tensor]:
+        return {
+            "obs": torch.zeros(2, 1),
+            "reward": torch.full((2,), reward),
+            "terminated": torch.tensor([end, end]),
+        }
+
     rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, GAMMA), seed=0)
-    for _ in range(20):
-        rb.extend(step)
+    for t in range(20):
+        rb.extend(step(1.0, t == 10))  # the open episodes start at ids 22 and 23
     _gather(rb, np.array([0]), which)
     assert _table(rb).state[0] == 36
     empty = ReplayBuffer(64, seed=0)
-    empty.extend(step)
+    empty.extend(step(1.0))
     empty.clear()
     state = empty.state_dict()
     state["ring"]["next_id"] = 0
     rb.load_state_dict(state)
     for _ in range(20):
-        rb.extend({"obs": torch.zeros(2, 1), "reward": torch.full((2,), 2.0)})
+        rb.extend(step(2.0))
     ids = np.arange(40)
     got = _gather(rb, ids, which)
     _assert_same(got, _gather(rb, ids, "numpy"))
     assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
+    # the index starts over too: the new items' episodes start at 0 and 1, not at the
+    # old items' (whose ids the new ones reuse)
+    assert rb.episodes.episode_start([0, 1, 38, 39]).tolist() == [0, 1, 0, 1]
+    assert rb.episodes.predecessors([0, 1, 2]).tolist() == [-1, -1, 0]
 
 
 @pytest.mark.parametrize("which", ["compiled", "python"])
@@ -326,3 +337,18 @@ def test_the_kernel_restarts_a_table_above_next_id(which: str) -> None:
     _assert_same(got, _gather(rb, np.arange(20), "numpy"))
     assert got["nstep_return"][0].item() == pytest.approx(2 * (1 + GAMMA + GAMMA**2))
     assert _table(rb).state[0] == 16
+
+
+def test_an_nstep_sample_is_not_written_back_whole() -> None:
+    """``update(batch["index"], batch)`` of an n-step sample would move each window's
+    last next fields onto its item: it raises, naming why, and writes nothing."""
+    rb = ReplayBuffer(20, num_envs=1, nstep=NStep(2, GAMMA), seed=0)
+    rb.extend({"obs": torch.zeros(5, 1), "next_obs": torch.arange(5.0)[:, None], "reward": torch.ones(5)})
+    batch = rb.sample(4)
+    before = rb.storage.view("next_obs").clone()
+    with pytest.raises(
+        SpecError, match=r"got an n-step sample \(it has 'nstep_return'\).*pass only the fields"
+    ):
+        rb.update(batch["index"], batch)
+    assert torch.equal(rb.storage.view("next_obs"), before)
+    rb.update(batch["index"], {"reward": batch["reward"] * 2})  # a field subset is fine

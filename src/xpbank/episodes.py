@@ -287,6 +287,14 @@ class EpisodeIndex:
         """Every item was dropped: the next item of each env starts an episode."""
         self._reset_envs(self._last_id.shape[0])
 
+    def restart(self) -> None:
+        """Every item was dropped and the ring's ids may have moved (an empty state
+        without an index was loaded): the per-env state as after :meth:`clear`, and
+        the derived data (n-step's kept windows, whose ids new items may reuse) reset."""
+        self.clear()
+        for derived in self.derived.values():
+            derived.reset()
+
     def truncate_newest(self) -> np.ndarray:
         """End each env's open episode at its newest live item, as a truncation.
 

@@ -20,7 +20,7 @@ shorter window and bootstrap from the newest step's next observation. No slot of
 newer than the window is ever read.
 
 With numba (``xpbank[fast]``), a lockstep buffer (``num_envs=``) also keeps the results
-of complete windows (:class:`~xpbank.nstep_kernel.WindowTable`), so most sampled items
+of complete windows (:class:`~xpbank.nstep_table.WindowTable`), so most sampled items
 read one small cell instead of their window. Rewrite rewards through
 :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` (which drops the results that
 read them), not by writing into the storage's views.
@@ -50,8 +50,9 @@ import torch
 from xpbank import nstep_kernel
 from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import MAX_TABLE_N, NO_TABLE, WindowTable, kernel_plan, nstep_rows, nstep_window
+from xpbank.nstep_kernel import kernel_plan, nstep_rows, nstep_window
 from xpbank.nstep_returns import nstep_sum
+from xpbank.nstep_table import MAX_TABLE_N, NO_TABLE, WindowTable
 from xpbank.ring import Ring
 from xpbank.spec import NestedKey, Spec, is_next_key, key_str, normalize_key
 from xpbank.storage.base import Storage
@@ -172,7 +173,7 @@ class NStep:
         fields from its row and the next fields from its window's last row, no other
         bytes of either, with the loads of items a few places ahead prefetched. In
         lockstep mode both compiled calls read complete windows from the buffer's
-        :class:`~xpbank.nstep_kernel.WindowTable` (:meth:`_table`).
+        :class:`~xpbank.nstep_table.WindowTable` (:meth:`_table`).
         """
         episodes = ring.episodes
         spec = storage.spec
@@ -221,7 +222,7 @@ class NStep:
         return _merge(out, ret, disc, steps, terminated)
 
     def _table(self, spec: Spec, episodes: EpisodeIndex, capacity: int) -> WindowTable | None:
-        """The buffer's :class:`~xpbank.nstep_kernel.WindowTable` (lockstep mode; else
+        """The buffer's :class:`~xpbank.nstep_table.WindowTable` (lockstep mode; else
         ``None``), made on first use and kept in ``episodes.derived``."""
         lockstep = episodes.lockstep
         if lockstep is None or self.n > MAX_TABLE_N:

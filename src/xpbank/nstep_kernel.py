@@ -19,7 +19,7 @@ lines of the item ``AHEAD`` places on so their cache misses overlap. The rows of
 row's bytes (:meth:`PairRows.with_extras
 <xpbank.storage.pair_rows.PairRows.with_extras>`), so a sample makes one array.
 
-In lockstep mode both keep a :class:`WindowTable`: the results of the items whose
+In lockstep mode both keep a :class:`~xpbank.nstep_table.WindowTable`: the results of the items whose
 windows are complete, filled in id order as items become complete, so that a sampled
 item's window is read from one 8-byte cell instead of walked (a reward line per step and
 the flags).
@@ -51,11 +51,10 @@ import numpy as np
 
 from xpbank import _jit
 from xpbank._prefetch import prefetch, prefetch_once
+from xpbank.nstep_table import NO_TABLE, WindowTable
 from xpbank.storage.pair_rows import PairRows
 
 __all__ = [
-    "NO_TABLE",
-    "WindowTable",
     "flags_view",
     "kernel",
     "kernel_plan",
@@ -69,7 +68,6 @@ _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() c
 AHEAD = 8  # the kernel prefetches the lines of the item this many places ahead
 # the bits of a (terminated, truncated) pair read as one uint16 that say terminated
 _TERMINATED = int(np.array([1, 0], dtype=np.uint8).view(np.uint16)[0])
-MAX_TABLE_N = 0xFFFF  # a table cell keeps k in 16 bits
 #: the per-item values the kernel writes after each output row: (key, dtype), in order
 EXTRAS: tuple[tuple[str | None, np.dtype], ...] = (
     ("nstep_return", np.dtype(np.float32)),
@@ -86,71 +84,6 @@ def flags_view(flags: np.ndarray) -> np.ndarray:
     """The index's ``[capacity, 2]`` bool ``(terminated, truncated)`` array as ``[capacity]``
     uint16 (a view): non-zero where the slot ends its episode."""
     return flags.view(np.uint16).reshape(flags.shape[0])
-
-
-class WindowTable:
-    """The n-step results of a lockstep buffer's items whose windows are complete, one
-    8-byte cell per slot: the return (float32), ``k``, and whether the last step
-    terminated.
-
-    A window is complete once all ``n`` of its steps are written (``id + (n - 1) * E <
-    next_id``), and then it never changes: it stops at the first of its first ``n - 1``
-    steps that ends the episode, and those flags, the steps' rewards and the last step's
-    ``terminated`` are not rewritten after (:meth:`EpisodeIndex.truncate_newest
-    <xpbank.EpisodeIndex.truncate_newest>` marks only each env's newest item, at most a
-    complete window's last step, and only as truncated), except a reward by
-    :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>`, which calls
-    :meth:`forget`. The kernel fills the cells of the items completed since its last
-    call, in id order (one window walk per item written, over lines written recently),
-    and reads a sampled item's window from its cell where the cell is filled.
-
-    Args:
-        capacity: the ring's capacity.
-        n: the most steps in a window (at most ``MAX_TABLE_N``).
-        lockstep: the buffer's ``num_envs`` (lockstep mode).
-
-    Attributes:
-        cells: ``[capacity, 2]`` uint32: the return's float32 bits, and ``k |
-            terminated << 16`` (0: not filled; such an item's window is walked, and
-            kept); ``returns`` and ``meta`` view the two columns.
-        state: ``[hi, 1]`` int64: the cells of the live ids below ``hi`` are filled,
-            or 0 where :meth:`forget` dropped them (the kernel advances it; a reset, or
-            the kernel finding ``next_id`` below it, sets it back); the 1 says the table
-            is in use.
-
-    Example:
-        >>> table = WindowTable(capacity=10, n=3, lockstep=2)
-        >>> table.state.tolist()
-        [0, 1]
-    """
-
-    def __init__(self, capacity: int, n: int, lockstep: int):
-        if not 1 <= n <= MAX_TABLE_N:
-            raise ValueError(f"WindowTable: n must be in 1 .. {MAX_TABLE_N}, got {n}")
-        self.capacity, self.n, self.lockstep = capacity, n, lockstep
-        self.cells = np.zeros((capacity, 2), dtype=np.uint32)
-        self.returns = self.cells.view(np.float32)[:, 0]
-        self.meta = self.cells[:, 1]
-        self.state = np.array([0, 1], dtype=np.int64)
-
-    def reset(self) -> None:
-        """Forget every cell (the index and the stored items were loaded from a state, or
-        an empty state without an index was: the ring's ids may have moved back)."""
-        self.meta.fill(0)
-        self.state[0] = 0
-
-    def forget(self, ids: np.ndarray, first_id: int) -> None:
-        """The rewards of items ``ids`` were rewritten: the windows that hold them are
-        walked again (and kept again) when sampled."""
-        steps = self.lockstep * np.arange(self.n, dtype=np.int64)
-        owners = (np.asarray(ids, dtype=np.int64).reshape(-1, 1) - steps).reshape(-1)
-        owners = owners[(owners >= first_id) & (owners < self.state[0])]
-        self.meta[owners % self.capacity] = 0
-
-
-#: the kernel's table where there is none (link-following mode): marked not in use
-NO_TABLE = WindowTable(1, 1, 1)
-NO_TABLE.state[1] = 0
 
 
 def kernel() -> Callable[..., Any] | None:
@@ -212,7 +145,7 @@ def nstep_window(
             is ``-1``, as at the newest step of an env, which ``next_id`` tells).
         reward: the reward of every slot (a NumPy view, strided or not; float32/float64).
         powers: ``gamma ** arange(n + 1)`` (float64): ``n = len(powers) - 1``.
-        table: the buffer's :class:`WindowTable` (lockstep mode only), advanced and
+        table: the buffer's :class:`~xpbank.nstep_table.WindowTable` (lockstep mode only), advanced and
             read; default none (every window walked).
         first_id: the ring's ``first_id`` (where a table starts filling).
 

@@ -305,19 +305,28 @@ class ReplayBuffer:
         Args:
             indices: ids, e.g. ``sampled["index"]``; a repeated id keeps its last row.
             batch: the new values: any subset of the spec's fields, one row per index.
-                Entries under reserved names (``"index"``) are ignored, so a sampled
-                batch can be passed back whole: ``rb.update(batch["index"], batch)``.
+                Entries under reserved names (``"index"``) are ignored, so a uniform
+                sample can be passed back whole: ``rb.update(batch["index"], batch)``
+                (a prioritized one without its ``"weight"``). An n-step sample cannot:
+                its next fields are its windows' last items', not the items'.
 
         Raises:
             StaleIndexError: an id's item has been overwritten (or cleared) since it was
                 sampled; nothing is written.
-            SpecError: unknown keys, a wrong shape or dtype, or a row count that differs
-                from the number of indices.
+            SpecError: unknown keys (an n-step sample's ``nstep_*`` entries among them,
+                named as such), a wrong shape or dtype, or a row count that differs from
+                the number of indices.
         """
         if self.spec is None:
             raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
         slots = self._ring.slots_of_ids(indices)
         flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
+        if self._nstep is not None and "nstep_return" in flat and "nstep_return" not in self.spec:
+            raise SpecError(
+                "update: got an n-step sample (it has 'nstep_return'); its next fields are its "
+                "windows' last items', so writing it back would move them onto the items: pass "
+                "only the fields to rewrite, e.g. {'reward': ...}"
+            )
         lead, flat = self._conform(self.spec, flat, 1, partial=True)
         if lead and lead[0] != slots.shape[0]:
             raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
@@ -518,8 +527,7 @@ class ReplayBuffer:
                 self._ring.episodes = EpisodeIndex(self._ring, self._num_envs, self._episode_keys)
             self._ring.episodes.load_state_dict(state["episodes"])
         elif self._ring.episodes is not None:  # an empty state: the ring's ids may have moved
-            for derived in self._ring.episodes.derived.values():
-                derived.reset()  # (n-step's kept windows: new items may reuse their ids)
+            self._ring.episodes.restart()
 
     def config(self) -> dict[str, Any]:
         """The JSON-able constructor options a bank rebuilds this buffer from.
