@@ -352,3 +352,19 @@ def test_an_nstep_sample_is_not_written_back_whole() -> None:
         rb.update(batch["index"], batch)
     assert torch.equal(rb.storage.view("next_obs"), before)
     rb.update(batch["index"], {"reward": batch["reward"] * 2})  # a field subset is fine
+
+
+def test_switching_the_kernel_off_takes_effect_on_a_warm_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NStep``'s cached fused entry is valid only for the kernel it was made with:
+    after ``_compiled`` is switched off, the next sample takes the NumPy path (which
+    reads no table: a changed cell does not show), without setting the entry aside."""
+    rb = ReplayBuffer(64, num_envs=2, nstep=NStep(3, GAMMA), seed=0)
+    rb.extend({"obs": torch.zeros(20, 1), "reward": torch.ones(20)})
+    ids = torch.tensor([4])
+    with _kernel("compiled"):
+        rb._nstep.gather(rb._storage, rb._ring, ids % 64, ids, None)  # warm: entry and table made
+        _table(rb).returns[4] = 123.0
+        assert rb._nstep.gather(rb._storage, rb._ring, ids % 64, ids, None)["nstep_return"].item() == 123.0
+    monkeypatch.setattr(nstep_kernel, "_compiled", [None])
+    got = rb._nstep.gather(rb._storage, rb._ring, ids % 64, ids, None)["nstep_return"].item()
+    assert got == pytest.approx(1 + GAMMA + GAMMA**2)

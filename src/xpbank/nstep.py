@@ -179,9 +179,15 @@ class NStep:
         spec = storage.spec
         if episodes is None or spec is None:
             raise RuntimeError("NStep.gather needs the buffer's episode index")
+        kernel = nstep_kernel.kernel()  # looked up each call: a test may switch it
         found = self._fused_cache[0] if self._fused_cache else None  # one read: thread-safe
         if not (
-            found and found[0] is storage and found[1] is spec and found[2] is episodes and found[3] == keys
+            found
+            and found[0] is storage
+            and found[1] is spec
+            and found[2] is episodes
+            and found[3] == keys
+            and found[5] is kernel
         ):
             found = self._fused(storage, spec, episodes, keys)
         if found[4] is not None:  # numba: window, return, discount and the rows in one call
@@ -253,7 +259,7 @@ class NStep:
         keys: list[NestedKey] | None,
     ) -> tuple[Any, ...]:
         """The fused path's cache entry for a storage, spec, index and fields: ``(storage,
-        spec, episodes, keys, fused)``, ``fused`` being the compiled kernel of
+        spec, episodes, keys, fused, kernel)``, ``fused`` being the compiled kernel of
         :func:`~xpbank.nstep_kernel.nstep_gather`, its output rows (the storage's
         ``pair_rows`` with the n-step values, :func:`~xpbank.nstep_kernel.nstep_rows`)
         and the kernel's arguments between ``first_id`` and the rows (lockstep,
@@ -275,7 +281,7 @@ class NStep:
             table = self._table(spec, episodes, inputs[1]) or NO_TABLE
             args = (*inputs, self._powers, table.cells, table.state, rows.words, runs, mixed, offsets)
             fused = (kernel, rows, args)
-        entry = (storage, spec, episodes, None if keys is None else list(keys), fused)
+        entry = (storage, spec, episodes, None if keys is None else list(keys), fused, kernel)
         self._fused_cache[:] = [entry]
         return entry
 
