@@ -171,6 +171,7 @@ def test_beta_schedule_anneals_linearly_to_one() -> None:
         "max_priority": 1.0,
         "beta_steps": 4,
         "normalize_weights": True,
+        "tree_device": None,
     }
 
 
@@ -183,8 +184,12 @@ def test_only_live_items_are_drawn_after_wrap_and_clear() -> None:
     assert set(rb.sample(100)["index"].tolist()) == {16, 17, 18}
 
 
-def _filled() -> ReplayBuffer:
-    rb = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0), seed=0)
+# the trees' backends: NumPy (the default on CPU storage) and torch (forced, on the CPU)
+BACKENDS = pytest.mark.parametrize("tree_device", [None, "cpu"])
+
+
+def _filled(tree_device: str | None = None) -> ReplayBuffer:
+    rb = ReplayBuffer(4, sampler=PrioritizedSampler(alpha=1.0, eps=0.0, tree_device=tree_device), seed=0)
     rb.extend(items(6))  # live ids 2..5
     rb.update_priority([2, 3, 4, 5], [1.0, 2.0, 3.0, 4.0])
     return rb
@@ -203,8 +208,11 @@ def _filled() -> ReplayBuffer:
         ([2], ["a"], PriorityError, r"priorities: expected numbers"),
     ],
 )
-def test_bad_updates_raise_and_write_nothing(ids: list, prio: list, error: type, match: str) -> None:
-    rb = _filled()
+@BACKENDS
+def test_bad_updates_raise_and_write_nothing(
+    ids: list, prio: list, error: type, match: str, tree_device: str | None
+) -> None:
+    rb = _filled(tree_device)
     before = rb.sampler.state_dict()
     with pytest.raises(error, match=match):
         rb.update_priority(ids, prio)
@@ -213,8 +221,9 @@ def test_bad_updates_raise_and_write_nothing(ids: list, prio: list, error: type,
     assert before["max_priority"] == after["max_priority"]
 
 
-def test_stale_skip_writes_the_live_rest() -> None:
-    rb = _filled()
+@BACKENDS
+def test_stale_skip_writes_the_live_rest(tree_device: str | None) -> None:
+    rb = _filled(tree_device)
     rb.update_priority(torch.tensor([0, 3, 1, 5]), torch.tensor([9.0, 7.0, 9.0, 6.0]), stale="skip")
     assert rb.sampler.priority([2, 3, 0, 1]).tolist() == [1.0, 7.0, 3.0, 6.0]  # slots of ids 2..5
     assert rb.sampler.max_priority == 7.0
@@ -222,8 +231,9 @@ def test_stale_skip_writes_the_live_rest() -> None:
         rb.update_priority([2], [1.0], stale="ignore")
 
 
-def test_repeated_id_keeps_last_priority() -> None:
-    rb = _filled()
+@BACKENDS
+def test_repeated_id_keeps_last_priority(tree_device: str | None) -> None:
+    rb = _filled(tree_device)
     rb.update_priority([3, 3, 3], [5.0, 1.0, 2.0])
     assert rb.sampler.priority([3]).tolist() == [2.0]
 

@@ -157,6 +157,9 @@ class ReplayBuffer:
         self._storage = _make_storage(storage, capacity, spec, storing_device)
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
+        bind_device = getattr(self._sampler, "bind_device", None)  # e.g. PER's trees follow the data
+        if bind_device is not None:
+            bind_device(self._storage.device)
         self._ring = Ring(capacity)
         if isinstance(episode_keys, Mapping):  # a config() from a bank
             episode_keys = EpisodeKeys.from_config(episode_keys)

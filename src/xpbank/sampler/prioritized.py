@@ -15,6 +15,14 @@ compiled call (:func:`~xpbank.sampler.sumtree_numba.draw`: fractions, descent, w
 and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
 ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
 NumPy path, which stays the reference.
+
+On CUDA storage the trees live beside the data instead, as torch tensors
+(:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
+min-tree, no numba): ``sample`` returns slots and weights on that device and
+``update_priority`` copies the host-checked slots and values there once. The buffer
+says where its storage is (:meth:`PrioritizedSampler.bind_device`); ``tree_device``
+overrides it. The state is the same either way (CPU tensors), so it moves between
+backends and devices.
 """
 
 from __future__ import annotations
@@ -30,10 +38,23 @@ from xpbank.ring import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights
+from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
 
 __all__ = ["PrioritizedSampler"]
+
+
+def _check_tree_device(value: Any) -> str | None:
+    """``tree_device`` as ``None``, ``"numpy"`` or a torch device's name."""
+    if value is None or value == "numpy":
+        return value
+    try:
+        return str(torch.device(value))
+    except (RuntimeError, TypeError) as exc:
+        raise PriorityError(
+            f"tree_device: expected None, 'numpy' or a torch device ('cpu', 'cuda:0'), got {value!r}"
+        ) from exc
 
 
 def _check_number(name: str, value: Any, low: float, strict: bool = False) -> float:
@@ -66,6 +87,10 @@ class PrioritizedSampler:
         max_priority: the priority of the first items written.
         beta_steps: anneal ``beta`` linearly to 1 over this many ``sample`` calls.
         normalize_weights: divide weights by the largest possible one.
+        tree_device: where the trees live: ``None`` (default) follows the buffer's
+            storage (NumPy on the CPU, torch tensors on a CUDA storage's device),
+            ``"numpy"`` always NumPy on the CPU, any other torch device (``"cpu"``,
+            ``"cuda:1"``) the torch backend on that device.
 
     Example:
         >>> import torch
@@ -90,6 +115,7 @@ class PrioritizedSampler:
         *,
         beta_steps: int | None = None,
         normalize_weights: bool = True,
+        tree_device: Any = None,
     ):
         self.alpha = _check_number("alpha", alpha, 0.0)
         self.beta0 = _check_number("beta", beta, 0.0)
@@ -97,6 +123,9 @@ class PrioritizedSampler:
         self.max_priority = _check_number("max_priority", max_priority, 0.0, strict=True)
         self.beta_steps = None if beta_steps is None else check_positive_int("beta_steps", beta_steps)
         self.normalize_weights = bool(normalize_weights)
+        self.tree_device = _check_tree_device(tree_device)
+        self._storage_device: torch.device | None = None  # told by the buffer (bind_device)
+        self._trees: TorchTrees | None = None  # the torch backend's trees, when in use
         self._initial_max = self.max_priority
         self._samples = 0  # sample() calls so far: the schedule's position
         self._filled = 0  # slots [0, filled) have been written since the last clear
@@ -120,9 +149,40 @@ class PrioritizedSampler:
             "max_priority": self._initial_max,
             "beta_steps": self.beta_steps,
             "normalize_weights": self.normalize_weights,
+            "tree_device": self.tree_device,
         }
 
+    def bind_device(self, device: Any) -> None:
+        """Where the buffer's storage lives (called by :class:`~xpbank.ReplayBuffer`).
+
+        With ``tree_device=None`` the trees follow it: torch tensors on a CUDA device,
+        NumPy otherwise. Trees already built move over (their leaves are kept).
+        """
+        state = self.state_dict() if self._allocated() else None
+        before = self._backend_device()
+        self._storage_device = torch.device(device)
+        if state is not None and self._backend_device() != before:
+            self.load_state_dict(state)
+
+    def _backend_device(self) -> torch.device | None:
+        """The torch backend's device, or ``None`` for the NumPy trees."""
+        if self.tree_device == "numpy":
+            return None
+        if self.tree_device is not None:
+            return torch.device(self.tree_device)
+        device = self._storage_device
+        return device if device is not None and device.type == "cuda" else None
+
+    def _allocated(self) -> bool:
+        return bool(self._sum) or self._trees is not None
+
     def _allocate(self, capacity: int) -> None:
+        device = self._backend_device()
+        self._trees = None if device is None else TorchTrees(capacity, device)
+        self._cums = None
+        if self._trees is not None:  # no NumPy trees
+            self._sum, self._levels, self._smallest = [], (), LazyMin(np.zeros(0))
+            return
         self._sum = sumtree.new_tree(capacity, np.add)
         self._levels = tuple(self._sum)  # what the compiled kernels take
         self._smallest = LazyMin(self._sum[0])
@@ -142,13 +202,12 @@ class PrioritizedSampler:
                 "replace=False: prioritized sampling draws with replacement (one stratified "
                 "point per segment of the total priority); sample with replace=True"
             )
+        if self._trees is not None:
+            return self._sample_torch(self._trees, ring, batch_size, generator)
         if self._cums is None:
             self._cums = sumtree.top_prefix(self._sum)
         if not self._cums[-1] > 0:
-            raise PriorityError(
-                f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
-                "can be drawn; use eps > 0 or give some item a positive priority"
-            )
+            self._nothing_to_draw()
         if self._draws.shape[0] != batch_size:
             self._draws = torch.empty(batch_size, dtype=torch.float64)
         # bit for bit torch.rand(batch_size, generator=generator, dtype=torch.float64)
@@ -163,6 +222,29 @@ class PrioritizedSampler:
         weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
         self._samples += 1
         return torch.from_numpy(slots), {"weight": torch.from_numpy(weights.astype(np.float32))}
+
+    def _nothing_to_draw(self) -> None:
+        raise PriorityError(
+            f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
+            "can be drawn; use eps > 0 or give some item a positive priority"
+        )
+
+    def _sample_torch(
+        self, trees: TorchTrees, ring: Ring, batch_size: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`sample` on the torch trees: the same draws (from the CPU generator, moved
+        to the trees' device once), descent and weights there."""
+        if not trees.total() > 0:  # one host sync
+            self._nothing_to_draw()
+        draws = torch.rand(batch_size, generator=generator, dtype=torch.float64)
+        fractions = (torch.arange(batch_size, dtype=torch.float64) + draws) / batch_size
+        slots, stored, total = trees.draw(fractions)
+        if self.normalize_weights:
+            weights = (stored / trees.smallest()) ** -self.beta
+        else:
+            weights = (ring.size * stored / total) ** -self.beta
+        self._samples += 1
+        return slots, {"weight": weights.to(torch.float32)}
 
     def _draw_compiled(
         self, kernels: Any, cums: np.ndarray, draws: np.ndarray, n: int
@@ -180,9 +262,12 @@ class PrioritizedSampler:
 
     def on_write(self, slots: Slots, ring: Ring) -> None:
         """New items start at the largest priority so far."""
-        if not self._sum:
+        if not self._allocated():
             self._allocate(ring.capacity)
         value = np.full(1, self.max_priority**self.alpha)
+        if self._trees is not None:
+            self._filled = max(self._filled, self._write_torch(self._trees, slots, float(value[0])))
+            return
         leaves = self._sum[0]
         if isinstance(slots, slice):
             stop = slots.stop
@@ -196,9 +281,20 @@ class PrioritizedSampler:
         self._filled = max(self._filled, stop)
         self._cums = None
 
+    @staticmethod
+    def _write_torch(trees: TorchTrees, slots: Slots, value: float) -> int:
+        """:meth:`on_write` on the torch trees; returns the end of the slots written."""
+        if isinstance(slots, slice):
+            trees.write_range(slots.start, slots.stop, value)
+            return int(slots.stop)
+        if slots.numel() == 0:
+            return 0
+        trees.write(slots, value)
+        return int(slots.max()) + 1
+
     def on_clear(self) -> None:
-        if self._sum:
-            self._allocate(self._sum[0].shape[0])
+        if self._allocated():
+            self._allocate(self._trees.capacity if self._trees is not None else self._sum[0].shape[0])
         self._filled = 0
 
     def update_priority(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -207,6 +303,11 @@ class PrioritizedSampler:
         Inputs are checked by the buffer (:func:`~xpbank.sampler.priorities.check_update`).
         """
         if slots.size == 0:
+            return
+        if self._trees is not None:  # checked on the host, written on the device
+            p = priorities + self.eps
+            self.max_priority = max(self.max_priority, float(p.max()))
+            self._trees.write(slots, p**self.alpha)
             return
         kernels = sumtree_numba.load()
         if kernels is not None:  # the same writes in one compiled call
@@ -232,6 +333,8 @@ class PrioritizedSampler:
         be drawn (priority > 0). A sharded buffer adds the sums and takes the smallest
         of every shard to weight a sample as one buffer would.
         """
+        if self._trees is not None:
+            return self._trees.totals()
         if not self._sum:
             return 0.0, math.inf
         return sumtree.top_reduce(self._sum, np.add), self._smallest.value
@@ -239,14 +342,21 @@ class PrioritizedSampler:
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
         slots = np.asarray(slots, dtype=np.int64)
+        if self._trees is not None:
+            return self._trees.priority(slots)
         return self._sum[0][slots] if self._sum else np.zeros(slots.shape)
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The stored priorities of the written slots, the largest priority, the schedule."""
-        leaves = torch.from_numpy(self._sum[0][: self._filled].copy() if self._sum else np.zeros(0))
+        """The stored priorities of the written slots, the largest priority, the schedule
+        (CPU tensors and numbers whichever backend: a state loads into either)."""
+        if self._trees is not None:
+            leaves, capacity = self._trees.leaves(self._filled), self._trees.capacity
+        else:
+            leaves = torch.from_numpy(self._sum[0][: self._filled].copy() if self._sum else np.zeros(0))
+            capacity = self._sum[0].shape[0] if self._sum else 0
         return {
-            "capacity": self._sum[0].shape[0] if self._sum else 0,  # leaves, padded
+            "capacity": capacity,  # leaves, padded
             "priorities": leaves,
             "max_priority": self.max_priority,
             "samples": self._samples,
@@ -255,12 +365,15 @@ class PrioritizedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`; both trees are rebuilt from the leaves."""
         saved = state["priorities"]
-        leaves = (saved.numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)).astype(np.float64)
+        leaves = (saved.cpu().numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)).astype(np.float64)
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
-            self._sum[0][: leaves.shape[0]] = leaves
-            sumtree.rebuild(self._sum, np.add)
-            self._smallest.reset()
+            if self._trees is not None:
+                self._trees.load(torch.from_numpy(leaves))
+            else:
+                self._sum[0][: leaves.shape[0]] = leaves
+                sumtree.rebuild(self._sum, np.add)
+                self._smallest.reset()
         self._filled = leaves.shape[0]
         self.max_priority = float(state["max_priority"])
         self._samples = int(state["samples"])
