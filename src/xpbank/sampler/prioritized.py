@@ -158,11 +158,10 @@ class PrioritizedSampler:
         With ``tree_device=None`` the trees follow it: torch tensors on a CUDA device,
         NumPy otherwise. Trees already built move over (their leaves are kept).
         """
-        state = self.state_dict() if self._allocated() else None
-        before = self._backend_device()
         self._storage_device = torch.device(device)
-        if state is not None and self._backend_device() != before:
-            self.load_state_dict(state)
+        built = self._trees.device if self._trees is not None else None
+        if self._allocated() and self._backend_device() != built:
+            self.load_state_dict(self.state_dict())
 
     def _backend_device(self) -> torch.device | None:
         """The torch backend's device, or ``None`` for the NumPy trees."""
