@@ -66,8 +66,9 @@ def test_trees_match_numpy_after_random_writes(device: str, capacity: int) -> No
         elif kind in (1, 2):  # updates, repeated slots (the last wins), some zeros
             slots = random_slots(rng, capacity, 64, newest=kind == 2, repeat=True)
             values = rng.exponential(1.0, slots.shape[0]) * (rng.random(slots.shape[0]) > 0.1)
-            st.set_leaves(ts, torch.from_numpy(slots).to(device), torch.from_numpy(values).to(device), "sum")
-            st.set_leaves(tm, torch.from_numpy(slots).to(device), st.positive(torch.from_numpy(values)).to(device), "min")
+            s, v = torch.from_numpy(slots).to(device), torch.from_numpy(values).to(device)
+            st.set_leaves(ts, s, v, "sum")
+            st.set_leaves(tm, s, st.positive(v), "min")
             sumtree.set_leaves(ns, slots, values, np.add)
             sumtree.set_leaves(nm, slots, positive(values), np.minimum)
         elif step % 16 == 15:  # clear
@@ -116,19 +117,25 @@ def test_descent_matches_numpy_on_integer_priorities(device: str, capacity: int)
 @pytest.mark.parametrize("capacity", [1000, 70_000])
 def test_descent_matches_numpy_away_from_boundaries(device: str, capacity: int) -> None:
     """Real priorities: the NumPy descent forms a node's prefix sums with a matrix product
-    (BLAS's summation order), the torch one with a sequential cumsum, so they may differ
-    by rounding. Draws within 1e-9 of the total from a leaf boundary are left out (none
-    is expected to differ elsewhere); every leaf drawn is positive."""
+    (BLAS's order: on random rows about half differ from a sequential sum in the last
+    bit), the torch one with torch.cumsum (bit-identical to np.cumsum on the CPU: both
+    sequential), so a draw within rounding of a boundary between two leaves may go
+    either way. Draws within 1e-9 of the total from a boundary are left out (none was
+    seen to differ at all in 10^6 draws at 10^3, 7 * 10^4 and 10^6 leaves); every leaf
+    drawn is positive."""
     ts, ns = _filled_pair(device, capacity, integers=False, seed=3)
     fractions = np.random.default_rng(4).random(4096)
     expected, total = sumtree.find_prefix_sum(ns, fractions)
     slots, tot = st.find_prefix_sum(ts, torch.from_numpy(fractions).to(device))
     leaves = ns[0][:capacity]
-    bounds = np.cumsum(leaves)
-    gap = np.abs(bounds[None, :] - (fractions * total)[:, None]).min(axis=1) if capacity <= 1000 else None
+    bounds = np.concatenate([[0.0], np.cumsum(leaves)])
+    u = fractions * total
+    at = np.clip(np.searchsorted(bounds, u), 1, capacity)  # the boundaries either side of u
+    gap = np.minimum(np.abs(bounds[at] - u), np.abs(u - bounds[at - 1]))
     got = slots.cpu().numpy()
     assert (leaves[got] > 0).all()
-    far = np.ones(fractions.shape, dtype=bool) if gap is None else gap > 1e-9 * total
+    far = gap > 1e-9 * total
+    assert far.mean() > 0.99
     np.testing.assert_array_equal(got[far], expected[far])
     assert float(tot) == pytest.approx(total, rel=1e-12)
 
@@ -192,7 +199,8 @@ def test_bad_updates_write_nothing(device: str, ids: list, prio: list, error: ty
 
 def test_state_round_trips_across_backends(device: str) -> None:
     numpy_rb = _buffer(None, seed=5)
-    torch_rb = ReplayBuffer(300, sampler=PrioritizedSampler(alpha=0.7, beta=0.5, eps=1e-3, tree_device=device))
+    sampler = PrioritizedSampler(alpha=0.7, beta=0.5, eps=1e-3, tree_device=device)
+    torch_rb = ReplayBuffer(300, sampler=sampler)
     torch_rb.load_state_dict(numpy_rb.state_dict())
     assert_same_levels(torch_rb.sampler._trees.sum, numpy_rb.sampler._sum)
     for _ in range(2):

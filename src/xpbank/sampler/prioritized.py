@@ -364,7 +364,8 @@ class PrioritizedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`; both trees are rebuilt from the leaves."""
         saved = state["priorities"]
-        leaves = (saved.cpu().numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)).astype(np.float64)
+        host = saved.cpu().numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)
+        leaves = host.astype(np.float64)
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
             if self._trees is not None:
