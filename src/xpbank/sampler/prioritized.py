@@ -28,7 +28,7 @@ backends and devices.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -222,7 +222,7 @@ class PrioritizedSampler:
         self._samples += 1
         return torch.from_numpy(slots), {"weight": torch.from_numpy(weights.astype(np.float32))}
 
-    def _nothing_to_draw(self) -> None:
+    def _nothing_to_draw(self) -> NoReturn:
         raise PriorityError(
             f"sample: every stored priority is 0 (alpha={self.alpha}, eps={self.eps}), so no item "
             "can be drawn; use eps > 0 or give some item a positive priority"
@@ -340,6 +340,8 @@ class PrioritizedSampler:
 
     def priority(self, slots: Any) -> np.ndarray:
         """The stored priorities (``(p + eps) ** alpha``) of ``slots`` (0: never written)."""
+        if isinstance(slots, torch.Tensor):  # e.g. a CUDA sample's slots
+            slots = slots.cpu()
         slots = np.asarray(slots, dtype=np.int64)
         if self._trees is not None:
             return self._trees.priority(slots)
