@@ -1,7 +1,7 @@
 """Proportional prioritized sampling (Schaul et al. 2016) over a sum-tree and a lazy min.
 
-Both trees are NumPy arrays on the CPU, whatever device the data lives on (slots go to
-the storage's device for the gather). A batch is drawn with stratified segments: the
+For CPU storage both trees are NumPy arrays on the CPU (for CUDA storage, torch tensors
+on its device: see below). A batch is drawn with stratified segments: the
 total priority is cut into ``batch_size`` equal segments and one point is drawn
 uniformly in each, then the whole batch descends the sum-tree level by level. Priority
 updates write the leaves and recompute their ancestors level by level. Neither loops
