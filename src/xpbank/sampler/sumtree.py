@@ -48,6 +48,7 @@ __all__ = [
     "FANOUT",
     "TOP",
     "find_prefix_sum",
+    "level_sizes",
     "new_tree",
     "rebuild",
     "refresh_leaves",
@@ -73,13 +74,25 @@ def _identity(op: np.ufunc) -> float:
     return float(np.inf) if op is np.minimum else 0.0
 
 
-def new_tree(capacity: int, op: np.ufunc) -> Tree:
-    """An empty tree over ``capacity`` leaves for ``op`` (``np.add`` or ``np.minimum``)."""
+def level_sizes(capacity: int) -> list[int]:
+    """The sizes of a tree's levels over ``capacity`` leaves, leaves first: each level
+    ``FANOUT`` times smaller, down to a top of at most ``TOP`` nodes (every level a
+    multiple of ``FANOUT`` times the top, so the leaves are padded).
+
+    Example:
+        >>> level_sizes(10), level_sizes(70_000)
+        ([16, 1], [70144, 4384, 274])
+    """
     depth = 1
     while -(-capacity // FANOUT**depth) > TOP:
         depth += 1
     top = -(-capacity // FANOUT**depth)
-    return [_aligned_full(top * FANOUT ** (depth - j), _identity(op)) for j in range(depth + 1)]
+    return [top * FANOUT ** (depth - j) for j in range(depth + 1)]
+
+
+def new_tree(capacity: int, op: np.ufunc) -> Tree:
+    """An empty tree over ``capacity`` leaves for ``op`` (``np.add`` or ``np.minimum``)."""
+    return [_aligned_full(n, _identity(op)) for n in level_sizes(capacity)]
 
 
 def _aligned_full(n: int, value: float) -> np.ndarray:

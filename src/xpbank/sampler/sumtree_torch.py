@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import torch
 
-from xpbank.sampler.sumtree import FANOUT, TOP
+from xpbank.sampler.sumtree import FANOUT, level_sizes
 
 __all__ = [
     "find_prefix_sum",
@@ -66,14 +66,8 @@ def _identity(op: Op) -> float:
 
 def new_tree(capacity: int, op: Op, device: Any) -> Tree:
     """An empty tree over ``capacity`` leaves (the levels of ``sumtree.new_tree``)."""
-    depth = 1
-    while -(-capacity // FANOUT**depth) > TOP:
-        depth += 1
-    top = -(-capacity // FANOUT**depth)
-    return [
-        torch.full((top * FANOUT ** (depth - j),), _identity(op), dtype=torch.float64, device=device)
-        for j in range(depth + 1)
-    ]
+    fill = _identity(op)
+    return [torch.full((n,), fill, dtype=torch.float64, device=device) for n in level_sizes(capacity)]
 
 
 def positive(values: torch.Tensor) -> torch.Tensor:
