@@ -49,21 +49,11 @@ def _table(rb: ReplayBuffer) -> WindowTable:
 
 
 def _gather(rb: ReplayBuffer, ids: np.ndarray, which: str, keys: list | None = None) -> dict:
-    """``rb``'s n-step gather of ``ids`` on the ``which`` path. ``NStep._fused_cache``
-    holds the kernel it found first, so the entry is set aside for the NumPy path (and
-    dropped where it holds another kernel): else every path would run the cached one."""
+    """``rb``'s n-step gather of ``ids`` on the ``which`` path (``NStep``'s cached fused
+    entry is valid only for the kernel it was made with: switching it is enough)."""
     ids_t = torch.from_numpy(ids)
-    cache = rb._nstep._fused_cache
-    saved = list(cache)
     with _kernel(which):
-        fused = cache[0][4] if cache else None
-        if which == "numpy" or (fused is not None and fused[0] is not nstep_kernel.kernel()):
-            cache.clear()
-        try:
-            return rb._nstep.gather(rb._storage, rb._ring, ids_t % rb.capacity, ids_t, keys)
-        finally:
-            if which == "numpy":
-                cache[:] = saved
+        return rb._nstep.gather(rb._storage, rb._ring, ids_t % rb.capacity, ids_t, keys)
 
 
 class Model:

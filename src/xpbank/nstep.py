@@ -191,13 +191,13 @@ class NStep:
         ):
             found = self._fused(storage, spec, episodes, keys)
         if found[4] is not None:  # numba: window, return, discount and the rows in one call
-            kernel, rows_of, args = found[4]
+            rows_of, args = found[4]
             rows = np.empty((ids.shape[0], rows_of.width), dtype=rows_of.plan.word)
             # the tensors first (Python work while its code and data are in cache), then
             # the compiled pass that fills them (and evicts much of the cache); the call
             # is nstep_kernel.nstep_gather's, its arguments made once by _fused
             out = rows_of.read(rows)
-            kernel(_numpy(ids), ring.next_id, ring.next_id - ring.size, *args, rows)
+            found[5](_numpy(ids), ring.next_id, ring.next_id - ring.size, *args, rows)  # the kernel
             return out
         reward_key, next_keys = self.keys(spec)
         wanted = list(spec) if keys is None else keys
@@ -259,12 +259,12 @@ class NStep:
         keys: list[NestedKey] | None,
     ) -> tuple[Any, ...]:
         """The fused path's cache entry for a storage, spec, index and fields: ``(storage,
-        spec, episodes, keys, fused, kernel)``, ``fused`` being the compiled kernel of
-        :func:`~xpbank.nstep_kernel.nstep_gather`, its output rows (the storage's
-        ``pair_rows`` with the n-step values, :func:`~xpbank.nstep_kernel.nstep_rows`)
-        and the kernel's arguments between ``first_id`` and the rows (lockstep,
-        capacity, links, flags, rewards, powers, the window table, rows and plan), or
-        ``None``: no numba, no float32/float64 host view of the reward, or a storage
+        spec, episodes, keys, fused, kernel)``: ``kernel`` the compiled kernel of
+        :func:`~xpbank.nstep_kernel.nstep_gather` it was made with; ``fused`` its output
+        rows (the storage's ``pair_rows`` with the n-step values,
+        :func:`~xpbank.nstep_kernel.nstep_rows`) and its arguments between ``first_id``
+        and the rows (lockstep, capacity, links, flags, rewards, powers, the window
+        table, rows and plan), or ``None``: no numba, no float32/float64 host view of the reward, or a storage
         without ``pair_rows`` (or whose ``pair_rows`` is ``None``: CUDA, unpacked). Made
         once per entry (all fixed arrays and views: the index, the table and the storage
         write into them in place) and kept as the one entry of ``_fused_cache``."""
@@ -280,7 +280,7 @@ class NStep:
             runs, mixed, offsets = kernel_plan(rows)
             table = self._table(spec, episodes, inputs[1]) or NO_TABLE
             args = (*inputs, self._powers, table.cells, table.state, rows.words, runs, mixed, offsets)
-            fused = (kernel, rows, args)
+            fused = (rows, args)
         entry = (storage, spec, episodes, None if keys is None else list(keys), fused, kernel)
         self._fused_cache[:] = [entry]
         return entry
