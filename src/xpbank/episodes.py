@@ -292,6 +292,9 @@ class EpisodeIndex:
         without an index was loaded): the per-env state as after :meth:`clear`, and
         the derived data (n-step's kept windows, whose ids new items may reuse) reset."""
         self.clear()
+        self._reset_derived()
+
+    def _reset_derived(self) -> None:
         for derived in self.derived.values():
             derived.reset()
 
@@ -502,8 +505,7 @@ class EpisodeIndex:
         """Inverse of :meth:`state_dict` (the ring is loaded first)."""
         if state["num_envs"] != self.num_envs:
             raise SpecError(f"episodes: state has num_envs={state['num_envs']}, this buffer {self.num_envs}")
-        for derived in self.derived.values():
-            derived.reset()
+        self._reset_derived()
         size = len(state["env"])
         for name, arr in (
             ("env", self._env),

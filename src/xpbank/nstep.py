@@ -192,7 +192,7 @@ class NStep:
             found = self._fused(storage, spec, episodes, keys)
         if found[4] is not None:  # numba: window, return, discount and the rows in one call
             rows_of, args = found[4]
-            rows = np.empty((ids.shape[0], rows_of.width), dtype=rows_of.plan.word)
+            rows = rows_of.empty(ids.shape[0])
             # the tensors first (Python work while its code and data are in cache), then
             # the compiled pass that fills them (and evicts much of the cache); the call
             # is nstep_kernel.nstep_gather's, its arguments made once by _fused
