@@ -31,9 +31,12 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # native byte order
 
 
 def importance_weights(
-    stored: np.ndarray, total: float, smallest: float, n: int, beta: float, normalize: bool = True
-) -> np.ndarray:
+    stored: Any, total: Any, smallest: Any, n: int, beta: float, normalize: bool = True
+) -> Any:
     """``(n * P(i)) ** -beta`` for items of stored priority ``stored`` (``p ** alpha``).
+
+    Elementwise arithmetic only: NumPy arrays and floats (the NumPy trees), or tensors on
+    the trees' device (the torch trees, :class:`~xpbank.sampler.prioritized_torch.TorchTrees`).
 
     Args:
         stored: the drawn items' stored priorities.

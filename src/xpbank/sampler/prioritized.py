@@ -238,10 +238,8 @@ class PrioritizedSampler:
         draws = torch.rand(batch_size, generator=generator, dtype=torch.float64)
         fractions = (torch.arange(batch_size, dtype=torch.float64) + draws) / batch_size
         slots, stored, total = trees.draw(fractions)
-        if self.normalize_weights:
-            weights = (stored / trees.smallest()) ** -self.beta
-        else:
-            weights = (ring.size * stored / total) ** -self.beta
+        smallest = trees.smallest() if self.normalize_weights else math.inf  # unused if not
+        weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
         self._samples += 1
         return slots, {"weight": weights.to(torch.float32)}
 
@@ -303,12 +301,7 @@ class PrioritizedSampler:
         """
         if slots.size == 0:
             return
-        if self._trees is not None:  # checked on the host, written on the device
-            p = priorities + self.eps
-            self.max_priority = max(self.max_priority, float(p.max()))
-            self._trees.write(slots, p**self.alpha)
-            return
-        kernels = sumtree_numba.load()
+        kernels = None if self._trees is not None else sumtree_numba.load()
         if kernels is not None:  # the same writes in one compiled call
             largest, low, hit = kernels.update(
                 self._levels, slots, priorities, self.eps, self.alpha, self._smallest.kept
@@ -319,6 +312,9 @@ class PrioritizedSampler:
             return
         p = priorities + self.eps
         self.max_priority = max(self.max_priority, float(p.max()))
+        if self._trees is not None:  # checked on the host, written on the device
+            self._trees.write(slots, p**self.alpha)
+            return
         leaves = self._sum[0]
         old = leaves[slots]
         sumtree.set_leaves(self._sum, slots, p**self.alpha, np.add)

@@ -77,16 +77,18 @@ class TorchTrees:
 
     def draw(self, fractions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(slots, stored priorities, total)`` at ``fractions`` of the total, on the device."""
-        if self._cums is None:
-            self._cums = st.top_prefix(self.sum)
-        slots, total = st.find_prefix_sum(self.sum, fractions.to(self.device), self._cums)
+        slots, total = st.find_prefix_sum(self.sum, fractions.to(self.device), self._top())
         return slots, self.sum[0][slots], total
 
     def total(self) -> float:
         """What sampling draws against (the top's prefix sum; one host sync)."""
+        return float(self._top()[-1])
+
+    def _top(self) -> torch.Tensor:
+        """The sum-tree's top prefix sums, computed once per write."""
         if self._cums is None:
             self._cums = st.top_prefix(self.sum)
-        return float(self._cums[-1])
+        return self._cums
 
     def smallest(self) -> torch.Tensor:
         """The smallest positive stored priority (``inf`` if none), 0-d on the device."""
