@@ -14,10 +14,11 @@ Exactness: a parent is its ``FANOUT`` children reduced pairwise
 (``((c0 + c1) + (c2 + c3)) + ...``), the order NumPy's tree uses, and float64 additions
 are correctly rounded on every device, so a tree written with the same values is
 bit-identical to the NumPy one. A descent takes each item's row of children, its
-cumulative sum and a count; :mod:`~xpbank.sampler.sumtree` forms the same prefix sums
-with a matrix product, whose summation order is BLAS's: the two descents agree exactly
-on integer priorities and may differ by one leaf only where a draw falls within
-rounding of a boundary between two leaves.
+cumulative sum and a count, as :mod:`~xpbank.sampler.sumtree` does: on the CPU the
+two descents are bit-identical (both sums are sequential). A CUDA scan may add in
+another order, so there the two agree exactly on integer priorities and may differ by
+one positive leaf only where a draw falls within rounding of a boundary between two
+leaves; a zero leaf is never returned on either (:func:`_ordered_sums`).
 
 A slot written twice in one call keeps its LAST value (as NumPy's assignment does):
 ``index_put_`` with repeated indices is undefined on CUDA, so the slots are
@@ -157,6 +158,21 @@ def _last_positive(rows: torch.Tensor) -> torch.Tensor:
     return n - 1 - torch.argmax((rows.flip(-1) > 0).to(torch.int8), dim=-1)
 
 
+def _ordered_sums(children: torch.Tensor) -> torch.Tensor:
+    """Each row's cumulative sums, made non-decreasing and flat across zero children.
+
+    On the CPU ``torch.cumsum`` adds in order (NumPy's and the kernels' sums, bit for
+    bit), and this changes nothing. A parallel scan (CUDA) may associate the sums
+    differently for each position, so a sum can round below the one before it or step up
+    at a zero child, and a count of sums ``<= u`` could land on a zero leaf: a zero
+    child's sum is replaced by the one before it and a running maximum taken, so the
+    first sum past ``u`` is always a positive child's.
+    """
+    inclusive = torch.cumsum(children, 1)
+    stepped = torch.where(children > 0, inclusive, torch.zeros_like(inclusive))
+    return torch.cummax(stepped, 1).values
+
+
 def find_prefix_sum(
     tree: Tree, fractions: torch.Tensor, cums: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +193,7 @@ def find_prefix_sum(
     u = u - cums[node]
     for j in range(len(tree) - 2, -1, -1):
         children = tree[j].view(-1, FANOUT)[node]  # [B, FANOUT]
-        inclusive = torch.cumsum(children, 1)
+        inclusive = _ordered_sums(children)
         child = (inclusive <= u[:, None]).sum(1)
         child = torch.where(child >= FANOUT, _last_positive(children), child)
         exclusive = torch.nn.functional.pad(inclusive[:, :-1], (1, 0))
