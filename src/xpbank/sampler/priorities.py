@@ -25,7 +25,7 @@ from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
 from xpbank.ring import Ring, _as_index_array, _to_numpy
 from xpbank.sampler import sumtree_numba
 
-__all__ = ["beta_at", "check_update", "check_values", "importance_weights"]
+__all__ = ["beta_at", "check_update", "check_values", "importance_weights", "power", "weight_ratio"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # native byte order
 
@@ -46,9 +46,34 @@ def importance_weights(
         beta: the correction exponent (0: no correction, 1: full).
         normalize: divide by the largest weight, ``(n * smallest / total) ** -beta``.
     """
+    return power(weight_ratio(stored, total, smallest, n, normalize), -beta)
+
+
+def weight_ratio(stored: Any, total: Any, smallest: Any, n: int, normalize: bool = True) -> Any:
+    """The base of :func:`importance_weights`: ``stored / smallest`` (normalized) or
+    ``n * stored / total``, so that the weight is ``power(ratio, -beta)``."""
     if normalize:
-        return (stored / smallest) ** -beta
-    return (n * stored / total) ** -beta
+        return stored / smallest
+    return n * stored / total
+
+
+def power(x: Any, y: float) -> Any:
+    """``x ** y`` elementwise: the one routine that raises stored priorities
+    (``(p + eps) ** alpha``) and importance weights (``** -beta``) on every path.
+
+    ``x``: a NumPy array (float64, contiguous, as every caller passes) or a tensor (the
+    torch trees). NumPy picks its power routine by CPU (a vector routine on AVX-512
+    machines, the C library's ``pow`` elsewhere) and the two differ in the last bit of
+    about one value in 20, so the compiled kernels
+    (:mod:`~xpbank.sampler.sumtree_numba`) raise no power of their own: with or without
+    them, stored priorities and weights are this function's, bit for bit, on any CPU.
+
+    Example:
+        >>> import numpy as np
+        >>> power(np.array([4.0, 9.0]), 0.5).tolist()
+        [2.0, 3.0]
+    """
+    return x**y
 
 
 def beta_at(beta0: float, steps: int | None, done: int) -> float:

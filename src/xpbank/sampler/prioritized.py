@@ -37,7 +37,7 @@ from xpbank.errors import PriorityError, check_positive_int
 from xpbank.ring import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
-from xpbank.sampler.priorities import beta_at, importance_weights
+from xpbank.sampler.priorities import beta_at, importance_weights, power
 from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
@@ -248,12 +248,13 @@ class PrioritizedSampler:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`sample`'s descent and weights by :func:`sumtree_numba.draw` (same results)."""
         b = draws.shape[0]
-        slots, weights = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.float32)
+        slots, ratios = np.empty(b, dtype=np.int64), np.empty(b)
         if self.normalize_weights:
             scale, divisor = 1.0, self._smallest.value
         else:
             scale, divisor = float(n), float(cums[-1])
-        kernels.draw(self._levels, cums, draws, scale, divisor, self.beta, slots, weights)
+        kernels.draw(self._levels, cums, draws, scale, divisor, slots, ratios)
+        weights = power(ratios, -self.beta).astype(np.float32)  # NumPy's power, as importance_weights
         self._samples += 1
         return torch.from_numpy(slots), {"weight": torch.from_numpy(weights)}
 
@@ -261,7 +262,7 @@ class PrioritizedSampler:
         """New items start at the largest priority so far."""
         if not self._allocated():
             self._allocate(ring.capacity)
-        value = np.full(1, self.max_priority**self.alpha)
+        value = power(np.full(1, self.max_priority), self.alpha)
         if self._trees is not None:
             self._filled = max(self._filled, self._write_torch(self._trees, slots, float(value[0])))
             return
@@ -301,23 +302,22 @@ class PrioritizedSampler:
         """
         if slots.size == 0:
             return
+        p = priorities + self.eps
+        stored = power(p, self.alpha)  # NumPy's power on every path (priorities.power)
         kernels = None if self._trees is not None else sumtree_numba.load()
         if kernels is not None:  # the same writes in one compiled call
-            largest, low, hit = kernels.update(
-                self._levels, slots, priorities, self.eps, self.alpha, self._smallest.kept
-            )
+            largest, low, hit = kernels.update(self._levels, slots, p, stored, self._smallest.kept)
             self.max_priority = max(self.max_priority, largest)
             self._smallest.noted(slots, low, hit)
             self._cums = None
             return
-        p = priorities + self.eps
         self.max_priority = max(self.max_priority, float(p.max()))
         if self._trees is not None:  # checked on the host, written on the device
-            self._trees.write(slots, p**self.alpha)
+            self._trees.write(slots, stored)
             return
         leaves = self._sum[0]
         old = leaves[slots]
-        sumtree.set_leaves(self._sum, slots, p**self.alpha, np.add)
+        sumtree.set_leaves(self._sum, slots, stored, np.add)
         self._smallest.changed(slots, old, leaves[slots])  # read back: a repeated slot keeps its last
         self._cums = None
 

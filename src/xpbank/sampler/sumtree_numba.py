@@ -13,21 +13,21 @@ code stays the reference and runs unchanged without numba.
   level's rows are read for every item. One item's reads depend on each other, those of
   different items do not, so the CPU overlaps the cache misses of many items (one item
   at a time, each item's misses came one after the other).
-- :func:`set_leaves` and :func:`update` (a priority update: ``(p + eps) ** alpha``
+- :func:`set_leaves` and :func:`update` (a priority update: the stored priorities
   written, ancestors recomputed, and what :class:`~xpbank.sampler.lazymin.LazyMin` needs
   to know, in one call) recompute ancestors level by level too.
 - :func:`live_slots` checks a priority update's ids and values in one pass (the usual,
   valid case); anything it does not accept goes through the NumPy checks, which raise.
 
-Same results as the NumPy path: a parent is its 16 children added pairwise
-(``((c0 + c1) + (c2 + c3)) + ...``, the order of :func:`sumtree._reduce_rows`), so
-trees are bit-identical whichever path wrote them; powers take NumPy's shortcuts
-(``x ** 2`` as ``x * x``, ``x ** 0.5`` as a square root, ``x ** -1`` as ``1 / x``), so
-stored priorities and weights are too. The descent's prefix sums over 16 children are
-sequential here; NumPy's come from a BLAS product whose order varies, so the two can
-differ in the last bit of a prefix sum and pick a different leaf only when a draw falls
-within rounding of a boundary (never with integer priorities, whose partial sums are
-exact).
+Same results as the NumPy path, on every CPU: a parent is its 16 children added
+pairwise (``((c0 + c1) + (c2 + c3)) + ...``, the order of :func:`sumtree._reduce_rows`),
+so trees are bit-identical whichever path wrote them; a descent sums a node's children
+in order, as the NumPy path's cumulative sum does, so both pick the same leaf. No kernel
+raises a power: ``(p + eps) ** alpha`` and the weights' ``** -beta`` are NumPy's array
+power in both paths (:func:`~xpbank.sampler.priorities.power`). NumPy picks its power
+routine by CPU (a vector routine on AVX-512 machines, the C library's ``pow``
+elsewhere), and the two differ in the last bit of about one value in 20: a compiled
+power matched NumPy's on some CPUs only.
 
 Example:
     >>> import numpy as np
@@ -61,17 +61,6 @@ _tried = False
 
 
 # -- helpers, compiled into the kernels that call them --------------------------------
-def power(x: float, y: float) -> float:
-    """``x ** y`` as NumPy's ``array ** scalar`` computes it (bit for bit)."""
-    if y == 2.0:
-        return x * x
-    if y == 0.5:
-        return math.sqrt(x)
-    if y == -1.0:
-        return 1.0 / x
-    return x**y
-
-
 def search_right(cums: np.ndarray, n: int, u: float) -> int:
     """``np.searchsorted(cums[1 : n + 1], u, side="right")`` (``cums`` sorted), branch-free."""
     if n == 0:
@@ -178,16 +167,17 @@ def draw(
     draws: np.ndarray,
     scale: float,
     divisor: float,
-    beta: float,
     slots: np.ndarray,
-    weights: np.ndarray,
+    ratios: np.ndarray,
 ) -> None:
-    """One stratified prioritized draw of ``B = len(draws)`` items into ``slots`` and ``weights``.
+    """One stratified prioritized draw of ``B = len(draws)`` items into ``slots``, and the
+    base of each one's importance weight into ``ratios`` (float64).
 
-    Item ``i`` is the leaf at fraction ``(i + draws[i]) / B`` of the total; its weight
-    (float32) is ``(scale * leaf / divisor) ** -beta``: ``scale = 1, divisor = smallest``
-    for normalized weights, ``scale = N, divisor = total`` for the unnormalized ones
-    (:func:`~xpbank.sampler.priorities.importance_weights`).
+    Item ``i`` is the leaf at fraction ``(i + draws[i]) / B`` of the total; its ratio is
+    ``scale * leaf / divisor``: ``scale = 1, divisor = smallest`` for normalized weights,
+    ``scale = N, divisor = total`` for the unnormalized ones. The weight is
+    ``ratio ** -beta``, raised by the caller with NumPy
+    (:func:`~xpbank.sampler.priorities.importance_weights`): a power is not computed here.
     """
     b = draws.shape[0]
     total = cums[levels[-1].shape[0]]
@@ -197,7 +187,7 @@ def draw(
     descend_into(levels, cums, u, slots)
     leaves = levels[0]
     for i in range(b):
-        weights[i] = power((scale * leaves[slots[i]]) / divisor, -beta)
+        ratios[i] = (scale * leaves[slots[i]]) / divisor
 
 
 def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.ndarray) -> None:
@@ -216,14 +206,15 @@ def update(
     levels: tuple[np.ndarray, ...],
     slots: np.ndarray,
     priorities: np.ndarray,
-    eps: float,
-    alpha: float,
+    stored: np.ndarray,
     smallest: float,
 ) -> tuple[float, float, bool]:
-    """Store ``(priorities + eps) ** alpha`` at leaves ``slots`` (a repeated slot keeps its last).
+    """Store ``stored`` at leaves ``slots`` (a repeated slot keeps its last) and recompute
+    their ancestors; ``priorities`` (``p + eps``) and ``stored`` (``(p + eps) ** alpha``,
+    raised by the caller with NumPy: a power is not computed here) are float64.
 
     Returns:
-        ``(largest, low, hit)``: the largest ``priority + eps``; the smallest positive
+        ``(largest, low, hit)``: the largest of ``priorities``; the smallest positive
         leaf written, as read back after the write (``inf`` if none); whether a leaf
         held ``smallest`` before the write (what ``LazyMin.noted`` takes).
     """
@@ -234,9 +225,8 @@ def update(
     for k in range(n):
         hit = hit or leaves[slots[k]] == smallest
     for k in range(n):
-        p = priorities[k] + eps
-        largest = max(largest, p)
-        leaves[slots[k]] = power(p, alpha)
+        largest = max(largest, priorities[k])
+        leaves[slots[k]] = stored[k]
     refresh(levels, slots)
     low = math.inf
     for k in range(n):
@@ -271,7 +261,7 @@ def load() -> SimpleNamespace | None:
     if not _tried:
         _tried = True
         fns = (prefix, descend, draw, set_leaves, update, live_slots)
-        kernels = _jit.compile_kernels(*fns, helpers=(power, search_right, descend_into, refresh))
+        kernels = _jit.compile_kernels(*fns, helpers=(search_right, descend_into, refresh))
         if kernels is not None:
             _loaded = SimpleNamespace(**{fn.__name__: k for fn, k in zip(fns, kernels, strict=True)})
     return _loaded
