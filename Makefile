@@ -1,6 +1,7 @@
 # Two commands for a newcomer on a fresh clone:
 #   make demo   set up .venv and run the demo (xpbank demo: DQN and PPO on CartPole-v1)
-#   make test   set up .venv and run ruff, mypy and the test suite
+#   make test   set up .venv and run ruff, mypy and the test suite (the numeric kernel
+#               tests also under NumPy's other CPU routines: tests/cpu_variants.py)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -29,6 +30,7 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir .site
+	OMP_NUM_THREADS=1 $(PY) tests/cpu_variants.py
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
 docs: $(STAMP)
