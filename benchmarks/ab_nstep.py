@@ -93,7 +93,7 @@ def timed(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict
 def numpy_path(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with this tree's numba n-step kernel switched off (its NumPy path); the
     switch costs two list assignments a call."""
-    from xpbank import nstep_kernel
+    from xpbank.nstep import kernel as nstep_kernel
 
     on = list(nstep_kernel._compiled)
 
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     import xpbank
-    from xpbank import nstep_kernel
+    from xpbank.nstep import kernel as nstep_kernel
 
     log(f"numba n-step kernel: {'used' if nstep_kernel.kernel() is not None else 'not available'}")
 

@@ -42,7 +42,7 @@ import torch
 import xpbank
 from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
-from xpbank.nstep_kernel import kernel as nstep_kernel
+from xpbank.nstep.kernel import kernel as nstep_kernel
 from xpbank.sampler import sumtree_numba
 
 BATCH = 256
@@ -254,7 +254,7 @@ def report(r: dict[str, float], capacity: int, skipped: dict[str, str]) -> str:
             rows.append([name, fmt_us(plain), fmt_us(nstep), fmt_ratio(nstep / plain)])
     lines.append(markdown_table(["library", "uniform sample", "n-step sample", "n-step / uniform"], rows))
     used = "used" if nstep_kernel() is not None else "not used (numba missing or XPBANK_NO_NUMBA=1)"
-    lines += ["", f"xpbank n-step numba kernel (xpbank.nstep_kernel): {used}"]
+    lines += ["", f"xpbank n-step numba kernel (xpbank.nstep.kernel): {used}"]
     extends = [(k, v) for k, v in r.items() if k.startswith("extend")]
     if extends:
         text = ", ".join(f"{k} {fmt_us(v)}" for k, v in extends)

@@ -31,8 +31,8 @@ import torch
 from _common import freeze_heap
 from bench_prioritized import BATCH, per_data, priorities
 from xpbank import PrioritizedSampler, ReplayBuffer
-from xpbank import replay as replay_module
-from xpbank.ring import Ring
+from xpbank.replay import buffer as replay_module
+from xpbank.ring.ids import Ring
 from xpbank.sampler import lazymin, sumtree, sumtree_numba
 from xpbank.sampler import prioritized as prioritized_module
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from xpbank import Field, Spec
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 
 __all__ = ["item_numbers", "make_batch", "transition_spec"]
 

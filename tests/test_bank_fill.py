@@ -17,7 +17,7 @@ from xpbank.bank import fill as fill_module
 from xpbank.bank.prefault import _steps
 from xpbank.bank.snapshot import Snapshot
 from xpbank.errors import CorruptBankError
-from xpbank.spec import Field, Spec
+from xpbank.spec.spec import Field, Spec
 from xpbank.storage import TensorStorage
 
 SPEC = Spec(

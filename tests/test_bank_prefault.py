@@ -9,7 +9,7 @@ import torch
 
 import xpbank
 from xpbank.bank.prefault import prefault
-from xpbank.spec import Field, Spec
+from xpbank.spec.spec import Field, Spec
 from xpbank.storage import TensorStorage
 
 

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank import BatchTypeError, SpecError, XpbankError
-from xpbank.batch import as_tensor, flatten, to_tensordict
+from xpbank.spec.batch import as_tensor, flatten, to_tensordict
 
 # -- flatten ----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from xpbank import Field, ReplayBuffer, Spec, SpecError
-from xpbank.cast import is_safe_cast
+from xpbank.spec.cast import is_safe_cast
 
 DTYPES = [
     torch.bool,

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import xpbank
 from episode_data import filled_buffer, reference_episodes
-from xpbank.cli import build_app
+from xpbank.tools.cli import build_app
 
 runner = CliRunner()
 SRC = str(Path(xpbank.__file__).parents[1])
@@ -185,8 +185,8 @@ def test_python_dash_m_in_a_subprocess(banks):
 
 
 def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
-    from xpbank import cli as cli_module
     from xpbank.errors import MissingExtraError
+    from xpbank.tools import cli as cli_module
 
     def missing(module: str, extra: str) -> None:
         raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xpbank import Collector, EnvContractError, ReplayBuffer, Spec
-from xpbank.collect import Episode, Mode, autoreset_mode
+from xpbank.collect.collector import Episode, Mode, autoreset_mode
 
 gym = pytest.importorskip("gymnasium")
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # noqa: E402

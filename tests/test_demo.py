@@ -20,8 +20,9 @@ pytest.importorskip("tqdm")
 pytest.importorskip("matplotlib")
 
 import xpbank  # noqa: E402
-from xpbank import MissingExtraError, cli  # noqa: E402
+from xpbank import MissingExtraError  # noqa: E402
 from xpbank.demo import dqn  # noqa: E402
+from xpbank.tools import cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

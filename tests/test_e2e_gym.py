@@ -64,8 +64,8 @@ def test_collected_transitions_read_back_exactly(env_id: str, storage: str) -> N
 
 
 def test_demo_dqn_trains_through_the_collector_and_resumes_identically(tmp_path: Path) -> None:
-    from xpbank.cli import save_and_reload
     from xpbank.demo.dqn import DQNConfig, train
+    from xpbank.tools.cli import save_and_reload
 
     config = DQNConfig(steps=1_600, seed=1, learning_starts=500, train_freq=100, gradient_steps=8, hidden=64)
     result = train(config)

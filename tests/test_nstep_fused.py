@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from test_nstep_kernel import CASES, _assert_same, _fill, needs_kernel
-from xpbank import NStep, ReplayBuffer, TensorStorage, nstep_kernel
-from xpbank.nstep import _kernel_inputs
+from xpbank import NStep, ReplayBuffer, TensorStorage
+from xpbank.nstep import kernel as nstep_kernel
+from xpbank.nstep.option import _kernel_inputs
 from xpbank.storage.pair_rows import Span, pair_plan
 
 # -- the copy plan ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The compiled n-step kernel (numba, ``xpbank.nstep_kernel``) against the NumPy path:
+"""The compiled n-step kernel (numba, ``xpbank.nstep.kernel``) against the NumPy path:
 the same batch, bit for bit, on random streams (lockstep and env-id mode, both kinds of
 episode end, ring wraps, the newest items, duplicate ids, every n from 1 to 5), plus the
 switches that turn it off. The NumPy path runs here too (the kernel switched off by a
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from xpbank import NStep, ReplayBuffer, nstep_kernel, nstep_sum
+from xpbank import NStep, ReplayBuffer, nstep_sum
+from xpbank.nstep import kernel as nstep_kernel
 
 needs_kernel = pytest.mark.skipif(
     nstep_kernel.kernel() is None, reason="numba not installed, or XPBANK_NO_NUMBA=1"
@@ -153,7 +154,7 @@ def test_numpy_path_when_reward_has_no_float_host_view(kernel_off) -> None:
 
 
 def test_env_var_switches_the_kernel_off() -> None:
-    code = "from xpbank import nstep_kernel as k; print(k.DISABLED, k.kernel())"
+    code = "from xpbank.nstep import kernel as k; print(k.DISABLED, k.kernel())"
     env = {**os.environ, "XPBANK_NO_NUMBA": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "None"], out.stderr

@@ -10,7 +10,7 @@ import torch
 
 from test_nstep import GAMMA, Log, run_stream
 from xpbank import NStep, ReplayBuffer
-from xpbank.nstep_returns import nstep_reduce
+from xpbank.nstep.returns import nstep_reduce
 
 
 def _stream(rb: ReplayBuffer, steps: int, seed: int, dtype: torch.dtype = torch.float32) -> Log:

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from test_nstep_kernel import _assert_same
-from xpbank import NStep, ReplayBuffer, SpecError, nstep_kernel
-from xpbank.nstep_table import MAX_TABLE_N, WindowTable
+from xpbank import NStep, ReplayBuffer, SpecError
+from xpbank.nstep import kernel as nstep_kernel
+from xpbank.nstep.table import MAX_TABLE_N, WindowTable
 
 GAMMA = 0.9
 

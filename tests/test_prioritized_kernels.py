@@ -17,7 +17,7 @@ import torch
 
 from sumtree_paths import kernels_fixture, numpy_path, random_slots  # noqa: F401 (the kernels fixture)
 from xpbank import PrioritizedSampler, PriorityError, ReplayBuffer, StaleIndexError, XpbankIndexError
-from xpbank.ring import Ring
+from xpbank.ring.ids import Ring
 from xpbank.sampler import priorities, sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import check_update, importance_weights

@@ -33,7 +33,7 @@ from xpbank import (
     TensorStorage,
     XpbankIndexError,
 )
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 
 BufferFactory = Callable[..., ReplayBuffer]
 

@@ -26,7 +26,7 @@ from xpbank import (
     StaleIndexError,
     XpbankIndexError,
 )
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 
 SPEC = transition_spec()
 KEYS: list[NestedKey] = list(SPEC)

@@ -11,7 +11,7 @@ import torch
 
 from helpers import transition_spec
 from xpbank import Field, MissingExtraError, ReplayBuffer, Spec, SpecError
-from xpbank.batch import flatten
+from xpbank.spec.batch import flatten
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 
 from helpers import make_batch, transition_spec
 from xpbank import Field, Spec, SpecError, XpbankError
-from xpbank.spec import key_str, normalize_key
+from xpbank.spec.spec import key_str, normalize_key
 
 # -- Field ----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import torch
 
 from helpers import make_batch, transition_spec
 from xpbank import CapacityError, DeviceError, Field, MemmapStorage, Spec, SpecError, Storage, TensorStorage
-from xpbank.batch import flatten
+from xpbank.spec.batch import flatten
 from xpbank.storage.dtypes import numpy_dtype
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

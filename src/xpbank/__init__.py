@@ -9,12 +9,10 @@ Example:
     torch.Size([4, 4])
 """
 
-from __future__ import annotations
-
+from xpbank import _moved
 from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
-from xpbank.collect import Collector, ReplaySink
+from xpbank.collect import Collector, ReplaySink, RolloutSink
 from xpbank.distributed.limiter import RateLimiter
-from xpbank.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.errors import (
     BankError,
     BatchTypeError,
@@ -37,9 +35,9 @@ from xpbank.errors import (
     XpbankIndexError,
 )
 from xpbank.integrations.minari import export_minari, import_minari
-from xpbank.nstep import NStep
-from xpbank.nstep_returns import nstep_reduce, nstep_return, nstep_sum
+from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
+from xpbank.ring import EpisodeIndex, EpisodeKeys
 from xpbank.rollout import (
     RecurrentBatch,
     RolloutBuffer,
@@ -53,13 +51,14 @@ from xpbank.rollout import (
     vtrace,
 )
 from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
-from xpbank.sinks import RolloutSink
 from xpbank.spec import Field, Spec
 from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
 from xpbank.tools.episode_scan import iter_episodes
 from xpbank.tools.npz import export_npz, import_npz
 
 __version__ = "0.1.0"
+
+_moved.install()  # old module paths users could import (xpbank.sinks ...), with a warning
 
 __all__ = [
     "Field",
@@ -126,3 +125,8 @@ __all__ = [
     "ShardUnavailableError",
     "RateLimiter",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public API only (the submodules loaded on the way stay reachable by name)."""
+    return sorted(__all__)

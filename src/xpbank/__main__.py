@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xpbank.cli import main
+from xpbank.tools.cli import main
 
 if __name__ == "__main__":
     main()

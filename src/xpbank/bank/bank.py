@@ -37,7 +37,7 @@ from xpbank.bank.manifest import FileEntry, Manifest, check_metadata, new_sessio
 from xpbank.bank.prefault import prefault
 from xpbank.bank.snapshot import Snapshot, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, SpecError
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler
 from xpbank.storage import TensorStorage
 from xpbank.storage.dtypes import numpy_dtype, to_numpy

@@ -43,7 +43,7 @@ from xpbank.bank.checksum import hasher_for
 from xpbank.bank.manifest import FileEntry
 from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value
 from xpbank.errors import CorruptBankError
-from xpbank.spec import NestedKey, Spec
+from xpbank.spec.spec import NestedKey, Spec
 from xpbank.storage.dtypes import as_torch, numpy_dtype
 
 __all__ = ["fill", "RUN_BYTES"]

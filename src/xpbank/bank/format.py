@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from xpbank.errors import BankError, CorruptBankError, SpecError
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 from xpbank.storage.memmap import field_path
 
 __all__ = [

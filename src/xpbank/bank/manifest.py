@@ -26,7 +26,7 @@ from xpbank.bank.format import (
     state_relpath,
 )
 from xpbank.errors import BankError, CorruptBankError, SpecError
-from xpbank.spec import NestedKey, Spec
+from xpbank.spec.spec import NestedKey, Spec
 from xpbank.storage.dtypes import numpy_dtype
 
 __all__ = ["FileEntry", "Manifest", "check_metadata", "json_problem", "new_session_id", "utc_now"]

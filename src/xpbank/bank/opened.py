@@ -26,7 +26,7 @@ from xpbank.bank.format import (
 from xpbank.bank.manifest import FileEntry, Manifest, utc_now
 from xpbank.bank.snapshot import Snapshot, read_checked, read_state, snapshot
 from xpbank.errors import BankError, ReadOnlyError
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.storage import MemmapStorage
 from xpbank.storage.dtypes import numpy_dtype
 

@@ -13,9 +13,9 @@ from xpbank.bank.format import MANIFEST, read_manifest
 from xpbank.bank.manifest import Manifest
 from xpbank.bank.opened import open_bank
 from xpbank.errors import BankError, SpecError
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler, sampler_config
-from xpbank.spec import Spec, key_str
+from xpbank.spec.spec import Spec, key_str
 
 __all__ = ["BankSummary", "list_banks", "merge", "merge_into"]
 

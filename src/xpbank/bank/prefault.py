@@ -18,7 +18,7 @@ machine): packed 1.53 s / 1.00 s CPU with it, 1.78 s / 1.56 s without.
 Example:
     >>> import torch
     >>> from xpbank.storage import TensorStorage
-    >>> from xpbank.spec import Spec, Field
+    >>> from xpbank.spec.spec import Spec, Field
     >>> storage = TensorStorage(8192, Spec({"x": Field((256,))}))  # 8 MB
     >>> filler = prefault(storage, storage.spec)  # None where madvise is missing
     >>> if filler is not None:

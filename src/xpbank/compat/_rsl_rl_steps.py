@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from xpbank.batch import flatten
 from xpbank.errors import SpecError
-from xpbank.spec import NestedKey, key_str
+from xpbank.spec.batch import flatten
+from xpbank.spec.spec import NestedKey, key_str
 
 __all__ = ["transition_step", "obs_fields", "is_hidden"]
 

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten, to_tensordict
 from xpbank.errors import CapacityError, SpecError
 from xpbank.rollout import RolloutBuffer, RolloutKeys
-from xpbank.spec import NestedKey, Spec, key_str
+from xpbank.spec.batch import flatten, to_tensordict
+from xpbank.spec.spec import NestedKey, Spec, key_str
 
 __all__ = ["Experience", "KEYS"]
 

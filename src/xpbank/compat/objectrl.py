@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from xpbank.bank import load as load_bank
 from xpbank.bank import save as save_bank
 from xpbank.errors import BankError, SpecError, check_positive_int
-from xpbank.replay import ReplayBuffer as _Buffer
+from xpbank.replay.buffer import ReplayBuffer as _Buffer
 from xpbank.sampler import epoch_plan
 from xpbank.storage.base import check_device
 

@@ -38,8 +38,8 @@ from tensordict import TensorDict
 from xpbank.bank import bank_metadata, bank_of, list_banks, load, new_session_id, save
 from xpbank.bank.manifest import json_problem
 from xpbank.errors import BankError, SpecError, check_positive_int
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.spec.spec import NestedKey
 
 __all__ = ["Experience", "ExperienceBank", "create_experience"]
 

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import to_tensordict
 from xpbank.compat._rsl_rl_steps import is_hidden, obs_fields, transition_step
 from xpbank.compat._rsl_rl_types import Batch, Transition
 from xpbank.errors import NotReadyError, SpecError, check_positive_int
 from xpbank.rollout import RolloutBuffer, RolloutKeys, unpad
-from xpbank.spec import Field, NestedKey, Spec
+from xpbank.spec.batch import to_tensordict
+from xpbank.spec.spec import Field, NestedKey, Spec
 
 __all__ = ["RolloutStorage", "Transition", "Batch"]
 

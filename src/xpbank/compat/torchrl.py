@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDictBase, pad
 
 from xpbank.errors import CapacityError, SpecError
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 
 __all__ = ["ReplayBufferTrainer"]
 

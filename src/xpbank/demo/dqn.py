@@ -25,15 +25,15 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from xpbank.collect import Collector
+from xpbank.collect.collector import Collector
+from xpbank.collect.sinks import ReplaySink
 from xpbank.demo.evaluate import evaluate
 from xpbank.demo.result import AgentResult, Progress, TimedBuffer
 from xpbank.errors import require
-from xpbank.nstep import NStep
-from xpbank.replay import ReplayBuffer
+from xpbank.nstep.option import NStep
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler
-from xpbank.sinks import ReplaySink
-from xpbank.spec import Field, Spec
+from xpbank.spec.spec import Field, Spec
 
 __all__ = ["DQNConfig", "make_buffer", "train", "td_errors"]
 

@@ -22,12 +22,12 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from xpbank.collect import Collector
+from xpbank.collect.collector import Collector
+from xpbank.collect.sinks import RolloutSink
 from xpbank.demo.evaluate import evaluate
 from xpbank.demo.result import AgentResult, Progress, TimedBuffer
 from xpbank.errors import require
 from xpbank.rollout import RolloutBuffer
-from xpbank.sinks import RolloutSink
 
 __all__ = ["PPOConfig", "ActorCritic", "clipped_surrogate", "train"]
 

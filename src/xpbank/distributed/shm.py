@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.batch import flatten
 from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel
 from xpbank.errors import CapacityError, ChannelError, SpecError, check_positive_int
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey, Spec
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.spec.batch import flatten
+from xpbank.spec.spec import NestedKey, Spec
 from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
 
 __all__ = ["ShmReplayBuffer", "ShmWriter", "WriterStatus"]

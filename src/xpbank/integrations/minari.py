@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from xpbank.errors import BankError, SpecError, require
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey, Spec, key_str
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.spec.spec import NestedKey, Spec, key_str
 from xpbank.storage.dtypes import to_numpy
 from xpbank.tools.episode_scan import CHUNK, flag_keys, iter_episodes
 from xpbank.tools.import_bank import check_new_bank_path, write_bank

@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.batch import flatten
 from xpbank.errors import SpecError, StaleIndexError
-from xpbank.replay import _keep_last
+from xpbank.replay.buffer import _keep_last
 from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
 from xpbank.rollout.targets import Targets
-from xpbank.spec import NestedKey, Spec, key_str
+from xpbank.spec.batch import flatten
+from xpbank.spec.spec import NestedKey, Spec, key_str
 from xpbank.storage import TensorStorage
 from xpbank.storage.base import check_device
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xpbank.spec import Field, NestedKey, Spec, reject_reserved
+from xpbank.spec.spec import Field, NestedKey, Spec, reject_reserved
 
 __all__ = ["RolloutKeys", "RESERVED_KEYS", "DERIVED", "check_reserved"]
 

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import to_tensordict
 from xpbank.errors import CapacityError, SpecError, XpbankIndexError, check_positive_int
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout
 from xpbank.rollout.minibatch import (
@@ -28,7 +27,8 @@ from xpbank.rollout.minibatch import (
     trajectory_plan,
 )
 from xpbank.rollout.targets import Targets
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec.batch import to_tensordict
+from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage import TensorStorage
 
 __all__ = ["RolloutReader", "RecurrentBatch"]

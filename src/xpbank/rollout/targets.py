@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from xpbank.errors import SpecError
 from xpbank.rollout.layout import SegmentLayout, TimeLayout
 from xpbank.rollout.returns import gae, normalize_advantages, vtrace
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 from xpbank.storage import TensorStorage
 
 __all__ = ["Targets"]

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from xpbank.ring import Ring
+from xpbank.ring.ids import Ring
 from xpbank.storage.base import Slots
 
 __all__ = ["Sampler"]

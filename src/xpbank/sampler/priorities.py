@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
-from xpbank.ring import Ring, _as_index_array, _to_numpy
+from xpbank.ring.ids import Ring, _as_index_array, _to_numpy
 from xpbank.sampler import sumtree_numba
 
 __all__ = ["beta_at", "check_update", "check_values", "importance_weights", "power", "weight_ratio"]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import PriorityError, check_positive_int
-from xpbank.ring import Ring
+from xpbank.ring.ids import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights, power

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.episodes import EpisodeIndex
 from xpbank.errors import CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.ring import Ring
+from xpbank.ring.episodes import EpisodeIndex
+from xpbank.ring.ids import Ring
 from xpbank.sampler.draw import SlotSet
 from xpbank.sampler.registry import register_sampler
 from xpbank.sampler.sequence_index import EnvStreams, new_starts, window_priority

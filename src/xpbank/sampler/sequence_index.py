@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from xpbank.episodes import SlotLinks
+from xpbank.ring.episodes import SlotLinks
 
 __all__ = ["EnvStreams", "new_starts", "window_priority"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from xpbank.ring import Ring
+from xpbank.ring.ids import Ring
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
 

@@ -17,9 +17,9 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import to_tensordict
 from xpbank.errors import CapacityError, DeviceError, SpecError, check_positive_int
-from xpbank.spec import NestedKey, Spec
+from xpbank.spec.batch import to_tensordict
+from xpbank.spec.spec import NestedKey, Spec
 
 __all__ = ["Storage", "StorageBase", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
 

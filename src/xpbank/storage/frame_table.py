@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from xpbank.ring import Ring
+    from xpbank.ring.ids import Ring
 
 __all__ = ["FrameTable", "walk_stacks"]
 

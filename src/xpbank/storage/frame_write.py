@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec import NestedKey, key_str
+from xpbank.spec.spec import NestedKey, key_str
 from xpbank.storage.frame_table import walk_stacks
 
 if TYPE_CHECKING:
-    from xpbank.episodes import _Plan
-    from xpbank.ring import Ring
+    from xpbank.ring.episodes import _Plan
+    from xpbank.ring.ids import Ring
     from xpbank.storage.frames import FrameStorage
 
 __all__ = ["FrameWrite", "plan_frames"]

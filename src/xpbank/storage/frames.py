@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
@@ -62,8 +62,8 @@ from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.tensor import TensorStorage
 
 if TYPE_CHECKING:
-    from xpbank.episodes import _Plan
-    from xpbank.ring import Ring
+    from xpbank.ring.episodes import _Plan
+    from xpbank.ring.ids import Ring
 
 __all__ = ["FrameStorage"]
 

@@ -8,7 +8,7 @@ then throws away. :func:`pair_plan` splits a packed row (``TensorStorage``'s
 from the item's row or from the partner's, and the few words shared by fields of both
 (a reward beside a ``terminated`` flag) merged through a bit mask. A kernel then writes
 each output row from exactly the lines that hold what is asked for
-(:func:`xpbank.nstep_kernel.nstep_gather`), and :meth:`PairPlan.fields` views the rows
+(:func:`xpbank.nstep.kernel.nstep_gather`), and :meth:`PairPlan.fields` views the rows
 as the fields, as a whole-row gather would.
 
 Bytes of no wanted field (padding, fields not asked for) may come from either row.
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 from xpbank.storage.dtypes import numpy_native
 
 __all__ = ["PairPlan", "PairRows", "Span", "block_pair_rows", "pair_plan"]

@@ -1,5 +1,5 @@
 """The ``xpbank`` commands that look into banks: ls, inspect, merge, export, import, plot,
-verify, bench. :func:`register` adds them to the typer app of :mod:`xpbank.cli`.
+verify, bench. :func:`register` adds them to the typer app of :mod:`xpbank.tools.cli`.
 
 Every command reads banks through :mod:`xpbank.bank` (``list_banks``, ``open_bank``,
 ``merge_into``, ``save``), opened read-only and memory-mapped, so nothing loads a bank
@@ -22,7 +22,7 @@ from xpbank.bank import list_banks, open_bank
 from xpbank.bank.format import read_manifest
 from xpbank.bank.manifest import Manifest
 from xpbank.errors import BankError, XpbankError, require
-from xpbank.spec import key_str
+from xpbank.spec.spec import key_str
 
 __all__ = ["register", "DEBUG", "bank_bytes", "verify_bank"]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from xpbank.episodes import EpisodeKeys
 from xpbank.errors import CapacityError, SpecError
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey, key_str, normalize_key
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.ring.episodes import EpisodeKeys
+from xpbank.spec.spec import NestedKey, key_str, normalize_key
 
 __all__ = ["EpisodeSpan", "iter_episodes", "flag_keys", "CHUNK"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from xpbank.bank import merge_into, open_bank, save
 from xpbank.bank.ops import check_same_spec
 from xpbank.errors import BankError, check_positive_int
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler, sampler_config
 
 __all__ = ["write_bank", "merge_banks", "check_new_bank_path"]

@@ -27,8 +27,8 @@ from typing import IO, Any
 import numpy as np
 
 from xpbank.errors import BankError, SpecError
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.spec.spec import NestedKey
 from xpbank.storage.dtypes import to_numpy
 from xpbank.tools.episode_scan import CHUNK
 from xpbank.tools.import_bank import check_new_bank_path, write_bank

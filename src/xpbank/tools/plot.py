@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import EmptyBufferError, require
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.tools.episode_scan import CHUNK
 from xpbank.tools.stats import episode_stats, field_stats
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from xpbank.errors import check_positive_int
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler
 
 __all__ = ["BenchRow", "run_quickbench"]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from xpbank.replay import ReplayBuffer
-from xpbank.spec import NestedKey
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.spec.spec import NestedKey
 from xpbank.tools.episode_scan import CHUNK, iter_episodes
 
 __all__ = ["Moments", "moments", "combine", "field_stats", "EpisodeStats", "episode_stats"]

@@ -31,10 +31,10 @@ from xpbank.errors import (
     SpecError,
     check_positive_int,
 )
-from xpbank.nstep import NStep
+from xpbank.nstep.option import NStep
 from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler, sampler_config
 from xpbank.sampler.priorities import check_values
-from xpbank.spec import Spec, check_fields
+from xpbank.spec.spec import Spec, check_fields
 
 __all__ = ["RayReplayBuffer", "ShardStatus"]
 

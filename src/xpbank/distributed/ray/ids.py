@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from xpbank.errors import StaleIndexError, XpbankIndexError
-from xpbank.ring import _as_index_array
+from xpbank.ring.ids import _as_index_array
 
 __all__ = ["encode", "decode", "split_by_shard", "id_problem"]
 

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten, to_tensordict
 from xpbank.distributed.ray.routing import check_routed
 from xpbank.errors import (
     CapacityError,
@@ -34,8 +33,9 @@ from xpbank.errors import (
     SpecError,
     check_positive_int,
 )
-from xpbank.ring import _as_index_array, check_positions
-from xpbank.spec import NestedKey, Spec, check_fields
+from xpbank.ring.ids import _as_index_array, check_positions
+from xpbank.spec.batch import flatten, to_tensordict
+from xpbank.spec.spec import NestedKey, Spec, check_fields
 
 __all__ = ["LocalApi", "locate"]
 

@@ -42,9 +42,9 @@ import torch
 from xpbank.bank import bank_metadata, load, save
 from xpbank.bank.format import MANIFEST
 from xpbank.errors import CorruptBankError
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler
-from xpbank.spec import Spec
+from xpbank.spec.spec import Spec
 
 __all__ = ["Shard", "META_KEY"]
 

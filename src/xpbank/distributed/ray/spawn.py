@@ -21,7 +21,7 @@ from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.link import LimiterHost, ShardLink
 from xpbank.distributed.ray.shard import Shard
 from xpbank.errors import BankError, ShardUnavailableError, check_positive_int
-from xpbank.spec import Spec
+from xpbank.spec.spec import Spec
 
 __all__ = [
     "ShardPlan",

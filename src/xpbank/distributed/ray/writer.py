@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.batch import flatten
-from xpbank.episode_fields import MAX_ENV_ID
-from xpbank.episodes import EpisodeKeys
 from xpbank.errors import ShardUnavailableError, SpecError
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key, reject_reserved
+from xpbank.ring.episode_keys import MAX_ENV_ID
+from xpbank.ring.episodes import EpisodeKeys
+from xpbank.spec.batch import flatten
+from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key, reject_reserved
 
 __all__ = ["RayWriter"]
 

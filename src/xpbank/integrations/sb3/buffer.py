@@ -26,12 +26,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, require
-from xpbank.replay import ReplayBuffer
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.ring.episodes import EpisodeIndex
 from xpbank.sampler import Sampler
-from xpbank.spaces import field_from_space
-from xpbank.spec import Field, Spec
+from xpbank.spec.spaces import field_from_space
+from xpbank.spec.spec import Field, Spec
 from xpbank.storage.frames import FrameStorage
 
 __all__ = ["XpbankReplayBuffer", "transition_spec"]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec import NestedKey, key_str, normalize_key
+from xpbank.spec.spec import NestedKey, key_str, normalize_key
 
 __all__ = ["Sink", "ReplaySink", "RolloutSink", "NEXT_VALUE"]
 

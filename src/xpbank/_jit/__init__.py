@@ -37,7 +37,7 @@ def compile_kernels(
 
     ``helpers``: plain functions the kernels call, compiled into them where called (they
     stay plain Python functions; keep them in the kernels' own module, whose source
-    numba's disk cache checks). :func:`xpbank._prefetch.prefetch` is always available
+    numba's disk cache checks). :func:`xpbank._jit.prefetch.prefetch` is always available
     to kernels (registered here before the first compile).
     """
     if not ENABLED:
@@ -49,7 +49,7 @@ def compile_kernels(
         return None
     from numba.extending import register_jitable  # type: ignore[import-untyped, unused-ignore]
 
-    from xpbank import _prefetch
+    from xpbank._jit import prefetch as _prefetch
 
     _prefetch.register(numba)  # any kernel may call prefetch(); registered once
     for helper in helpers:

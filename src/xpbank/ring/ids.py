@@ -20,7 +20,7 @@ import torch
 from xpbank.errors import StaleIndexError, XpbankIndexError
 
 if TYPE_CHECKING:
-    from xpbank.episodes import EpisodeIndex
+    from xpbank.ring.episodes import EpisodeIndex
 
 __all__ = ["Ring"]
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, require
-from xpbank.spec import Field, NestedKey, Spec
+from xpbank.spec.spec import Field, NestedKey, Spec
 
 __all__ = ["spec_from_gymnasium", "spec_from_torchrl", "field_from_space"]
 

@@ -2,24 +2,24 @@
 
 :meth:`NStep.gather <xpbank.NStep.gather>` walks each sampled item's window
 (:meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`), reads the window's
-rewards and reduces them (:func:`~xpbank.nstep_returns.nstep_sum`): a dozen NumPy calls,
+rewards and reduces them (:func:`~xpbank.nstep.returns.nstep_sum`): a dozen NumPy calls,
 each costing its per-call overhead. With numba installed (``pip install xpbank[fast]``)
 the whole of it is one compiled loop over the batch, :func:`nstep_window`, with the same
 results: the same slots, steps and flags, and the return summed in float64 one step
-after another from step 0 (as :func:`~xpbank.nstep_returns.nstep_sum`), then cast to
+after another from step 0 (as :func:`~xpbank.nstep.returns.nstep_sum`), then cast to
 float32.
 
 :func:`nstep_gather` goes one step further for packed CPU rows (``TensorStorage``): the
 same pass also writes the sampled rows, each item's fields from its row and the next
 fields from its window's last row, copying only the machine words that hold them (the
-plan of :mod:`xpbank.storage.pair_rows`), and prefetching (:mod:`xpbank._prefetch`) the
+plan of :mod:`xpbank.storage.pair_rows`), and prefetching (:mod:`xpbank._jit.prefetch`) the
 lines of the item ``AHEAD`` places on so their cache misses overlap. The rows of
 ``[B]`` items then cost about one pass over what is returned, instead of a gather of
 ``2B`` whole rows. The n-step values are written into the same output rows, after the
 row's bytes (:meth:`PairRows.with_extras
 <xpbank.storage.pair_rows.PairRows.with_extras>`), so a sample makes one array.
 
-In lockstep mode both keep a :class:`~xpbank.nstep_table.WindowTable`: the results of the items whose
+In lockstep mode both keep a :class:`~xpbank.nstep.table.WindowTable`: the results of the items whose
 windows are complete, filled in id order as items become complete, so that a sampled
 item's window is read from one 8-byte cell instead of walked (a reward line per step and
 the flags).
@@ -30,7 +30,7 @@ or where the reward field has no NumPy host view of dtype float32/float64.
 
 Example:
     >>> import numpy as np
-    >>> from xpbank.nstep_kernel import flags_view, kernel, nstep_window
+    >>> from xpbank.nstep.kernel import flags_view, kernel, nstep_window
     >>> nxt = np.array([2, 3, 4, -1, -1, -1])  # [6 slots] env 0: 0 -> 2 -> 4; env 1: 1 -> 3
     >>> flags = np.zeros((6, 2), dtype=bool)  # (terminated, truncated) of each slot
     >>> flags[3, 0] = True  # item 3 terminates
@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
-from xpbank._prefetch import prefetch, prefetch_once
-from xpbank.nstep_table import NO_TABLE, WindowTable
+from xpbank._jit.prefetch import prefetch, prefetch_once
+from xpbank.nstep.table import NO_TABLE, WindowTable
 from xpbank.storage.pair_rows import PairRows
 
 __all__ = [
@@ -145,7 +145,7 @@ def nstep_window(
             is ``-1``, as at the newest step of an env, which ``next_id`` tells).
         reward: the reward of every slot (a NumPy view, strided or not; float32/float64).
         powers: ``gamma ** arange(n + 1)`` (float64): ``n = len(powers) - 1``.
-        table: the buffer's :class:`~xpbank.nstep_table.WindowTable` (lockstep mode only), advanced and
+        table: the buffer's :class:`~xpbank.nstep.table.WindowTable` (lockstep mode only), advanced and
             read; default none (every window walked).
         first_id: the ring's ``first_id`` (where a table starts filling).
 

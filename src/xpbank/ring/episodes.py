@@ -15,7 +15,7 @@ needed to follow one env's stream through the ring without scanning at sample ti
 ``terminated`` and ``truncated`` are the two columns of one ``[capacity, 2]`` array
 (``flags``), so one two-byte read tells whether a slot ends its episode and how: in
 lockstep mode that and the ring's ``next_id`` say where a window stops, without ``next``
-(the n-step kernel's read, :mod:`xpbank.nstep_kernel`).
+(the n-step kernel's read, :mod:`xpbank.nstep.kernel`).
 
 Which env an item came from: with ``num_envs=E`` each ``extend`` of ``k * E`` items is
 ``k`` steps of every env, time-major (item ``i`` is env ``i % E``); with a per-item
@@ -52,13 +52,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from xpbank.episode_fields import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.ring.episode_keys import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
+from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.hugepages import advise_huge_pages
 
 if TYPE_CHECKING:
-    from xpbank.ring import Ring
+    from xpbank.ring.ids import Ring
 
 __all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
 

@@ -3,7 +3,7 @@
 A lockstep buffer's (``num_envs=E``) item ``t`` has a complete window once all ``n`` of its
 steps are written (``t + (n - 1) * E < next_id``); its return, length and last step's
 ``terminated`` never change after that, unless its rewards are rewritten. The compiled
-n-step kernel (:mod:`xpbank.nstep_kernel`) fills a cell per such item, in id order, and
+n-step kernel (:mod:`xpbank.nstep.kernel`) fills a cell per such item, in id order, and
 reads a sampled item's window from its cell (one cache line) instead of walking it.
 
 Example:

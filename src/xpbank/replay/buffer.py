@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.batch import flatten, to_tensordict
-from xpbank.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
-from xpbank.nstep import NStep
-from xpbank.ring import Ring
+from xpbank.nstep.option import NStep
+from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
+from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
 from xpbank.sampler.priorities import check_update
-from xpbank.spec import NestedKey, Spec, check_fields, reject_reserved
+from xpbank.spec.batch import flatten, to_tensordict
+from xpbank.spec.spec import NestedKey, Spec, check_fields, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_capacity, check_device
 
@@ -109,7 +109,7 @@ class ReplayBuffer:
             take the dicts their ``config()`` gives (how a bank rebuilds a buffer).
         cast: convert a batch's dtypes to the spec's where nothing that matters is lost
             (float64 -> float32, int32 -> int64, Python numbers; see
-            :func:`xpbank.cast.is_safe_cast`), after checking the whole batch; a wrong
+            :func:`xpbank.spec.cast.is_safe_cast`), after checking the whole batch; a wrong
             shape or a float for an int field is still a :class:`~xpbank.SpecError`.
             ``False``: every dtype must match exactly. Costs nothing when dtypes match.
 

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from xpbank.collect.sinks import ReplaySink, RolloutSink, Sink
 from xpbank.errors import BatchTypeError, EnvContractError, check_positive_int
-from xpbank.sinks import ReplaySink, RolloutSink, Sink
-from xpbank.spec import NestedKey
+from xpbank.spec.spec import NestedKey
 
 __all__ = ["Collector", "Episode", "ReplaySink", "RolloutSink", "Sink", "autoreset_mode"]
 

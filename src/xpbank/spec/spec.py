@@ -15,8 +15,8 @@ from typing import Any, TypeAlias
 
 import torch
 
-from xpbank.cast import is_safe_cast
 from xpbank.errors import SpecError
+from xpbank.spec.cast import is_safe_cast
 
 __all__ = ["Field", "Spec", "NestedKey", "is_next_key", "normalize_key", "key_str"]
 
@@ -192,7 +192,7 @@ class Spec(Mapping[NestedKey, Field]):
         """Check a flat batch against the spec and return its leading (batch) shape.
 
         Args:
-            batch: ``{key: tensor}`` with normalized keys (see :func:`xpbank.batch.flatten`).
+            batch: ``{key: tensor}`` with normalized keys (see :func:`xpbank.spec.batch.flatten`).
             batch_ndim: how many leading dims are batch dims (1 for ``[B, ...]``).
             partial: allow a subset of the keys (for in-place updates).
 
@@ -223,7 +223,7 @@ class Spec(Mapping[NestedKey, Field]):
     def conform(
         self, batch: dict[NestedKey, torch.Tensor], batch_ndim: int = 1, partial: bool = False
     ) -> tuple[tuple[int, ...], dict[NestedKey, torch.Tensor]]:
-        """:meth:`validate`, converting dtypes that :func:`~xpbank.cast.is_safe_cast` allows.
+        """:meth:`validate`, converting dtypes that :func:`~xpbank.spec.cast.is_safe_cast` allows.
 
         The whole batch is checked first; only then are values converted, so an error
         leaves nothing half done. When every dtype already matches, ``batch`` itself is
@@ -345,15 +345,15 @@ class Spec(Mapping[NestedKey, Field]):
 
     @classmethod
     def from_gymnasium(cls, observation_space: Any, action_space: Any) -> Spec:
-        """The transition spec of a gymnasium env (see :mod:`xpbank.spaces`)."""
-        from xpbank.spaces import spec_from_gymnasium
+        """The transition spec of a gymnasium env (see :mod:`xpbank.spec.spaces`)."""
+        from xpbank.spec.spaces import spec_from_gymnasium
 
         return spec_from_gymnasium(observation_space, action_space)
 
     @classmethod
     def from_torchrl(cls, composite: Any) -> Spec:
         """A spec from a ``torchrl.data.Composite`` (its batch dims are dropped)."""
-        from xpbank.spaces import spec_from_torchrl
+        from xpbank.spec.spaces import spec_from_torchrl
 
         return spec_from_torchrl(composite)
 

@@ -14,7 +14,7 @@ that uses it; it needs numba, and runs once.
 
 Example:
     >>> import numpy as np
-    >>> from xpbank._prefetch import prefetch
+    >>> from xpbank._jit.prefetch import prefetch
     >>> a = np.zeros(4)
     >>> prefetch(a.ctypes.data)  # a hint: no effect on results, in Python or compiled
 """

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 
 __all__ = ["MAX_ENV_ID", "EpisodeKeys", "read_env_ids", "read_flag", "wants_episodes"]
 

@@ -20,7 +20,7 @@ shorter window and bootstrap from the newest step's next observation. No slot of
 newer than the window is ever read.
 
 With numba (``xpbank[fast]``), a lockstep buffer (``num_envs=``) also keeps the results
-of complete windows (:class:`~xpbank.nstep_table.WindowTable`), so most sampled items
+of complete windows (:class:`~xpbank.nstep.table.WindowTable`), so most sampled items
 read one small cell instead of their window. Rewrite rewards through
 :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` (which drops the results that
 read them), not by writing into the storage's views.
@@ -47,14 +47,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank import nstep_kernel
-from xpbank.episodes import EpisodeIndex
 from xpbank.errors import SpecError, check_positive_int
-from xpbank.nstep_kernel import kernel_plan, nstep_rows, nstep_window
-from xpbank.nstep_returns import nstep_sum
-from xpbank.nstep_table import MAX_TABLE_N, NO_TABLE, WindowTable
-from xpbank.ring import Ring
-from xpbank.spec import NestedKey, Spec, is_next_key, key_str, normalize_key
+from xpbank.nstep import kernel as nstep_kernel
+from xpbank.nstep.kernel import kernel_plan, nstep_rows, nstep_window
+from xpbank.nstep.returns import nstep_sum
+from xpbank.nstep.table import MAX_TABLE_N, NO_TABLE, WindowTable
+from xpbank.ring.episodes import EpisodeIndex
+from xpbank.ring.ids import Ring
+from xpbank.spec.spec import NestedKey, Spec, is_next_key, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
 
@@ -167,13 +167,13 @@ class NStep:
         reward field where it has one); the reduction is a few NumPy calls over ``[n, B]``.
         With numba (``xpbank[fast]``) and a float32/float64 host view of the reward, the
         window and its reduction are one compiled call instead
-        (:mod:`xpbank.nstep_kernel`, same results), then the same row read; where the
+        (:mod:`xpbank.nstep.kernel`, same results), then the same row read; where the
         storage also has ``pair_rows`` (``TensorStorage`` on the CPU, packed) that one
-        call reads the rows too (:func:`~xpbank.nstep_kernel.nstep_gather`): each item's
+        call reads the rows too (:func:`~xpbank.nstep.kernel.nstep_gather`): each item's
         fields from its row and the next fields from its window's last row, no other
         bytes of either, with the loads of items a few places ahead prefetched. In
         lockstep mode both compiled calls read complete windows from the buffer's
-        :class:`~xpbank.nstep_table.WindowTable` (:meth:`_table`).
+        :class:`~xpbank.nstep.table.WindowTable` (:meth:`_table`).
         """
         episodes = ring.episodes
         spec = storage.spec
@@ -228,7 +228,7 @@ class NStep:
         return _merge(out, ret, disc, steps, terminated)
 
     def _table(self, spec: Spec, episodes: EpisodeIndex, capacity: int) -> WindowTable | None:
-        """The buffer's :class:`~xpbank.nstep_table.WindowTable` (lockstep mode; else
+        """The buffer's :class:`~xpbank.nstep.table.WindowTable` (lockstep mode; else
         ``None``), made on first use and kept in ``episodes.derived``."""
         lockstep = episodes.lockstep
         if lockstep is None or self.n > MAX_TABLE_N:
@@ -260,9 +260,9 @@ class NStep:
     ) -> tuple[Any, ...]:
         """The fused path's cache entry for a storage, spec, index and fields: ``(storage,
         spec, episodes, keys, fused, kernel)``: ``kernel`` the compiled kernel of
-        :func:`~xpbank.nstep_kernel.nstep_gather` it was made with; ``fused`` its output
+        :func:`~xpbank.nstep.kernel.nstep_gather` it was made with; ``fused`` its output
         rows (the storage's ``pair_rows`` with the n-step values,
-        :func:`~xpbank.nstep_kernel.nstep_rows`) and its arguments between ``first_id``
+        :func:`~xpbank.nstep.kernel.nstep_rows`) and its arguments between ``first_id``
         and the rows (lockstep, capacity, links, flags, rewards, powers, the window
         table, rows and plan), or ``None``: no numba, no float32/float64 host view of the reward, or a storage
         without ``pair_rows`` (or whose ``pair_rows`` is ``None``: CUDA, unpacked). Made
@@ -305,7 +305,7 @@ def _kernel_inputs(
     storage: Storage, spec: Spec, key: NestedKey, episodes: EpisodeIndex
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
     """The compiled kernel's per-buffer arguments ``(lockstep, capacity, next, flags,
-    rewards)`` (``flags`` as :func:`~xpbank.nstep_kernel.flags_view`), or ``None`` (take
+    rewards)`` (``flags`` as :func:`~xpbank.nstep.kernel.flags_view`), or ``None`` (take
     the NumPy path): no numba (or ``XPBANK_NO_NUMBA=1``), or no float32/float64 host view
     of the reward field."""
     if nstep_kernel.kernel() is None:
