@@ -2,7 +2,7 @@
 
 The model is a Python list of ``(id, row)`` pairs, oldest first, at most ``capacity``
 long, plus the next id to hand out. Ids are never reused: :meth:`ReplayBuffer.clear`
-moves the next id up to a multiple of the capacity (documented in ``xpbank/ring.py``),
+moves the next id up to a multiple of the capacity (documented in ``xpbank/ring/ids.py``),
 so the model does the same.
 """
 

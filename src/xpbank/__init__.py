@@ -9,6 +9,8 @@ Example:
     torch.Size([4, 4])
 """
 
+from __future__ import annotations
+
 from xpbank import _moved
 from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
 from xpbank.collect import Collector, ReplaySink, RolloutSink
