@@ -2,7 +2,7 @@
 
 A batch may be a ``TensorDict``, a (nested) mapping of tensors, NumPy arrays or Python
 numbers, with nested keys either as nested mappings or as tuple keys. Internally every
-batch is a flat dict keyed by normalized keys (see :func:`xpbank.spec.spec.normalize_key`).
+batch is a flat dict keyed by normalized keys (see :func:`xpbank.spec.keys.normalize_key`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from xpbank.errors import BatchTypeError
-from xpbank.spec.spec import NestedKey, key_str, normalize_key
+from xpbank.spec.keys import NestedKey, key_str, normalize_key
 
 __all__ = ["flatten", "as_tensor", "to_tensordict"]
 

@@ -3,60 +3,19 @@
 A transition spec holds ``obs``, ``action``, ``reward`` (float32), ``terminated`` and
 ``truncated`` (bool, kept apart: returns bootstrap on truncation, never on termination)
 and ``("next", "obs")``. A ``Dict`` observation space nests: ``("obs", "image")`` and
-``("next", "obs", "image")``.
+``("next", "obs", "image")``. The fields are read in :mod:`xpbank.spec.space_fields`;
+these functions are :meth:`Spec.from_gymnasium <xpbank.Spec.from_gymnasium>` and
+:meth:`Spec.from_torchrl <xpbank.Spec.from_torchrl>`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import torch
-
-from xpbank.errors import SpecError, require
-from xpbank.spec.spec import Field, NestedKey, Spec
+from xpbank.spec.space_fields import field_from_space
+from xpbank.spec.spec import Spec
 
 __all__ = ["spec_from_gymnasium", "spec_from_torchrl", "field_from_space"]
-
-
-def _torch_dtype(dtype: Any, what: str) -> torch.dtype:
-    try:
-        return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
-    except TypeError as exc:
-        raise SpecError(f"{what}: dtype {dtype} has no torch equivalent") from exc
-
-
-def _space_fields(space: Any, key: tuple[str, ...], out: dict[NestedKey, Field], what: str) -> None:
-    spaces = require("gymnasium.spaces", "gym")
-    if isinstance(space, spaces.Dict):
-        for name, sub in space.spaces.items():
-            _space_fields(sub, (*key, str(name)), out, what)
-        return
-    out[key[0] if len(key) == 1 else key] = field_from_space(space, what)
-
-
-def field_from_space(space: Any, what: str = "space") -> Field:
-    """The Field of one item of a non-nested gymnasium space.
-
-    ``Box`` keeps its shape and dtype; ``Discrete`` is an int64 scalar;
-    ``MultiDiscrete`` int64 of its shape; ``MultiBinary`` keeps its shape and dtype (int8).
-
-    Raises:
-        SpecError: a space of another kind (Tuple, Text, Graph, Sequence ...).
-    """
-    spaces = require("gymnasium.spaces", "gym")
-    if isinstance(space, spaces.Box):
-        return Field(space.shape, _torch_dtype(space.dtype, what))
-    if isinstance(space, spaces.Discrete):
-        return Field((), torch.int64)
-    if isinstance(space, spaces.MultiDiscrete):
-        return Field(space.shape, torch.int64)
-    if isinstance(space, spaces.MultiBinary):
-        return Field(space.shape, _torch_dtype(space.dtype, what))
-    raise SpecError(
-        f"{what}: gymnasium space {type(space).__name__} is not supported; use Box, Discrete, "
-        "MultiDiscrete, MultiBinary or a Dict of them"
-    )
 
 
 def spec_from_gymnasium(observation_space: Any, action_space: Any) -> Spec:
@@ -68,17 +27,7 @@ def spec_from_gymnasium(observation_space: Any, action_space: Any) -> Spec:
         >>> spec_from_gymnasium(env.observation_space, env.action_space)["action"]
         Field(shape=(), dtype=torch.int64)
     """
-    obs: dict[NestedKey, Field] = {}
-    _space_fields(observation_space, ("obs",), obs, "observation_space")
-    act: dict[NestedKey, Field] = {}
-    _space_fields(action_space, ("action",), act, "action_space")
-    fields: dict[NestedKey, Field] = {**obs, **act}
-    fields["reward"] = Field((), torch.float32)
-    fields["terminated"] = Field((), torch.bool)
-    fields["truncated"] = Field((), torch.bool)
-    for key, field in obs.items():
-        fields[("next",) + ((key,) if isinstance(key, str) else key)] = field
-    return Spec(fields)
+    return Spec.from_gymnasium(observation_space, action_space)
 
 
 def spec_from_torchrl(composite: Any) -> Spec:
@@ -87,15 +36,4 @@ def spec_from_torchrl(composite: Any) -> Spec:
     Raises:
         SpecError: ``composite`` is not a Composite (or torchrl's old CompositeSpec).
     """
-    data = require("torchrl.data", "torchrl")
-    composite_cls = getattr(data, "Composite", None) or data.CompositeSpec
-    if not isinstance(composite, composite_cls):
-        raise SpecError(f"from_torchrl: expected a torchrl Composite, got {type(composite).__name__}")
-    lead = len(composite.shape)
-    fields: dict[NestedKey, Field] = {}
-    for key in composite.keys(include_nested=True, leaves_only=True):
-        leaf = composite[key]
-        fields[key] = Field(tuple(leaf.shape[lead:]), leaf.dtype)
-    if not fields:
-        raise SpecError("from_torchrl: the Composite has no leaf specs")
-    return Spec(fields)
+    return Spec.from_torchrl(composite)

@@ -1,128 +1,33 @@
-"""What a buffer holds: a :class:`Spec` maps each key to a :class:`Field` (shape, dtype).
+"""What a buffer holds: a :class:`Spec` maps each key to a :class:`~xpbank.spec.field.Field`
+(shape, dtype).
 
-Shapes are per item: a batch of ``B`` items of field ``Field((4, 84, 84), torch.uint8)``
-is a ``(B, 4, 84, 84)`` uint8 tensor. Keys are strings or tuples of strings for nested
-entries, TorchRL style: ``("next", "obs")``. A one-element tuple is the same key as its
-string.
+Keys are strings or tuples of strings for nested entries (:mod:`xpbank.spec.keys`);
+fields are per item (:mod:`xpbank.spec.field`). Both are importable from here too.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import torch
 
 from xpbank.errors import SpecError
 from xpbank.spec.cast import is_safe_cast
+from xpbank.spec.field import Field, dtype_name, field_str
+from xpbank.spec.keys import NestedKey, is_next_key, key_str, normalize_key
+from xpbank.spec.space_fields import gymnasium_fields, torchrl_fields
 
-__all__ = ["Field", "Spec", "NestedKey", "is_next_key", "normalize_key", "key_str"]
-
-NestedKey: TypeAlias = "str | tuple[str, ...]"
-
-
-def normalize_key(key: Any) -> NestedKey:
-    """Return ``key`` as a str, or a tuple of two or more strs."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, tuple) and key and all(isinstance(part, str) for part in key):
-        return key[0] if len(key) == 1 else key
-    raise SpecError(f"a key must be a str or a non-empty tuple of str, got {key!r}")
-
-
-def key_str(key: NestedKey) -> str:
-    """A key as people read it: ``'obs'``, ``'next.obs'``."""
-    return key if isinstance(key, str) else ".".join(key)
-
-
-_FLAT_NEXT = frozenset(("terminated", "truncated", "done"))
-
-
-def is_next_key(key: NestedKey) -> bool:
-    """Whether a field belongs to the step's outcome (the next step) by its name: with
-    TorchRL keys everything under ``"next"``; with flat keys ``next_*`` and
-    ``terminated``, ``truncated``, ``done`` (a flat ``reward`` is the step's own).
-
-    Example:
-        >>> [is_next_key(k) for k in ("obs", "next_obs", "done", ("next", "reward"))]
-        [False, True, True, True]
-    """
-    if isinstance(key, tuple):
-        return key[0] == "next"
-    return key.startswith("next_") or key in _FLAT_NEXT
-
-
-def reject_reserved(spec: Spec, reserved: frozenset[Any], why: str) -> Spec:
-    """``spec``, or a :class:`SpecError` naming its first field under a ``reserved`` name
-    (``why``: what the front-end puts under those names).
-
-    Example:
-        >>> reject_reserved(Spec({"obs": Field((2,))}), frozenset({"index"}), "ids go there")
-        Spec({'obs': (*, 2) float32})
-    """
-    clash = sorted(key_str(k) for k in spec if k in reserved)
-    if clash:
-        raise SpecError(f"field {clash[0]!r} is reserved: {why}; rename it")
-    return spec
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-@dataclass(frozen=True)
-class Field:
-    """The per-item shape and dtype of one entry.
-
-    Example:
-        >>> Field((4, 84, 84), torch.uint8)
-        Field(shape=(4, 84, 84), dtype=torch.uint8)
-    """
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    def __init__(self, shape: Sequence[int] | int = (), dtype: torch.dtype = torch.float32):
-        given: Any = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
-        try:
-            if isinstance(given, (str, bytes, bool)) or any(isinstance(d, bool) for d in given):
-                raise TypeError
-            dims = tuple(operator.index(d) for d in given)
-        except TypeError as exc:
-            raise SpecError(f"a field shape must be a sequence of ints, got {shape!r}") from exc
-        if any(d < 0 for d in dims):
-            raise SpecError(f"a field shape must have non-negative dims, got {dims}")
-        if not isinstance(dtype, torch.dtype):
-            raise SpecError(f"a field dtype must be a torch.dtype, got {dtype!r}")
-        object.__setattr__(self, "shape", dims)
-        object.__setattr__(self, "dtype", dtype)
-
-    @property
-    def numel(self) -> int:
-        """Elements per item."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def describe(self) -> str:
-        """``(*, 4, 84, 84) uint8``: the shape with a leading batch wildcard, and dtype."""
-        return _expected(self, 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (used by the bank manifest)."""
-        return {"shape": list(self.shape), "dtype": _dtype_name(self.dtype)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Field:
-        """Inverse of :meth:`to_dict`; never evaluates anything from ``data``."""
-        name = data.get("dtype")
-        dtype = getattr(torch, name, None) if isinstance(name, str) else None
-        if not isinstance(dtype, torch.dtype):
-            raise SpecError(f"unknown dtype {name!r} in field description {dict(data)!r}")
-        return cls(data.get("shape", ()), dtype)
+__all__ = [
+    "Field",
+    "NestedKey",
+    "Spec",
+    "check_fields",
+    "is_next_key",
+    "key_str",
+    "normalize_key",
+    "reject_reserved",
+]
 
 
 class Spec(Mapping[NestedKey, Field]):
@@ -271,8 +176,8 @@ class Spec(Mapping[NestedKey, Field]):
                 or shape[batch_ndim:] != field.shape
             ):
                 raise SpecError(
-                    f"field {key_str(key)!r}: expected {_expected(field, batch_ndim)}, "
-                    f"got {tuple(shape)} {_dtype_name(value.dtype)}"
+                    f"field {key_str(key)!r}: expected {field_str(field, batch_ndim)}, "
+                    f"got {tuple(shape)} {dtype_name(value.dtype)}"
                 )
             if casts is not None and value.dtype != field.dtype:
                 casts[key] = field.dtype
@@ -345,17 +250,17 @@ class Spec(Mapping[NestedKey, Field]):
 
     @classmethod
     def from_gymnasium(cls, observation_space: Any, action_space: Any) -> Spec:
-        """The transition spec of a gymnasium env (see :mod:`xpbank.spec.spaces`)."""
-        from xpbank.spec.spaces import spec_from_gymnasium
-
-        return spec_from_gymnasium(observation_space, action_space)
+        """The transition spec of a gymnasium env (see :mod:`xpbank.spec.space_fields`)."""
+        return cls(gymnasium_fields(observation_space, action_space))
 
     @classmethod
     def from_torchrl(cls, composite: Any) -> Spec:
-        """A spec from a ``torchrl.data.Composite`` (its batch dims are dropped)."""
-        from xpbank.spec.spaces import spec_from_torchrl
+        """A spec from a ``torchrl.data.Composite`` (its batch dims are dropped).
 
-        return spec_from_torchrl(composite)
+        Raises:
+            SpecError: ``composite`` is not a Composite (or torchrl's old CompositeSpec).
+        """
+        return cls(torchrl_fields(composite))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form: ``{"fields": [{"key": [...], "shape": [...], "dtype": ...}]}``."""
@@ -378,14 +283,6 @@ class Spec(Mapping[NestedKey, Field]):
                 raise SpecError(f"malformed field entry {entry!r}")
             fields[normalize_key(tuple(entry["key"]))] = Field.from_dict(entry)
         return cls(fields)
-
-
-def _expected(field: Field, batch_ndim: int) -> str:
-    lead = ", ".join(["*"] * batch_ndim) if batch_ndim else ""
-    dims = ", ".join([lead, *map(str, field.shape)]) if lead else ", ".join(map(str, field.shape))
-    if batch_ndim == 0 and len(field.shape) == 1:
-        dims += ","
-    return f"({dims}) {_dtype_name(field.dtype)}"
 
 
 def _flatten_fields(fields: Mapping[Any, Any], prefix: tuple[str, ...], out: dict[NestedKey, Field]) -> None:
@@ -420,3 +317,17 @@ def check_fields(spec: Spec | None, fields: Sequence[Any] | None) -> list[Nested
     if unknown:
         raise SpecError(f"fields: unknown field(s) {unknown}; known: {[key_str(k) for k in spec]}")
     return keys
+
+
+def reject_reserved(spec: Spec, reserved: frozenset[Any], why: str) -> Spec:
+    """``spec``, or a :class:`SpecError` naming its first field under a ``reserved`` name
+    (``why``: what the front-end puts under those names).
+
+    Example:
+        >>> reject_reserved(Spec({"obs": Field((2,))}), frozenset({"index"}), "ids go there")
+        Spec({'obs': (*, 2) float32})
+    """
+    clash = sorted(key_str(k) for k in spec if k in reserved)
+    if clash:
+        raise SpecError(f"field {clash[0]!r} is reserved: {why}; rename it")
+    return spec

@@ -19,7 +19,8 @@ from tensordict import TensorDict
 
 from xpbank.errors import CapacityError, DeviceError, SpecError, check_positive_int
 from xpbank.spec.batch import to_tensordict
-from xpbank.spec.spec import NestedKey, Spec
+from xpbank.spec.keys import NestedKey
+from xpbank.spec.spec import Spec
 
 __all__ = ["Storage", "StorageBase", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
 

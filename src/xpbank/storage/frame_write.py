@@ -3,27 +3,44 @@
 Pure planning over the batch, the episode plan of the write and the index of what is
 stored: it decides, before anything is written, whether the batch obeys the frame-stack
 rules, and which items need a frame or a whole stack kept aside. See
-:mod:`xpbank.storage.frames` for the rules.
+:mod:`xpbank.storage.frames` for the rules. The storage is seen through
+:class:`FrameSource`, the few parts of it the planning reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec.spec import NestedKey, key_str
+from xpbank.spec.keys import NestedKey, key_str
+from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import walk_stacks
 
 if TYPE_CHECKING:
     from xpbank.ring.episodes import _Plan
     from xpbank.ring.ids import Ring
-    from xpbank.storage.frames import FrameStorage
 
-__all__ = ["FrameWrite", "plan_frames"]
+__all__ = ["FrameSource", "FrameWrite", "plan_frames"]
+
+
+class FrameSource(Protocol):
+    """What :func:`plan_frames` reads of a :class:`~xpbank.FrameStorage`: its layout, its
+    stacks kept aside, and the stored stacks of live items."""
+
+    capacity: int
+    stack: int
+    pad: str
+    obs_key: NestedKey
+    next_key: NestedKey | None
+    _stacks: SlotPool
+
+    def _read_stacks(self, slots: np.ndarray) -> torch.Tensor: ...
+
+    def _read_next(self, slots: np.ndarray) -> torch.Tensor: ...
 
 
 @dataclass
@@ -50,7 +67,7 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     return (a != b).reshape(a.shape[0], -1).any(dim=1).numpy()
 
 
-def _fail(st: FrameStorage, key: NestedKey | None, row: int, env: int, what: str) -> SpecError:
+def _fail(st: FrameSource, key: NestedKey | None, row: int, env: int, what: str) -> SpecError:
     return SpecError(
         f"field {key_str(key or '?')!r} (FrameStorage): item {row} of the batch (env {env}) {what}; "
         "each frame is stored once, so it could not be returned bit-for-bit. Nothing was written."
@@ -58,7 +75,7 @@ def _fail(st: FrameStorage, key: NestedKey | None, row: int, env: int, what: str
 
 
 def plan_frames(
-    st: FrameStorage, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
+    st: FrameSource, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
 ) -> FrameWrite:
     """Check the batch (``obs``/``nxt`` as ``[n, stack, *frame]``) and plan the write.
 

@@ -52,7 +52,8 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
+from xpbank.spec.keys import NestedKey, key_str, normalize_key
+from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool

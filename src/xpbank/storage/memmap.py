@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from xpbank.errors import ReadOnlyError, SpecError
-from xpbank.spec.spec import NestedKey, Spec, key_str
+from xpbank.spec.keys import NestedKey, key_str
+from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import as_torch, numpy_dtype
 

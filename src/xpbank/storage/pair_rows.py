@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.spec.spec import NestedKey
+from xpbank.spec.keys import NestedKey
 from xpbank.storage.dtypes import numpy_native
 
 __all__ = ["PairPlan", "PairRows", "Span", "block_pair_rows", "pair_plan"]

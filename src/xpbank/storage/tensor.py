@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from xpbank.errors import DeviceError
-from xpbank.spec.spec import NestedKey, Spec
+from xpbank.spec.keys import NestedKey
+from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
 from xpbank.storage.blocks import Block, Member, as_numpy, layout, torch_view
 from xpbank.storage.dtypes import as_torch
