@@ -8,8 +8,9 @@ a ratio. Modules: ``client`` (the buffer), ``writer`` (batching and routing of r
 ``shard`` (the actor body: a buffer, restart-proof ids, bank checkpoints), ``link`` (Ray
 calls, timeouts, the limiter's actor), ``ids`` (global id encoding), ``routing``
 (priority updates by id), ``spawn`` (starting the actors), ``health`` (which shards are
-up), ``weights`` (global importance weights), ``local_api`` (positions, epochs,
-``update`` and ``state_dict`` over the shards).
+up), ``draw`` (a sample's per-shard counts, fetch and merge), ``weights`` (global
+importance weights), ``local_api`` (positions, epochs, ``update`` and ``state_dict``
+over the shards).
 
 Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
 naming ``pip install 'xpbank[ray]'``.

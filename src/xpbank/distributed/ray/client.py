@@ -15,22 +15,14 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.distributed.limiter import RateLimiter
+from xpbank.distributed.ray.draw import draw_parts, merge_parts
 from xpbank.distributed.ray.health import Health, ShardStatus
-from xpbank.distributed.ray.ids import encode
 from xpbank.distributed.ray.link import ShardLink
 from xpbank.distributed.ray.local_api import LocalApi
 from xpbank.distributed.ray.routing import route_priorities
 from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
-from xpbank.distributed.ray.weights import global_weights
 from xpbank.distributed.ray.writer import RayWriter
-from xpbank.errors import (
-    CapacityError,
-    EmptyBufferError,
-    PriorityError,
-    ShardUnavailableError,
-    SpecError,
-    check_positive_int,
-)
+from xpbank.errors import CapacityError, PriorityError, ShardUnavailableError, SpecError, check_positive_int
 from xpbank.nstep.option import NStep
 from xpbank.sampler import PrioritizedSampler, Sampler, UniformSampler, sampler_config
 from xpbank.sampler.priorities import check_values
@@ -293,8 +285,9 @@ class RayReplayBuffer(LocalApi):
         multivariate hypergeometric draw over the shard sizes, distinct within each shard.
 
         Flushes this client's writer and waits for the rate limiter first. Rows come
-        grouped by shard. With a :class:`~xpbank.PrioritizedSampler` the batch carries
-        ``"weight"`` computed from the global totals (see the class docstring).
+        grouped by shard (the draw and the merge: :mod:`xpbank.distributed.ray.draw`).
+        With a :class:`~xpbank.PrioritizedSampler` the batch carries ``"weight"``
+        computed from the global totals (see the class docstring).
 
         Raises:
             EmptyBufferError: no shard that is up holds an item.
@@ -310,65 +303,13 @@ class RayReplayBuffer(LocalApi):
         self._writer.flush()
         keys = check_fields(self.spec, fields)  # before any randomness is drawn
         self._link.admit_sample(batch_size)
-        parts: list[tuple[int, dict[str, Any]]] = []  # (shard, answer): a shard may answer twice
-        stats: dict[int, dict[str, Any]] = {}
-        need = batch_size
-        while need:  # again only when a shard failed mid-sample: its rows come from the others
-            stats = self._health.poll()
-            if not stats:
-                raise ShardUnavailableError(f"sample: all {self.num_shards} shards are down")
-            shards = sorted(stats)
-            mass = np.array(
-                [stats[s]["total" if self._prioritized else "size"] for s in shards], dtype=np.float64
-            )
-            if not mass.sum() > 0:
-                if sum(int(stats[s]["size"]) for s in shards) == 0:
-                    where = " (on the shards that are up)" if self._health.down else ""
-                    raise EmptyBufferError(f"sample: the buffer is empty{where}; add or extend first")
-                raise PriorityError(
-                    "sample: every stored priority is 0, so no item can be drawn; use eps > 0"
-                )
-            if not replace and need > mass.sum():
-                raise CapacityError(
-                    f"sample: {need} distinct items asked for (replace=False), but only "
-                    f"{int(mass.sum())} are stored (on the shards that are up)"
-                )
-            if replace:
-                counts = self._rng.multinomial(need, mass / mass.sum())
-            else:  # distinct items: uniform without replacement over the union of the shards
-                counts = self._rng.multivariate_hypergeometric(mass.astype(np.int64), need)
-            calls = {
-                s: ("sample", (int(k), keys, self._prioritized, replace))
-                for s, k in zip(shards, counts, strict=True)
-                if k
-            }
-            need = 0
-            for s, answer in self._link.call_each(calls).items():
-                if isinstance(answer, ShardUnavailableError):
-                    self._health.mark_down(s, answer)
-                    need += calls[s][1][0]
-                else:
-                    parts.append((s, answer))
-            if need and not replace:  # redraw all: a shard asked twice could repeat an item
-                parts, need = [], batch_size
+        parts, stats = draw_parts(
+            self._link, self._health, self._rng, batch_size, keys, self._prioritized, replace
+        )
         self._samples += 1
-        return self._assemble(parts, stats, batch_size)
-
-    def _assemble(
-        self, parts: list[tuple[int, dict[str, Any]]], stats: dict[int, dict[str, Any]], size: int
-    ) -> TensorDict:
-        first = parts[0][1]["data"]
-        flat = {k: torch.cat([answer["data"][k] for _, answer in parts]) for k in first}
-        ids = [encode(answer["ids"].numpy(), s, self.num_shards) for s, answer in parts]
-        flat["index"] = torch.from_numpy(np.concatenate(ids))
-        if self._prioritized:
-            totals = {**stats, **{s: answer["stats"] for s, answer in parts}}  # as of each shard's draw
-            stored = np.concatenate([answer["stored"] for _, answer in parts])
-            sampler: PrioritizedSampler = self._sampler  # type: ignore[assignment]
-            flat["weight"] = torch.from_numpy(
-                global_weights(stored, list(totals.values()), sampler, self._samples - 1)
-            )
-        return self._batch(flat, size)
+        weighted = self._sampler if isinstance(self._sampler, PrioritizedSampler) else None
+        flat = merge_parts(parts, stats, self.num_shards, weighted, self._samples - 1)
+        return self._batch(flat, batch_size)
 
     # -- priorities --------------------------------------------------------------
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
