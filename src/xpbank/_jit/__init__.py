@@ -6,6 +6,10 @@ nogil=True)``, or returns ``None`` where numba is missing or the environment var
 ``XPBANK_NO_NUMBA`` was set to anything but ``""``/``"0"`` when this module was imported.
 Callers then take their NumPy path.
 
+Numba's disk cache is keyed on each kernel's own source file only: after editing a module
+a kernel calls into (:mod:`xpbank._jit.prefetch`, a helper kept elsewhere), delete
+``src/xpbank/**/__pycache__/*.nb[ic]``, or the kernel keeps running the old code.
+
 Example:
     >>> import numpy as np
     >>> from xpbank import _jit

@@ -4,6 +4,13 @@
 a bank back into a memory :class:`~xpbank.ReplayBuffer`, bit for bit. Banks used in
 place (``open_bank``, ``checkpoint``) are in :mod:`xpbank.bank.opened`.
 The format is in :mod:`xpbank.bank.format` and ``docs/bank-format.md``.
+
+What a bank needs from a buffer: ``ReplayBuffer.config()`` (JSON-able constructor
+options; :func:`new_buffer` passes every key but the capacity and the sampler and
+storage choices on as keyword arguments, so a new option is one more key),
+``state_dict(data=False)`` (through :mod:`~xpbank.bank.codec`), a sampler registered by
+name (:mod:`xpbank.sampler.registry`), and optionally the storage's ``host_view``
+(``save`` writes from it without a gather). ``save`` copies under the buffer's lock.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the tree; every ``torch.Tensor`` and ``numpy.ndarray`` becomes a reference
 ``arrays[i]``, which the bank writes as its own ``.npy`` file. :func:`decode` is the
 inverse; it checks every node's type and never evaluates or unpickles anything.
 
+So new buffer state (an episode index, a sum-tree) put in ``state_dict()`` as such
+values is saved and restored by banks without a change here.
+
 Example:
     >>> import torch
     >>> tree, arrays = encode({"ring": {"next_id": 5}, "rng": torch.arange(3, dtype=torch.uint8)})

@@ -15,7 +15,8 @@ kernel drops the dead writer's file lock), logs a warning, counts it in
 :meth:`ShmReplayBuffer.writers`, and a new process may take the channel over.
 
 Cost: each row is copied twice (writer -> channel, channel -> ring), and the learner
-does the second copy. Rows become sampleable at the learner's next ``pull``.
+does the second copy, which is what bounds throughput
+(``benchmarks/bench_shm.py``). Rows become sampleable at the learner's next ``pull``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,17 @@ read one small cell instead of their window. Rewrite rewards through
 :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` (which drops the results that
 read them), not by writing into the storage's views.
 
+The NumPy path (the reference) precomputes nothing: the window's slots
+(:meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`), one storage read of
+the items' rows with their windows' last rows (``gather_pairs`` where the storage has
+it, else one ``gather`` of ``2B`` slots), one fancy index of the ``[n, B]`` rewards in
+the reward field's ``host_view`` (else a ``gather``), and
+:func:`~xpbank.nstep.returns.nstep_sum`; so an ``update()`` of a reward or next field
+shows in the next sample. The compiled path keeps its arguments (fixed arrays and views)
+in one cache entry per storage, spec, index and keys, valid while
+:func:`xpbank.nstep.kernel.kernel` returns the kernel it was made with: switching
+``xpbank.nstep.kernel._compiled`` in a test or benchmark takes effect at once.
+
 Example:
     >>> import torch
     >>> from xpbank import NStep, ReplayBuffer

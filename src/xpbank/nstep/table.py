@@ -6,6 +6,15 @@ steps are written (``t + (n - 1) * E < next_id``); its return, length and last s
 n-step kernel (:mod:`xpbank.nstep.kernel`) fills a cell per such item, in id order, and
 reads a sampled item's window from its cell (one cache line) instead of walking it.
 
+The table is one of the index's derived structures (``rb.episodes.derived``), made on
+the first sample. ``clear()`` needs nothing (new ids start at or above the filled
+mark); :meth:`EpisodeIndex.load_state_dict <xpbank.EpisodeIndex.load_state_dict>`
+resets it, as :meth:`ReplayBuffer.load_state_dict <xpbank.ReplayBuffer.load_state_dict>`
+does for an empty state without an index (the ring's ids may move back). Writes into
+storage views (``TensorStorage.view``) bypass it, as they bypass every check. Buffers
+that follow links (an env field instead of ``num_envs``) keep no table: an env's next
+item may come any time later, so whether a window is complete is not a function of the id.
+
 Example:
     >>> import torch
     >>> from xpbank import NStep, ReplayBuffer

@@ -19,10 +19,15 @@ NumPy path, which stays the reference.
 On CUDA storage the trees live beside the data instead, as torch tensors
 (:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
 min-tree, no numba): ``sample`` returns slots and weights on that device and
-``update_priority`` copies the host-checked slots and values there once. The buffer
-says where its storage is (:meth:`PrioritizedSampler.bind_device`); ``tree_device``
-overrides it. The state is the same either way (CPU tensors), so it moves between
-backends and devices.
+``update_priority`` copies the host-checked slots and values there once. The buffer says
+where its storage is (:meth:`PrioritizedSampler.bind_device`, looked up with
+``getattr``, so other samplers need nothing); ``tree_device`` overrides it. The state is
+the same either way (CPU tensors), so it moves between backends and devices.
+
+``config()`` gives the JSON-able constructor arguments; ``state_dict()`` holds the stored
+priorities of the written slots, the largest priority and the schedule position, and
+the trees are rebuilt on load. Whatever writes the sum-tree's leaves must tell
+``LazyMin`` (``changed`` or ``reset``) and drop the cached top prefix sums (``_cums``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ not count), which costs a second pass per level but no host decision per write.
 The sampler's bookkeeping (``max_priority``, the schedule, input checks) stays on the
 host; :class:`TorchTrees` holds only the trees.
 
+The uniform draws still come from the buffer's CPU generator and move to the device
+once; a sample syncs with the host once (the all-zero check).
+
 Example:
     >>> import numpy as np, torch
     >>> trees = TorchTrees(8, "cpu")

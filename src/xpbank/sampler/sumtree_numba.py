@@ -29,6 +29,9 @@ routine by CPU (a vector routine on AVX-512 machines, the C library's ``pow``
 elsewhere), and the two differ in the last bit of about one value in 20: a compiled
 power matched NumPy's on some CPUs only.
 
+``make test`` runs these kernels' tests under several ``NPY_DISABLE_CPU_FEATURES``
+settings taken from the machine's NumPy and CPU (``tests/cpu_variants.py``).
+
 Example:
     >>> import numpy as np
     >>> from xpbank.sampler import sumtree, sumtree_numba

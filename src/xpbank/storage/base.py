@@ -7,6 +7,17 @@ samplers decide that.
 
 Slots are given either as a ``slice`` (a contiguous run: the fast path, a slice copy)
 or as a 1-D int64 tensor of slot numbers (gathers and in-place updates).
+
+Everything else a storage may offer is optional, looked up with ``getattr``/``hasattr``
+by its callers, so the protocol stays as it is: ``host_view(key)`` (all slots of a field
+as a NumPy view of host memory: banks save from it without a gather, n-step reads its
+rewards through it), ``gather_pairs(slots, keys, second)`` and ``pair_rows(keys,
+second)`` (n-step's read of ``B`` items and ``B`` partners, the fields in ``second``
+from the partners), ``nbytes()``, and for storages that read the episode index
+``needs_episodes = True`` (the buffer then keeps an :class:`~xpbank.EpisodeIndex`),
+``attach(ring)`` (once, at construction) and ``prepare_write(flat, n, plan)`` (before
+each ``extend``'s first write, with the whole batch and the index's plan for it, so a
+bad batch is refused before anything is written).
 """
 
 from __future__ import annotations

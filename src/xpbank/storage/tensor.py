@@ -12,6 +12,10 @@ read field by field from the block (see ``_WIDE_ROW_BYTES``). ``pack=False`` kee
 field.
 
 CUDA storage goes through the same field views with torch ops (no NumPy).
+
+On the CPU a sample is one NumPy ``take`` of whole rows as records (the block's
+``np_records``; fancy indexing would copy records field by field), viewed per field
+through the record dtype without copies.
 """
 
 from __future__ import annotations

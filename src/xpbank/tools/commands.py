@@ -3,9 +3,9 @@ verify, bench. :func:`register` adds them to the typer app of :mod:`xpbank.tools
 
 Every command reads banks through :mod:`xpbank.bank` (``list_banks``, ``open_bank``,
 ``merge_into``, ``save``), opened read-only and memory-mapped, so nothing loads a bank
-whole. An error prints one line (``error: ...``) on stderr and exits with status 1;
-``xpbank --debug CMD`` shows the traceback instead. Progress bars go to stderr, only
-when it is a terminal.
+whole. An error (``XpbankError``, ``OSError``, ``ValueError``) prints one line
+(``error: ...``) on stderr and exits with status 1; ``xpbank --debug CMD`` shows the traceback
+instead. Progress bars go to stderr, only when it is a terminal.
 """
 
 from __future__ import annotations

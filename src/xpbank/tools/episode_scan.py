@@ -6,6 +6,9 @@ An episode is the run of one env's items up to an item that is ``terminated`` or
 (8 bytes per item of the episodes still open) and the flag fields are held, never the
 data, so a bank larger than memory is scanned through ``open_bank``.
 
+Envs and episode ends come from the buffer's :class:`~xpbank.EpisodeIndex` where it
+keeps one, else from the fields its :class:`~xpbank.EpisodeKeys` name.
+
 Example:
     >>> import torch, xpbank
     >>> rb = xpbank.ReplayBuffer(10)

@@ -13,8 +13,9 @@ behind it in a queue) plus what a remote shard needs around it:
   no id is ever handed out twice.
 - **checkpoints**: a bank (``xpbank.save``) at ``<checkpoint_dir>/shard-<i>`` every
   ``every_items`` inserted items or ``every_seconds`` seconds (checked at each write)
-  and on :meth:`Shard.checkpoint`; the constructor reloads it (Ray restarts an actor by
-  running its constructor again).
+  and on :meth:`Shard.checkpoint`, with ``{"xpbank.distributed.ray": {"shard",
+  "num_shards", "offset"}}`` in its metadata; the constructor reloads it (Ray restarts
+  an actor by running its constructor again).
 
 Nothing here imports Ray: the client wraps the class with ``ray.remote``.
 

@@ -14,6 +14,11 @@ info["TimeLimit.truncated"]`` and ``truncated = done and info["TimeLimit.truncat
 A sample's ``dones`` is SB3's ``done * (1 - timeout)``: ``terminated`` with
 ``handle_timeout_termination=True`` (a time limit bootstraps from the true final
 observation SB3 passes as ``next_obs``), ``terminated or truncated`` without.
+
+With ``optimize_memory_usage=True`` the data lives in a ``FrameStorage(stacked=False)``
+(each observation stored once), and SB3's ``dones[pos - 1] = True`` between ``learn()``
+calls cuts each env's episode as a truncation
+(:meth:`EpisodeIndex.truncate_newest <xpbank.EpisodeIndex.truncate_newest>`).
 """
 
 from __future__ import annotations
