@@ -24,6 +24,17 @@ windows are complete, filled in id order as items become complete, so that a sam
 item's window is read from one 8-byte cell instead of walked (a reward line per step and
 the flags).
 
+The row lines of the sampled items are prefetched non-temporally
+(:func:`~xpbank._jit.prefetch.prefetch_once`): each is read once, and a non-temporal
+prefetch displaces less of the Python state the rest of the sample needs. The window
+table is filled at the start of each kernel call, for the items completed since the last
+one, in id order (the table's ``hi`` only moves up until a reset); the kernel restarts
+the table where it finds ``next_id`` below ``hi``. One kernel serves both
+:func:`nstep_window` and :func:`nstep_gather`; its source is
+:mod:`xpbank.nstep.kernel_loop`, and numba's disk cache is keyed on that file only: after
+editing :mod:`xpbank._jit.prefetch` or :mod:`xpbank.nstep.table`, delete
+``src/xpbank/**/__pycache__/*.nb[ic]``.
+
 The NumPy path stays the reference and runs where numba is missing, where the
 environment variable ``XPBANK_NO_NUMBA=1`` is set (read once, at this module's import),
 or where the reward field has no NumPy host view of dtype float32/float64.

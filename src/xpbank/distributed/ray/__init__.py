@@ -12,6 +12,18 @@ up), ``draw`` (a sample's per-shard counts, fetch and merge), ``weights`` (globa
 importance weights), ``local_api`` (positions, epochs, ``update`` and ``state_dict``
 over the shards).
 
+Contracts the modules rely on: a shard is a plain ``ReplayBuffer`` in a threaded actor
+(its lock serialises the actor's threads) and the client never touches a shard's ring; a
+sample's ``"index"`` is ``local_id * num_shards + shard``; a shard's ids are its ring's
+plus an ``offset`` that only grows after a restart that lost items, so no id is handed
+out twice; rows with an ``env_id`` field always go to shard ``env_id % num_shards``;
+shard banks live at ``<checkpoint_dir>/shard-<i>`` with ``{"xpbank.distributed.ray":
+{"shard", "num_shards", "offset"}}`` in their metadata. ``flush_bytes=0`` makes writes
+synchronous and return ids; ``shards=`` / ``start_shards`` reuse actors
+(``Shard.reset``). ``PrioritizedSampler.totals()`` (sum and smallest stored priority)
+and ``priorities.check_values`` (the ring-free half of ``check_update``) exist for this
+client.
+
 Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
 naming ``pip install 'xpbank[ray]'``.
 """
