@@ -26,44 +26,21 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, SpecError, check_positive_int
+from xpbank.errors import PriorityError, SpecError
 from xpbank.nstep.option import NStep
+from xpbank.replay import reading, writing
+from xpbank.replay import state as buffer_state
+from xpbank.replay.parts import check_reserved, make_storage
+from xpbank.replay.writing import keep_last as _keep_last  # noqa: F401  (xpbank.rollout imports it from here)
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.ring.ids import Ring
-from xpbank.sampler import Sampler, UniformSampler, epoch_plan, sampler_config
+from xpbank.sampler import Sampler, UniformSampler
 from xpbank.sampler.priorities import check_update
-from xpbank.spec.batch import flatten, to_tensordict
-from xpbank.spec.spec import NestedKey, Spec, check_fields, reject_reserved
-from xpbank.storage import MemmapStorage, Storage, TensorStorage
+from xpbank.spec.spec import Spec
+from xpbank.storage import Storage
 from xpbank.storage.base import check_capacity, check_device
 
 __all__ = ["ReplayBuffer"]
-
-_STATE_VERSION = 1
-
-
-def _make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device: Any) -> Storage:
-    if storage == "memory":
-        return TensorStorage(capacity, spec, device=storing_device)
-    if storage == "memmap":
-        if check_device(storing_device).type != "cpu":
-            raise SpecError(f"storage='memmap' keeps data on the CPU; got storing_device={storing_device!r}")
-        return MemmapStorage(capacity, spec=spec)
-    if isinstance(storage, str):
-        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {storage!r}")
-    if not isinstance(storage, Storage):
-        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {type(storage).__name__}")
-    if storage.capacity != capacity:
-        raise CapacityError(f"storage has capacity {storage.capacity}, but the buffer was given {capacity}")
-    if spec is not None:
-        if storage.spec is None:
-            storage.initialize(spec)
-        elif storage.spec != spec:
-            raise SpecError(f"storage holds {storage.spec}, but the buffer was given {spec}")
-    return storage
-
-
-RESERVED_KEYS = frozenset({"index"})
 
 
 def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,12 +52,6 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
 
     return run
-
-
-def _check_reserved(spec: Spec) -> Spec:
-    """Reject a spec with a key that sampled batches use for their own entries."""
-    why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
-    return reject_reserved(spec, RESERVED_KEYS, why)
 
 
 class ReplayBuffer:
@@ -153,8 +124,8 @@ class ReplayBuffer:
             raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
         given = spec if spec is not None else getattr(storage, "spec", None)
         if given is not None:
-            _check_reserved(given)  # before _make_storage creates anything
-        self._storage = _make_storage(storage, capacity, spec, storing_device)
+            check_reserved(given)  # before make_storage creates anything
+        self._storage = make_storage(storage, capacity, spec, storing_device)
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
         bind_device = getattr(self._sampler, "bind_device", None)  # e.g. PER's trees follow the data
@@ -250,10 +221,7 @@ class ReplayBuffer:
     @_locked
     def add(self, item: Any) -> int:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
-        flat = flatten(item)
-        spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=0))
-        _, flat = self._conform(spec, flat, 0)
-        return int(self._write({k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
+        return writing.add(self, item)
 
     @_locked
     def extend(self, batch: Any) -> range:
@@ -269,37 +237,7 @@ class ReplayBuffer:
             SpecError: missing/unknown keys, or a field's shape or dtype differs from the spec.
             BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
         """
-        flat = flatten(batch)
-        spec = self.spec if self.spec is not None else _check_reserved(Spec.from_batch(flat, batch_ndim=1))
-        (n,), flat = self._conform(spec, flat, 1)
-        return self._write(flat, n, spec)
-
-    def _conform(
-        self, spec: Spec, flat: dict[NestedKey, torch.Tensor], batch_ndim: int, partial: bool = False
-    ) -> tuple[tuple[int, ...], dict[NestedKey, torch.Tensor]]:
-        """Validate ``flat`` against ``spec`` (converting safe dtypes when ``cast``)."""
-        if self._cast:
-            return spec.conform(flat, batch_ndim, partial)
-        return spec.validate(flat, batch_ndim, partial), flat
-
-    def _write(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
-        ring = self._ring
-        if self._storage.spec is None and wants_episodes(spec, self._episode_keys, None, False):
-            ring.episodes = EpisodeIndex(ring, self._num_envs, self._episode_keys)
-        plan = ring.episodes.plan(flat, n, spec) if ring.episodes is not None else None
-        if self._storage.spec is None:
-            self._storage.initialize(spec)
-        if plan is not None and hasattr(self._storage, "prepare_write"):
-            self._storage.prepare_write(flat, n, plan)  # checks the whole batch first
-        first = ring.next_id
-        for slots, rows in ring.segments(n):
-            part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
-            self._storage.write(slots, part)
-            self._sampler.on_write(slots, ring)
-        ring.advance(n)
-        if plan is not None:
-            ring.episodes.apply(plan)  # type: ignore[union-attr]
-        return range(first, first + n)
+        return writing.extend(self, batch)
 
     @_locked
     def update(self, indices: Any, batch: Any) -> None:
@@ -320,24 +258,7 @@ class ReplayBuffer:
                 named as such), a wrong shape or dtype, or a row count that differs from
                 the number of indices.
         """
-        if self.spec is None:
-            raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
-        slots = self._ring.slots_of_ids(indices)
-        flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
-        if self._nstep is not None and "nstep_return" in flat and "nstep_return" not in self.spec:
-            raise SpecError(
-                "update: got an n-step sample (it has 'nstep_return'); its next fields are its "
-                "windows' last items', so writing it back would move them onto the items: pass "
-                "only the fields to rewrite, e.g. {'reward': ...}"
-            )
-        lead, flat = self._conform(self.spec, flat, 1, partial=True)
-        if lead and lead[0] != slots.shape[0]:
-            raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
-        if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
-            slots, flat = _keep_last(slots, flat)
-        self._storage.write(slots, flat)
-        if self._nstep is not None:  # n-step results kept for these items' windows
-            self._nstep.rewritten(self.spec, self._ring, slots, flat.keys())
+        writing.update(self, indices, batch)
 
     @_locked
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
@@ -370,40 +291,6 @@ class ReplayBuffer:
         self._sampler.on_clear()
 
     # -- reading ---------------------------------------------------------------
-    def _fields(self, fields: Sequence[Any] | None) -> list[NestedKey] | None:
-        return None if fields is None else check_fields(self.spec, fields)
-
-    def _gather(
-        self,
-        slots: torch.Tensor,
-        ids: torch.Tensor,
-        keys: list[NestedKey] | None,
-        info: dict[str, torch.Tensor] | None = None,
-        flat: dict[Any, torch.Tensor] | None = None,
-    ) -> TensorDict:
-        """Read ``slots`` (``keys`` already checked by :meth:`_fields`) into a batch.
-
-        ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
-        ``flat``: the fields already read (n-step reads the items with their windows).
-        """
-        if flat is None:
-            flat = self._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
-            if slots.ndim > 1:
-                flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
-        # _check_reserved keeps a stored field from being shadowed by "index"
-        device = self._storage.device
-        flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
-        if info:
-            flat.update({name: value.to(self._storage.device) for name, value in info.items()})
-        td = to_tensordict(flat, tuple(slots.shape), device)
-        if device != self._device:
-            td = td.to(self._device, non_blocking=self._device.type == "cuda")
-        return td
-
-    def _require_items(self, what: str) -> None:
-        if self._ring.size == 0:
-            raise EmptyBufferError(f"{what}: the buffer is empty; add or extend first")
-
     @_locked
     def sample(
         self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
@@ -423,21 +310,7 @@ class ReplayBuffer:
             EmptyBufferError: nothing stored.
             CapacityError: ``replace=False`` and more items asked for than are stored.
         """
-        batch_size = check_positive_int("batch_size", batch_size)
-        self._require_items("sample")
-        if not replace and batch_size > self._ring.size:
-            raise CapacityError(
-                f"sample: {batch_size} distinct items asked for (replace=False), but only "
-                f"{self._ring.size} are stored"
-            )
-        keys = self._fields(fields)  # checked before any randomness is drawn
-        slots, info = self._sampler.sample(self._ring, batch_size, self._generator, replace)
-        ids = self._ring.ids_of_slots(slots)
-        if self._nstep is not None:  # the items' fields and their n-step entries in one read
-            return self._gather(
-                slots, ids, keys, info, self._nstep.gather(self._storage, self._ring, slots, ids, keys)
-            )
-        return self._gather(slots, ids, keys, info)
+        return reading.sample(self, batch_size, replace, fields)
 
     @_locked
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
@@ -446,13 +319,11 @@ class ReplayBuffer:
         Raises:
             XpbankIndexError: a position outside ``[-len(self), len(self))``.
         """
-        self._require_items("sample_by_index")
-        slots, ids = self._ring.slots_of_positions(indices)
-        return self._gather(slots, ids, self._fields(fields))
+        return reading.sample_by_index(self, indices, fields)
 
     def sample_all(self, fields: Sequence[Any] | None = None) -> TensorDict:
         """Every stored item, oldest first."""
-        self._require_items("sample_all")
+        reading.require_items(self, "sample_all")
         return self.sample_by_index(np.arange(self._ring.size), fields)
 
     def epochs(
@@ -469,19 +340,7 @@ class ReplayBuffer:
         next minibatch (the plan was made for the items stored when it began);
         in-place :meth:`update` is allowed. Bad arguments raise at the call.
         """
-        plan = epoch_plan(len(self), batch_size, n_epochs, shuffle, drop_last, self._generator)
-        self._require_items("epochs")
-        return self._run_plan(plan, self._fields(fields))
-
-    def _run_plan(self, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None) -> Iterator[TensorDict]:
-        marker = (self._ring.next_id, self._ring.size)
-        for positions in plan:
-            with self._lock:
-                if (self._ring.next_id, self._ring.size) != marker:
-                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
-                slots, ids = self._ring.slots_of_positions(positions)
-                batch = self._gather(slots, ids, keys)
-            yield batch
+        return reading.epochs(self, batch_size, n_epochs, shuffle, drop_last, fields)
 
     # -- state -----------------------------------------------------------------
     @_locked
@@ -493,44 +352,12 @@ class ReplayBuffer:
         write every field as a plain array and load it into a memory or memmap storage,
         so a :class:`~xpbank.FrameStorage` buffer saves its fields whole).
         """
-        spec = self._storage.spec
-        storage = (
-            self._storage.state_dict(self._ring.size)
-            if data
-            else {"spec": None if spec is None else spec.to_dict(), "data": []}
-        )
-        return {
-            "version": _STATE_VERSION,
-            "ring": self._ring.state_dict(),
-            "generator": self._generator.get_state(),
-            "sampler": self._sampler.state_dict(),
-            "storage": storage,
-            **({"episodes": self._ring.episodes.state_dict()} if self._ring.episodes is not None else {}),
-        }
+        return buffer_state.state_dict(self, data)
 
     @_locked
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` into a buffer of the same capacity."""
-        if state.get("version") != _STATE_VERSION:
-            raise SpecError(f"state version: expected {_STATE_VERSION}, got {state.get('version')!r}")
-        capacity = int(state["ring"]["capacity"])
-        if capacity != self.capacity:
-            raise CapacityError(f"state is of a buffer of capacity {capacity}, this one has {self.capacity}")
-        if self._ring.episodes is not None and "episodes" not in state and int(state["ring"]["size"]):
-            raise SpecError(
-                "state holds no episode index, but this buffer keeps one (num_envs, an env field or "
-                "nstep): its items' envs and episode ends cannot be recovered; build it without them"
-            )
-        self._storage.load_state_dict(state["storage"])
-        self._ring.load_state_dict(state["ring"])
-        self._sampler.load_state_dict(state["sampler"])
-        self._generator.set_state(state["generator"])
-        if "episodes" in state:
-            if self._ring.episodes is None:
-                self._ring.episodes = EpisodeIndex(self._ring, self._num_envs, self._episode_keys)
-            self._ring.episodes.load_state_dict(state["episodes"])
-        elif self._ring.episodes is not None:  # an empty state: the ring's ids may have moved
-            self._ring.episodes.restart()
+        buffer_state.load_state_dict(self, state)
 
     def config(self) -> dict[str, Any]:
         """The JSON-able constructor options a bank rebuilds this buffer from.
@@ -539,16 +366,7 @@ class ReplayBuffer:
             >>> ReplayBuffer(100).config()
             {'capacity': 100, 'sampler': {'name': 'uniform', 'config': {}}}
         """
-        out: dict[str, Any] = {"capacity": self.capacity, "sampler": sampler_config(self._sampler)}
-        if self._num_envs is not None:
-            out["num_envs"] = self._num_envs
-        if self._episode_keys != EpisodeKeys():
-            out["episode_keys"] = self._episode_keys.config()
-        if self._nstep is not None:
-            out["nstep"] = self._nstep.config()
-        if not self._cast:
-            out["cast"] = False
-        return out
+        return buffer_state.config(self)
 
     @_locked
     def checkpoint(self) -> None:
@@ -568,13 +386,3 @@ class ReplayBuffer:
 
         merge_into(self, other)
         return self
-
-
-def _keep_last(
-    slots: torch.Tensor, flat: dict[NestedKey, torch.Tensor]
-) -> tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]:
-    """Drop earlier rows of repeated slots, so the last row for a slot wins."""
-    s = slots.numpy()
-    _, first_in_reversed = np.unique(s[::-1], return_index=True)
-    keep = torch.from_numpy(np.sort(len(s) - 1 - first_in_reversed))
-    return slots[keep], {k: v.index_select(0, keep.to(v.device)) for k, v in flat.items()}

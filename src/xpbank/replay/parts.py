@@ -1,0 +1,92 @@
+"""What a :class:`~xpbank.ReplayBuffer` is built from: its storage (:func:`make_storage`),
+the keys sampled batches reserve (:data:`RESERVED_KEYS`, :func:`check_reserved`), and
+:class:`BufferParts`, the buffer's attributes that the reading, writing and state
+helpers (:mod:`xpbank.replay.reading`, ``.writing``, ``.state``) work on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import torch
+
+from xpbank.errors import CapacityError, SpecError
+from xpbank.nstep.option import NStep
+from xpbank.ring.episodes import EpisodeKeys
+from xpbank.ring.ids import Ring
+from xpbank.sampler import Sampler
+from xpbank.spec.spec import Spec, reject_reserved
+from xpbank.storage import MemmapStorage, Storage, TensorStorage
+from xpbank.storage.base import check_device
+
+__all__ = ["RESERVED_KEYS", "BufferParts", "check_reserved", "make_storage"]
+
+RESERVED_KEYS = frozenset({"index"})
+
+
+def make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device: Any) -> Storage:
+    """The storage a buffer's ``storage=`` names, checked against its capacity and spec.
+
+    Args:
+        storage: ``"memory"``, ``"memmap"`` or a :class:`~xpbank.Storage` instance.
+        capacity: the buffer's capacity (a given storage must have the same).
+        spec: the buffer's layout, if given (an uninitialized storage takes it).
+        storing_device: where a ``"memory"`` storage keeps the data.
+
+    Raises:
+        SpecError: an unknown ``storage``, a memmap off the CPU, or a storage holding
+            another spec.
+        CapacityError: a storage of another capacity.
+    """
+    if storage == "memory":
+        return TensorStorage(capacity, spec, device=storing_device)
+    if storage == "memmap":
+        if check_device(storing_device).type != "cpu":
+            raise SpecError(f"storage='memmap' keeps data on the CPU; got storing_device={storing_device!r}")
+        return MemmapStorage(capacity, spec=spec)
+    if isinstance(storage, str):
+        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {storage!r}")
+    if not isinstance(storage, Storage):
+        raise SpecError(f"storage: expected 'memory', 'memmap' or a Storage, got {type(storage).__name__}")
+    if storage.capacity != capacity:
+        raise CapacityError(f"storage has capacity {storage.capacity}, but the buffer was given {capacity}")
+    if spec is not None:
+        if storage.spec is None:
+            storage.initialize(spec)
+        elif storage.spec != spec:
+            raise SpecError(f"storage holds {storage.spec}, but the buffer was given {spec}")
+    return storage
+
+
+def check_reserved(spec: Spec) -> Spec:
+    """Reject a spec with a key that sampled batches use for their own entries."""
+    why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
+    return reject_reserved(spec, RESERVED_KEYS, why)
+
+
+class BufferParts(Protocol):
+    """The attributes of a :class:`~xpbank.ReplayBuffer` its helper modules use.
+
+    The helpers take the buffer itself, typed by this protocol, so that they need not
+    import :mod:`xpbank.replay.buffer` (which imports them).
+    """
+
+    _storage: Storage
+    _ring: Ring
+    _sampler: Sampler
+    _generator: torch.Generator
+    _device: torch.device
+    _lock: threading.RLock
+    _cast: bool
+    _num_envs: int | None
+    _episode_keys: EpisodeKeys
+    _nstep: NStep | None
+
+    def __len__(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def spec(self) -> Spec | None: ...

@@ -1,0 +1,114 @@
+"""The read path of a :class:`~xpbank.ReplayBuffer`: drawing a sample, reading items by
+position, epochs of minibatches, and turning slots into a batch (:func:`gather`).
+
+Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
+buffer's public methods call them holding its lock. Nothing here writes to storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from xpbank.errors import CapacityError, EmptyBufferError, check_positive_int
+from xpbank.replay.parts import BufferParts
+from xpbank.sampler import epoch_plan
+from xpbank.spec.batch import to_tensordict
+from xpbank.spec.spec import NestedKey, check_fields
+
+__all__ = ["epochs", "gather", "read_keys", "require_items", "sample", "sample_by_index"]
+
+
+def read_keys(rb: BufferParts, fields: Sequence[Any] | None) -> list[NestedKey] | None:
+    """The checked keys of ``fields`` (``None``: every field)."""
+    return None if fields is None else check_fields(rb.spec, fields)
+
+
+def require_items(rb: BufferParts, what: str) -> None:
+    """Raise :class:`~xpbank.EmptyBufferError` (naming ``what``) if nothing is stored."""
+    if rb._ring.size == 0:
+        raise EmptyBufferError(f"{what}: the buffer is empty; add or extend first")
+
+
+def gather(
+    rb: BufferParts,
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    keys: list[NestedKey] | None,
+    info: dict[str, torch.Tensor] | None = None,
+    flat: dict[Any, torch.Tensor] | None = None,
+) -> TensorDict:
+    """Read ``slots`` (``keys`` already checked by :func:`read_keys`) into a batch.
+
+    ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
+    ``flat``: the fields already read (n-step reads the items with their windows).
+    """
+    if flat is None:
+        flat = rb._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
+        if slots.ndim > 1:
+            flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
+    # check_reserved keeps a stored field from being shadowed by "index"
+    device = rb._storage.device
+    flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
+    if info:
+        flat.update({name: value.to(rb._storage.device) for name, value in info.items()})
+    td = to_tensordict(flat, tuple(slots.shape), device)
+    if device != rb._device:
+        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
+    return td
+
+
+def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
+    """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
+    batch_size = check_positive_int("batch_size", batch_size)
+    require_items(rb, "sample")
+    if not replace and batch_size > rb._ring.size:
+        raise CapacityError(
+            f"sample: {batch_size} distinct items asked for (replace=False), but only "
+            f"{rb._ring.size} are stored"
+        )
+    keys = read_keys(rb, fields)  # checked before any randomness is drawn
+    slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    ids = rb._ring.ids_of_slots(slots)
+    if rb._nstep is not None:  # the items' fields and their n-step entries in one read
+        return gather(rb, slots, ids, keys, info, rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys))
+    return gather(rb, slots, ids, keys, info)
+
+
+def sample_by_index(rb: BufferParts, indices: Any, fields: Sequence[Any] | None) -> TensorDict:
+    """The items at logical positions ``indices`` (the caller holds the lock)."""
+    require_items(rb, "sample_by_index")
+    slots, ids = rb._ring.slots_of_positions(indices)
+    return gather(rb, slots, ids, read_keys(rb, fields))
+
+
+def epochs(
+    rb: BufferParts,
+    batch_size: int,
+    n_epochs: int,
+    shuffle: bool,
+    drop_last: bool,
+    fields: Sequence[Any] | None,
+) -> Iterator[TensorDict]:
+    """:meth:`ReplayBuffer.epochs <xpbank.ReplayBuffer.epochs>`: bad arguments raise here,
+    at the call; the minibatches are read one at a time, each under the buffer's lock."""
+    plan = epoch_plan(len(rb), batch_size, n_epochs, shuffle, drop_last, rb._generator)
+    require_items(rb, "epochs")
+    return _run_plan(rb, plan, read_keys(rb, fields))
+
+
+def _run_plan(
+    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None
+) -> Iterator[TensorDict]:
+    """Read ``plan``'s positions batch by batch; raise if the buffer was written meanwhile."""
+    marker = (rb._ring.next_id, rb._ring.size)
+    for positions in plan:
+        with rb._lock:
+            if (rb._ring.next_id, rb._ring.size) != marker:
+                raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+            slots, ids = rb._ring.slots_of_positions(positions)
+            batch = gather(rb, slots, ids, keys)
+        yield batch

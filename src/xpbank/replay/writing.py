@@ -1,0 +1,100 @@
+"""The write path of a :class:`~xpbank.ReplayBuffer`: checking a batch against the spec
+(:func:`conform`), storing items at the ring's cursor (:func:`add`, :func:`extend`,
+:func:`write`) and rewriting stored items in place (:func:`update`, :func:`keep_last`).
+
+Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
+buffer's public methods call them holding its lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.errors import EmptyBufferError, SpecError
+from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_reserved
+from xpbank.ring.episodes import EpisodeIndex, wants_episodes
+from xpbank.spec.batch import flatten
+from xpbank.spec.spec import NestedKey, Spec
+
+__all__ = ["add", "conform", "extend", "keep_last", "update", "write"]
+
+
+def add(rb: BufferParts, item: Any) -> int:
+    """Store one item (no batch dim); returns its id."""
+    flat = flatten(item)
+    spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=0))
+    _, flat = conform(rb, spec, flat, 0)
+    return int(write(rb, {k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
+
+
+def extend(rb: BufferParts, batch: Any) -> range:
+    """Store a batch of items, all checked before any is written; returns their ids."""
+    flat = flatten(batch)
+    spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
+    (n,), flat = conform(rb, spec, flat, 1)
+    return write(rb, flat, n, spec)
+
+
+def conform(
+    rb: BufferParts, spec: Spec, flat: dict[NestedKey, torch.Tensor], batch_ndim: int, partial: bool = False
+) -> tuple[tuple[int, ...], dict[NestedKey, torch.Tensor]]:
+    """Validate ``flat`` against ``spec`` (converting safe dtypes when the buffer casts)."""
+    if rb._cast:
+        return spec.conform(flat, batch_ndim, partial)
+    return spec.validate(flat, batch_ndim, partial), flat
+
+
+def write(rb: BufferParts, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
+    """Write ``n`` checked rows at the ring's cursor (laying out a lazy storage first)."""
+    ring, storage = rb._ring, rb._storage
+    if storage.spec is None and wants_episodes(spec, rb._episode_keys, None, False):
+        ring.episodes = EpisodeIndex(ring, rb._num_envs, rb._episode_keys)
+    plan = ring.episodes.plan(flat, n, spec) if ring.episodes is not None else None
+    if storage.spec is None:
+        storage.initialize(spec)
+    if plan is not None and hasattr(storage, "prepare_write"):
+        storage.prepare_write(flat, n, plan)  # checks the whole batch first
+    first = ring.next_id
+    for slots, rows in ring.segments(n):
+        part = flat if rows.stop - rows.start == n else {k: v[rows] for k, v in flat.items()}
+        storage.write(slots, part)
+        rb._sampler.on_write(slots, ring)
+    ring.advance(n)
+    if plan is not None:
+        ring.episodes.apply(plan)  # type: ignore[union-attr]
+    return range(first, first + n)
+
+
+def update(rb: BufferParts, indices: Any, batch: Any) -> None:
+    """:meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>`'s work (the caller holds the lock)."""
+    if rb.spec is None:
+        raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
+    slots = rb._ring.slots_of_ids(indices)
+    flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
+    if rb._nstep is not None and "nstep_return" in flat and "nstep_return" not in rb.spec:
+        raise SpecError(
+            "update: got an n-step sample (it has 'nstep_return'); its next fields are its "
+            "windows' last items', so writing it back would move them onto the items: pass "
+            "only the fields to rewrite, e.g. {'reward': ...}"
+        )
+    lead, flat = conform(rb, rb.spec, flat, 1, partial=True)
+    if lead and lead[0] != slots.shape[0]:
+        raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
+    if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
+        slots, flat = keep_last(slots, flat)
+    rb._storage.write(slots, flat)
+    if rb._nstep is not None:  # n-step results kept for these items' windows
+        rb._nstep.rewritten(rb.spec, rb._ring, slots, flat.keys())
+
+
+def keep_last(
+    slots: torch.Tensor, flat: dict[NestedKey, torch.Tensor]
+) -> tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]:
+    """Drop earlier rows of repeated slots, so the last row for a slot wins."""
+    s = slots.numpy()
+    _, first_in_reversed = np.unique(s[::-1], return_index=True)
+    keep = torch.from_numpy(np.sort(len(s) - 1 - first_in_reversed))
+    return slots[keep], {k: v.index_select(0, keep.to(v.device)) for k, v in flat.items()}
