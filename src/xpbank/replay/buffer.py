@@ -31,7 +31,6 @@ from xpbank.nstep.option import NStep
 from xpbank.replay import reading, writing
 from xpbank.replay import state as buffer_state
 from xpbank.replay.parts import check_reserved, make_storage
-from xpbank.replay.writing import keep_last as _keep_last  # noqa: F401  (xpbank.rollout imports it from here)
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler

@@ -3,6 +3,10 @@ position, epochs of minibatches, and turning slots into a batch (:func:`gather`)
 
 Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
 buffer's public methods call them holding its lock. Nothing here writes to storage.
+
+:func:`gather` reshapes the storage's flat gather of ``[B, L]`` slots (a sequence
+sampler's windows) to ``[B, L, ...]``, the only change a 2-D sampler needed; n-step
+hands it the fields it already read as ``flat``.
 """
 
 from __future__ import annotations

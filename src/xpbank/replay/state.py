@@ -4,6 +4,12 @@ the constructor options a bank rebuilds a buffer from (:func:`config`).
 
 Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
 buffer's public methods call them holding its lock.
+
+A bank rebuilds the buffer from :func:`config` (JSON-able: ``capacity``, the sampler as
+``{"name", "config"}``, ``num_envs`` ...), so a new constructor option is one more key
+there; ``state_dict(data=False)``, everything but the stored items, is what a bank keeps
+in its state files. Loading an empty state that holds no episode index resets the
+index's derived structures (the ring's ids may move back).
 """
 
 from __future__ import annotations

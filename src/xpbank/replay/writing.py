@@ -4,6 +4,14 @@
 
 Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
 buffer's public methods call them holding its lock.
+
+Every input is checked before the first byte is written. :func:`update` of a reward
+tells ``NStep.rewritten``, which drops the window results that read it. A buffer that
+keeps an :class:`~xpbank.EpisodeIndex` plans each write with it (checked, computed)
+before storing and applies the plan after the ring advances; a storage that declares
+``needs_episodes`` is handed the ring once (``attach(ring)``) and sees each whole batch
+with the plan before the first write (``prepare_write(flat, n, plan)``); both hooks are
+found with ``hasattr``.
 """
 
 from __future__ import annotations

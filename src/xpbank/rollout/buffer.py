@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, StaleIndexError
-from xpbank.replay.buffer import _keep_last
+from xpbank.replay.writing import keep_last as _keep_last
 from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
