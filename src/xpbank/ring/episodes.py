@@ -27,6 +27,10 @@ Only ids are stored, so the ring's id rules tell what is still live: an item's `
 (or its episode's ``start``) that has been overwritten is below ``ring.first_id``.
 ``next`` of a live item is always live (a successor is newer).
 
+A write is planned from each env's state (:mod:`~xpbank.ring.episode_plan`) and recorded
+in the per-slot arrays (:mod:`~xpbank.ring.episode_slots`) once it has gone through; this
+module keeps that state and answers the queries.
+
 Example:
     >>> import torch
     >>> from xpbank import ReplayBuffer
@@ -46,50 +50,18 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
 from xpbank.ring.episode_keys import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
+from xpbank.ring.episode_plan import _Plan, empty_plan, grow, plan_by_env, plan_lockstep
+from xpbank.ring.episode_slots import RingView, SlotLinks, as_array, as_ids, write_slots, write_slots_lockstep
 from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
-from xpbank.storage.hugepages import advise_huge_pages
-
-if TYPE_CHECKING:
-    from xpbank.ring.ids import Ring
 
 __all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What one write adds, computed (and checked) before anything is written."""
-
-    ids: np.ndarray
-    env: np.ndarray
-    prev: np.ndarray
-    start: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    env_state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # envs, last id, last end, start
-    link: np.ndarray | None  # the item continues its predecessor's episode (None: ~fresh)
-    step: int = 0  # lockstep: items per env step (an item's prev is the id ``step`` before it); 0: not
-    fresh: np.ndarray | None = None  # lockstep, one env step: ~link (the items that start an episode)
-
-
-@dataclass(frozen=True)
-class SlotLinks:
-    """Per-slot views of an :class:`EpisodeIndex` (ids; ``-1``: none)."""
-
-    env: np.ndarray
-    prev: np.ndarray
-    next: np.ndarray
-    start: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    flags: np.ndarray  # [capacity, 2] bool: terminated, truncated (the two arrays above)
 
 
 class EpisodeIndex:
@@ -106,19 +78,16 @@ class EpisodeIndex:
         keys: which fields hold the env id and the episode ends.
     """
 
-    def __init__(self, ring: Ring, num_envs: int | None = None, keys: EpisodeKeys | None = None):
+    def __init__(self, ring: RingView, num_envs: int | None = None, keys: EpisodeKeys | None = None):
         self._ring = ring
         self.num_envs = None if num_envs is None else check_positive_int("num_envs", num_envs)
         self.keys = keys if keys is not None else EpisodeKeys()
         self._resolved: tuple[NestedKey | None, NestedKey | None, NestedKey | None] | None = None
         self._resolved_for: Spec | None = None
-        c = ring.capacity
-        self._env = np.zeros(c, dtype=np.int64)
-        self._prev = np.full(c, -1, dtype=np.int64)
-        self._next = _huge_pages(c, -1)  # read at random by n-step sampling
-        self._start = np.full(c, -1, dtype=np.int64)
-        self._flags = np.zeros((c, 2), dtype=bool)  # one read: does a slot end, and how
-        self._term, self._trunc = self._flags[:, 0], self._flags[:, 1]  # views
+        # the per-slot arrays (never replaced: loads write into them)
+        self._arrays = a = SlotLinks.allocate(ring.capacity)
+        self._env, self._prev, self._next, self._start = a.env, a.prev, a.next, a.start
+        self._flags, self._term, self._trunc = a.flags, a.terminated, a.truncated
         self._envs = np.arange(self.num_envs or 1, dtype=np.int64)
         self._tiled = self._envs  # the env of each item of a lockstep batch (cached per size)
         self._links = np.zeros(0, dtype=np.int64)  # apply's reused buffer of next links
@@ -149,83 +118,22 @@ class EpisodeIndex:
         term_key, trunc_key, env_key = self._resolved
         env = self._env_ids(flat, n, env_key)
         if n == 0:
-            none = np.zeros(0, dtype=np.int64)
-            return _Plan(none, none, none, none, none != 0, none != 0, self._empty_state(), none != 0)
+            return empty_plan()
         term = read_flag(flat, term_key, n)
         trunc = read_flag(flat, trunc_key, n)
         first = self._ring.next_id
         ids = np.arange(first, first + n, dtype=np.int64)
         if env_key is None:
-            return self._plan_lockstep(ids, env, term, trunc, self.num_envs or 1)
+            e = self.num_envs or 1
+            return plan_lockstep(
+                ids, env, term, trunc, e, self._envs, self._fresh, self._last_id, self._cur_start
+            )
         width = int(env.max()) + 1
         if width > self._last_id.shape[0]:  # new envs start with no history: harmless if the write fails
-            self._last_id, self._last_end, self._cur_start = (
-                _grow(a, width, fill) for a, fill in self._env_arrays()
-            )
-        order = np.argsort(env, kind="stable")
-        se, sid, send = env[order], ids[order], (term | trunc)[order]
-        head = np.ones(n, dtype=bool)
-        head[1:] = se[1:] != se[:-1]
-        last = np.ones(n, dtype=bool)
-        last[:-1] = head[1:]
-        last_id, last_end, cur_start = self._last_id, self._last_end, self._cur_start
-        prev_s = np.empty(n, dtype=np.int64)
-        prev_s[1:] = sid[:-1]
-        prev_s[head] = last_id[se[head]]
-        prev_end = np.empty(n, dtype=bool)
-        prev_end[1:] = send[:-1]
-        prev_end[head] = last_end[se[head]]
-        is_start = (prev_s < 0) | prev_end
-        value = np.where(is_start, sid, cur_start[se])
-        mark = np.where(is_start | head, np.arange(n), 0)
-        start_s = value[np.maximum.accumulate(mark)]
-        prev, start = np.empty_like(prev_s), np.empty_like(start_s)
-        prev[order], start[order] = prev_s, start_s
-        link = np.empty(n, dtype=bool)
-        link[order] = ~is_start
-        envs = se[last]
-        state = (envs, sid[last], send[last], start_s[last])
-        return _Plan(ids, env, prev, start, term, trunc, state, link)
-
-    def _plan_lockstep(
-        self, ids: np.ndarray, env: np.ndarray, term: np.ndarray, trunc: np.ndarray, e: int
-    ) -> _Plan:
-        """:meth:`plan` for ``k`` time-major steps of ``e`` envs: items ``i`` and ``i + e``
-        are consecutive steps of one env, so no sort is needed.
-
-        A handful of NumPy calls, each on same-dtype arrays (a mixed-dtype op or
-        ``np.where`` costs several times a plain one at these sizes). :meth:`apply`
-        replaces (never mutates) the per-env arrays of a lockstep index, so the plan may
-        hold them without copies.
-        """
-        n, end = ids.shape[0], term | trunc
-        if n == e:  # one step of every env: the common vector-env write
-            fresh = self._fresh  # no predecessor, or it ended its episode
-            start1 = self._cur_start.copy()
-            np.copyto(start1, ids, where=fresh)
-            state1 = (self._envs, ids, end, start1)
-            return _Plan(ids, env, self._last_id, start1, term, trunc, state1, None, e, fresh)
-        link = np.empty(n, dtype=bool)
-        np.logical_not(self._fresh, out=link[:e])
-        np.logical_not(end[:-e], out=link[e:])
-        prev = np.empty(n, dtype=np.int64)
-        prev[:e], prev[e:] = self._last_id, ids[:-e]
-        # an episode's first id, carried forward along time by a running max (ids grow);
-        # the first step takes the env's current start where it continues one (that
-        # start is older than any new id, so the max picks the right one either way)
-        start = ids.copy()
-        np.copyto(start, _MINUS_ONE, where=link)
-        np.maximum(start[:e], self._cur_start, out=start[:e])
-        start = np.maximum.accumulate(start.reshape(n // e, e), axis=0).reshape(n)
-        state = (self._envs, ids[-e:], end[-e:], start[-e:])
-        return _Plan(ids, env, prev, start, term, trunc, state, link, e)
-
-    def _empty_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        none = np.zeros(0, dtype=np.int64)
-        return none, none, np.zeros(0, dtype=bool), none
-
-    def _env_arrays(self) -> list[tuple[np.ndarray, Any]]:
-        return [(self._last_id, -1), (self._last_end, False), (self._cur_start, -1)]
+            self._last_id = grow(self._last_id, width, -1)
+            self._last_end = grow(self._last_end, width, False)
+            self._cur_start = grow(self._cur_start, width, -1)
+        return plan_by_env(ids, env, term, trunc, self._last_id, self._last_end, self._cur_start)
 
     def apply(self, plan: _Plan) -> None:
         """Record a planned write, after the ring has advanced past it."""
@@ -237,51 +145,12 @@ class EpisodeIndex:
             self._fresh = last_end
         else:
             self._last_id[envs], self._last_end[envs], self._cur_start[envs] = last_id, last_end, start
-        c, n = self._ring.capacity, plan.ids.shape[0]
-        if plan.step and self._apply_lockstep(plan, c, n):
-            return
-        keep = slice(max(0, n - c), None)  # a batch over capacity keeps its tail
-        first = int(plan.ids[keep.start]) % c
-        count = n - keep.start
-        slots: Any = slice(first, first + count) if first + count <= c else plan.ids[keep] % c
-        self._env[slots] = plan.env[keep]
-        self._prev[slots] = plan.prev[keep]
-        self._start[slots] = plan.start[keep]
-        self._term[slots] = plan.terminated[keep]
-        self._trunc[slots] = plan.truncated[keep]
-        self._next[slots] = -1
-        link = plan.link if plan.link is not None else ~plan.fresh  # type: ignore[operator]
-        live = link & (plan.prev >= self._ring.first_id)  # a live predecessor, same episode
-        self._next[plan.prev[live] % c] = plan.ids[live]
-
-    def _apply_lockstep(self, plan: _Plan, c: int, n: int) -> bool:
-        """:meth:`apply`'s per-slot part for a lockstep write whose predecessors are all
-        live and whose slots and predecessors' slots are one run without a wrap: every
-        array is written with slices. False (nothing written) otherwise."""
-        e, ring = plan.step, self._ring
-        first = ring.next_id - n  # the plan's first id (the ring has advanced)
-        back = (first - e) % c  # the slot of the first item's predecessor
-        if first - e < ring.first_id or back + n + e > c:
-            return False
-        lo, hi = back + e, back + e + n
-        self._env[lo:hi] = plan.env
-        self._prev[lo:hi] = plan.prev
-        self._start[lo:hi] = plan.start
-        self._term[lo:hi] = plan.terminated
-        self._trunc[lo:hi] = plan.truncated
-        # next of the predecessors (an item that starts an episode leaves -1) and of the
-        # new items (-1: not written yet), in one slice from a reused buffer
-        if self._links.shape[0] != n + e:
-            self._links = np.full(n + e, -1, dtype=np.int64)
-        head = self._links[:n]
-        if plan.fresh is not None:  # one env step: no negation needed
-            head[...] = plan.ids
-            np.copyto(head, _MINUS_ONE, where=plan.fresh)
-        else:
-            head.fill(-1)
-            np.copyto(head, plan.ids, where=plan.link)
-        self._next[back:hi] = self._links
-        return True
+        if plan.step:
+            buffer = write_slots_lockstep(self._arrays, plan, self._ring, self._links)
+            if buffer is not None:
+                self._links = buffer
+                return
+        write_slots(self._arrays, plan, self._ring)
 
     def clear(self) -> None:
         """Every item was dropped: the next item of each env starts an episode."""
@@ -349,7 +218,7 @@ class EpisodeIndex:
 
     # -- queries -----------------------------------------------------------------
     def _slots(self, ids: Any, check: bool = True) -> np.ndarray:
-        arr = _ids(ids)
+        arr = as_ids(ids)
         ring = self._ring
         if check and arr.size and (arr.min() < ring.first_id or arr.max() >= ring.next_id):
             bad = int(arr[(arr < ring.first_id) | (arr >= ring.next_id)][0])
@@ -384,7 +253,7 @@ class EpisodeIndex:
         """The previous item in the same episode, or ``-1`` (episode start, or overwritten)."""
         slots = self._slots(ids)
         prev = self._prev[slots]
-        same = (prev >= self._ring.first_id) & (self._start[slots] != _ids(ids))
+        same = (prev >= self._ring.first_id) & (self._start[slots] != as_ids(ids))
         return np.where(same, prev, -1)
 
     def successors(self, ids: Any, k: int = 1) -> np.ndarray:
@@ -408,7 +277,7 @@ class EpisodeIndex:
         """
         n = check_positive_int("n", n)
         self._slots(ids)  # checks liveness
-        walked, steps = self.walk(_ids(ids), n)
+        walked, steps = self.walk(as_ids(ids), n)
         valid = np.arange(n) < steps[:, None]
         return np.where(valid, walked, -1), valid
 
@@ -515,41 +384,11 @@ class EpisodeIndex:
             ("terminated", self._term),
             ("truncated", self._trunc),
         ):
-            arr[:size] = _array(state[name], arr.dtype)
-        self._last_id = _array(state["last_id"], np.int64).copy()
-        self._last_end = _array(state["last_end"], bool).copy()
-        self._cur_start = _array(state["cur_start"], np.int64).copy()
+            arr[:size] = as_array(state[name], arr.dtype)
+        self._last_id = as_array(state["last_id"], np.int64).copy()
+        self._last_end = as_array(state["last_end"], bool).copy()
+        self._cur_start = as_array(state["cur_start"], np.int64).copy()
         self._fresh = (self._last_id < 0) | self._last_end
 
     def __repr__(self) -> str:
         return f"EpisodeIndex(num_envs={self.num_envs}, keys={self.keys})"
-
-
-_MINUS_ONE = np.array(-1, dtype=np.int64)
-
-
-def _huge_pages(c: int, fill: int) -> np.ndarray:
-    """``c`` int64 entries of ``fill`` over transparent huge pages where the system gives
-    them (see storage/hugepages.py: fewer TLB misses on scattered reads; 8 MB per 1M slots)."""
-    block = torch.empty(c, dtype=torch.int64)
-    advise_huge_pages(block)  # before the first write maps the pages
-    return block.fill_(fill).numpy()
-
-
-def _grow(arr: np.ndarray, width: int, fill: Any) -> np.ndarray:
-    if arr.shape[0] >= width:
-        return arr
-    out = np.full(width, fill, dtype=arr.dtype)
-    out[: arr.shape[0]] = arr
-    return out
-
-
-def _array(value: Any, dtype: Any) -> np.ndarray:
-    """A saved array (a tensor, a NumPy array or a list) as NumPy of ``dtype``."""
-    arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-    return arr.astype(dtype, copy=False)
-
-
-def _ids(ids: Any) -> np.ndarray:
-    arr = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
-    return arr.reshape(-1).astype(np.int64, copy=False)
