@@ -9,6 +9,13 @@
 - :mod:`~xpbank.ring.episode_keys`: :class:`~xpbank.EpisodeKeys`, which fields carry the
   env id and the episode-end flags.
 
+The ring carries the index (``ring.episodes``), so samplers and sample-time options reach
+it through the ``ring`` argument they already get (the Sampler protocol is unchanged).
+Hot paths (samplers, storages) reach the index through two unchecked accessors,
+``links()`` and ``lockstep``, never by scanning; ``walk_slots`` in lockstep mode computes
+a window's slots (``slot + j * num_envs``), looks up ``next`` of all steps at once and
+takes the first step without one as the window's last: no step-by-step chase.
+
 Nothing here reads or writes item data: storages do.
 """
 

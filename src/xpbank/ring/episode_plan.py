@@ -7,6 +7,11 @@ after the write. :meth:`EpisodeIndex.plan <xpbank.EpisodeIndex.plan>` checks the
 calls them; :meth:`EpisodeIndex.apply <xpbank.EpisodeIndex.apply>` records the plan once
 the write has gone through, so a bad batch leaves the index as it was.
 
+A lockstep write (``num_envs=E``, ``k`` steps) needs no sort: an item's predecessor is
+the id ``E`` before it, so the plan is computed with slices, and the per-env state is
+replaced, not copied (a plan may hold it); that state keeps ``fresh`` (the env's next
+item starts an episode), so a one-step write needs no negation.
+
 Example:
     >>> import numpy as np
     >>> ids, env = np.arange(4), np.array([0, 1, 0, 1])

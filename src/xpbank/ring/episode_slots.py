@@ -4,6 +4,13 @@
 ``-1``: none). :func:`write_slots` and :func:`write_slots_lockstep` record a
 :class:`~xpbank.ring.episode_plan._Plan` in them once the ring has advanced past it.
 
+A lockstep write lands as slices, the predecessors' ``next`` links included (one slice
+one env step back). Stopping by flags: in lockstep mode a window stops at its first step
+that ends its episode, or whose env's next id is not below ``ring.next_id``; for a live
+item that is exactly where ``next`` is ``-1``. Two bytes of flags per slot, so a window's
+flags lie within ``2 * (n - 1) * E + 2`` bytes, one cache line or two, where following
+``next`` took a line per step.
+
 Example:
     >>> links = SlotLinks.allocate(4)
     >>> links.next.tolist(), links.flags.shape
