@@ -23,7 +23,11 @@ With numba (``xpbank[fast]``), a lockstep buffer (``num_envs=``) also keeps the 
 of complete windows (:class:`~xpbank.nstep.table.WindowTable`), so most sampled items
 read one small cell instead of their window. Rewrite rewards through
 :meth:`ReplayBuffer.update <xpbank.ReplayBuffer.update>` (which drops the results that
-read them), not by writing into the storage's views.
+read them), not by writing into the storage's views. The windows follow the episode
+index, built from each item's env and ``terminated`` / ``truncated`` when it is
+written: an ``update()`` that would change one of those is refused
+(:mod:`xpbank.ring.episode_update`); write the right flags when extending, or end the
+open episodes with :meth:`EpisodeIndex.truncate_newest <xpbank.EpisodeIndex.truncate_newest>`.
 
 The NumPy path (the reference) precomputes nothing: the window's slots
 (:meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`), one storage read of
@@ -85,6 +89,10 @@ class NStep:
         reward_key: the reward field; default ``("next", "reward")`` or ``"reward"``.
         next_keys: the fields taken from the window's last item; default as described
             in the module docstring.
+
+    A window's ends are the episode index's, read when items are written: the buffer's
+    ``update`` refuses to change an item's env or episode-end flag (it may rewrite the
+    reward, which drops the results that read it, and any other field).
     """
 
     n: int

@@ -250,12 +250,16 @@ class ReplayBuffer:
                 (a prioritized one without its ``"weight"``). An n-step sample cannot:
                 its next fields are its windows' last items', not the items'.
 
+        With an episode index (``rb.episodes``: n-step, sequences and frame stacks follow
+        it), an item's env and ``terminated`` / ``truncated`` are read when it is written:
+        an update may only repeat them (see :mod:`xpbank.ring.episode_update`).
+
         Raises:
             StaleIndexError: an id's item has been overwritten (or cleared) since it was
                 sampled; nothing is written.
             SpecError: unknown keys (an n-step sample's ``nstep_*`` entries among them,
-                named as such), a wrong shape or dtype, or a row count that differs from
-                the number of indices.
+                named as such), a wrong shape or dtype, a row count that differs from
+                the number of indices, or a changed env id or episode-end flag (above).
         """
         writing.update(self, indices, batch)
 

@@ -23,6 +23,7 @@ import torch
 
 from xpbank.errors import EmptyBufferError, SpecError
 from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_reserved
+from xpbank.ring.episode_update import check_episode_update
 from xpbank.ring.episodes import EpisodeIndex, wants_episodes
 from xpbank.spec.batch import flatten
 from xpbank.spec.spec import NestedKey, Spec
@@ -93,6 +94,8 @@ def update(rb: BufferParts, indices: Any, batch: Any) -> None:
         raise SpecError(f"update: got {slots.shape[0]} indices but {lead[0]} rows of values")
     if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
         slots, flat = keep_last(slots, flat)
+    # an indexed item's env and episode-end flags are read once, at write time: never moved
+    check_episode_update(rb._ring, rb.spec, slots, flat)
     rb._storage.write(slots, flat)
     if rb._nstep is not None:  # n-step results kept for these items' windows
         rb._nstep.rewritten(rb.spec, rb._ring, slots, flat.keys())
