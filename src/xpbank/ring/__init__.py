@@ -8,6 +8,8 @@
   :mod:`~xpbank.ring.episode_slots`;
 - :mod:`~xpbank.ring.episode_keys`: :class:`~xpbank.EpisodeKeys`, which fields carry the
   env id and the episode-end flags.
+- :mod:`~xpbank.ring.episode_update`: what ``ReplayBuffer.update`` may write of those
+  fields (only the values the index holds: the index is built from them at write time).
 
 The ring carries the index (``ring.episodes``), so samplers and sample-time options reach
 it through the ``ring`` argument they already get (the Sampler protocol is unchanged).
