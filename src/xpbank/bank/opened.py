@@ -38,7 +38,12 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool | N
     """A :class:`~xpbank.ReplayBuffer` over the bank's own files, memory-mapped.
 
     No data is read: opening costs the same for 10 MB and 100 GB (the manifest, the
-    file headers and the small state files). Pages are read when sampled.
+    file headers and the small state files). Pages are read when sampled. (Except the
+    first ``"r+"`` open of a saved bank, which checks the checksums it drops.)
+
+    Writes of an ``"r+"`` bank go in place, field after field, unchecksummed: a crash
+    between checkpoints can tear a whole in-flight ``extend`` batch, or, on a machine
+    crash, any counted slot written since the last checkpoint (see :func:`checkpoint`).
 
     Args:
         path: the bank directory.
@@ -154,8 +159,15 @@ def checkpoint(buffer: ReplayBuffer) -> None:
     were empty are simply not counted. But rows are written in place: once the ring
     has wrapped, appends after the checkpoint overwrite the oldest counted rows, and
     ``update`` rewrites counted rows; after a crash those slots hold the newer values
-    under the checkpoint's ids (a row being written at the moment of the crash may be
-    part old, part new). Checkpoint as often as losing that is not acceptable.
+    under the checkpoint's ids. Checkpoint as often as losing that is not acceptable.
+
+    What a crash can tear (rows are plain stores into the mapped files, field after
+    field, none atomic): if the process is killed, the write call in flight, a whole
+    ``extend`` batch and not just one row, can be part old and part new (some fields,
+    any subset of a field's rows); calls that returned are in the page cache and
+    reach the files. If the machine crashes, every counted slot written since the last
+    checkpoint can be torn, by field and by memory page. These rows carry no checksum,
+    so ``load`` and ``xpbank verify`` cannot detect it (``docs/bank-format.md``).
 
     Raises:
         BankError: ``buffer`` is not an open bank, or the manifest cannot be written.
