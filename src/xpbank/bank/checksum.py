@@ -33,6 +33,7 @@ __all__ = [
     "ChunkReader",
     "checksum_entry",
     "checksum_file",
+    "covered_bytes",
     "hasher_for",
     "new_hasher",
 ]
@@ -98,6 +99,22 @@ def new_hasher() -> Any:
     except ImportError:
         return _Crc32()
     return _Xxh3(xxhash)
+
+
+def covered_bytes(shape: tuple[int, ...], itemsize: int, size: int) -> int:
+    """The bytes a data file's checksum covers: rows ``0 .. size-1`` (``size`` from the
+    manifest's ring) of a ``[capacity, *field_shape]`` array of ``itemsize``-byte items.
+
+    The one rule every reader applies (``load``, ``open_bank(verify=True)``, ``xpbank
+    verify``). It is derived from the ring and the file's shape, never from the checksum
+    entry: an entry whose ``bytes`` differs is a mismatch, not a smaller range to check.
+    (A state file's checksum covers its whole array.)
+
+    Example:
+        >>> covered_bytes((10, 3), 4, 6)
+        72
+    """
+    return size * int(np.prod(shape[1:], dtype=np.int64)) * itemsize
 
 
 def checksum_entry(algorithm: str, value: int, nbytes: int) -> dict[str, Any]:

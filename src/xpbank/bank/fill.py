@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.bank.checksum import hasher_for
+from xpbank.bank.checksum import covered_bytes, hasher_for
 from xpbank.bank.manifest import FileEntry
 from xpbank.bank.snapshot import Snapshot, algorithm_to_check, check_value
 from xpbank.errors import CorruptBankError
@@ -97,14 +97,17 @@ def fill(snap: Snapshot, storage: Any, spec: Spec, verify: bool) -> None:
             f, offset = snap.open(entry)
             stack.enter_context(f)
             row = int(np.prod(entry.shape[1:], dtype=np.int64)) * entry.dtype.itemsize
-            if row and m.size and entry.key is not None:
-                hasher = hasher_for(algorithm_to_check(entry, verify))
+            hasher = hasher_for(algorithm_to_check(entry, verify))
+            if row and m.size and entry.key is not None:  # a data entry always has a key
                 dest = _contiguous_bytes(views[entry.key]) if host else None
                 files.append(_File(entry, entry.key, f.fileno(), offset, row, dest, hasher))
+            else:  # nothing to read: its checksum (of no bytes) is still checked
+                check_value(snap, entry, hasher.value(), 0, verify)
         if files:
             _copy_runs(snap, storage, spec, files, m.size, views if host else None)
         for file in files:
-            check_value(snap, file.entry, file.hasher.value(), m.size * file.row, verify)
+            nbytes = covered_bytes(file.entry.shape, file.entry.dtype.itemsize, m.size)
+            check_value(snap, file.entry, file.hasher.value(), nbytes, verify)
 
 
 def _contiguous_bytes(view: np.ndarray) -> np.ndarray | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from xpbank.bank.bank import ORIGINS, Origin, new_buffer, restore, write_state
+from xpbank.bank.checksum import covered_bytes
 from xpbank.bank.format import (
     DATA_DIR,
     STATE_DIR,
@@ -33,20 +34,30 @@ from xpbank.storage.dtypes import numpy_dtype
 __all__ = ["open_bank", "checkpoint"]
 
 
-def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool = False) -> ReplayBuffer:
+def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool | None = None) -> ReplayBuffer:
     """A :class:`~xpbank.ReplayBuffer` over the bank's own files, memory-mapped.
 
     No data is read: opening costs the same for 10 MB and 100 GB (the manifest, the
-    file headers and the small state files). Pages are read when sampled.
+    file headers and the small state files). Pages are read when sampled. (Except the
+    first ``"r+"`` open of a saved bank, which checks the checksums it drops.)
+
+    Writes of an ``"r+"`` bank go in place, field after field, unchecksummed: a crash
+    between checkpoints can tear a whole in-flight ``extend`` batch, or, on a machine
+    crash, any counted slot written since the last checkpoint (see :func:`checkpoint`).
 
     Args:
         path: the bank directory.
         mode: ``"r"``: writes (``add``, ``extend``, ``update``) raise
             :class:`~xpbank.errors.ReadOnlyError`. ``"r+"``: they go to the files in
             place; :meth:`~xpbank.ReplayBuffer.checkpoint` commits them. Opening
-            ``"r+"`` takes an exclusive lock on the bank and marks its data checksums
-            as not kept (files modified in place are checked by shape and size only).
-        verify: also check the data checksums now (reads every file).
+            ``"r+"`` takes an exclusive lock on the bank, checks the data checksums
+            the bank still has (see ``verify``) and only then marks them as not kept
+            (files modified in place are checked by shape and size only from then on).
+        verify: check the data checksums now (reads the stored rows of every file
+            that has one). Default (``None``): not for ``"r"``; for ``"r+"`` yes,
+            since opening drops the checksums (a bank already opened ``"r+"`` has
+            none left: nothing is read). ``verify=False`` with ``"r+"`` drops them
+            unchecked: an explicit opt-out.
 
     Raises:
         BankError: not a bank, a bad mode, or another process has it open ``"r+"``.
@@ -71,10 +82,11 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool = F
     def use(snap: Snapshot) -> ReplayBuffer:
         m = snap.manifest
         lock = _lock(snap, root) if mode == "r+" else None
+        check = verify if verify is not None else mode == "r+"  # r+: before the checksums go
         try:
             arrays = {}
             for entry in m.data:
-                arrays[entry.key] = _map(snap, entry, mode, verify)
+                arrays[entry.key] = _map(snap, entry, mode, check)
             if m.spec is None:
                 storage = MemmapStorage(m.capacity, root / DATA_DIR)
                 storage.mode = mode
@@ -119,8 +131,8 @@ def _lock(snap: Snapshot, root: Path) -> int:
 def _map(snap: Snapshot, entry: FileEntry, mode: str, verify: bool) -> np.ndarray:
     f, offset = snap.open(entry, writable=mode == "r+")
     with f:
-        if verify:  # a checksum covers the stored rows only, not the whole capacity
-            nbytes = entry.checksum["bytes"] if entry.checksum is not None else entry.nbytes - offset
+        if verify:  # the rows the ring stores (one rule with load), never the entry's own count
+            nbytes = covered_bytes(entry.shape, entry.dtype.itemsize, snap.manifest.size)
             read_checked(snap, entry, f, nbytes, verify)
         if entry.nbytes == offset:  # a zero-size field: nothing to map
             return np.zeros(entry.shape, entry.dtype)
@@ -147,8 +159,15 @@ def checkpoint(buffer: ReplayBuffer) -> None:
     were empty are simply not counted. But rows are written in place: once the ring
     has wrapped, appends after the checkpoint overwrite the oldest counted rows, and
     ``update`` rewrites counted rows; after a crash those slots hold the newer values
-    under the checkpoint's ids (a row being written at the moment of the crash may be
-    part old, part new). Checkpoint as often as losing that is not acceptable.
+    under the checkpoint's ids. Checkpoint as often as losing that is not acceptable.
+
+    What a crash can tear (rows are plain stores into the mapped files, field after
+    field, none atomic): if the process is killed, the write call in flight, a whole
+    ``extend`` batch and not just one row, can be part old and part new (some fields,
+    any subset of a field's rows); calls that returned are in the page cache and
+    reach the files. If the machine crashes, every counted slot written since the last
+    checkpoint can be torn, by field and by memory page. These rows carry no checksum,
+    so ``load`` and ``xpbank verify`` cannot detect it (``docs/bank-format.md``).
 
     Raises:
         BankError: ``buffer`` is not an open bank, or the manifest cannot be written.

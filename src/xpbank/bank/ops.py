@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +74,11 @@ def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
     return found + broken
 
 
-def _as_buffer(source: Any, name: str) -> ReplayBuffer:
+def _as_buffer(source: Any, name: str, verify: bool) -> ReplayBuffer:
     if isinstance(source, ReplayBuffer):
         return source
     if isinstance(source, (str, os.PathLike)):
-        return open_bank(source, "r")
+        return open_bank(source, "r", verify=verify)
     raise BankError(f"merge: {name} must be a ReplayBuffer or a bank path, got {type(source).__name__}")
 
 
@@ -91,7 +92,7 @@ def check_same_spec(a: Spec | None, b: Spec | None, names: tuple[str, str]) -> N
     raise SpecError(f"merge: the specs differ: field {', field '.join(only)}; merge needs the same fields")
 
 
-def merge(a: Any, b: Any, *, capacity: int | None = None) -> ReplayBuffer:
+def merge(a: Any, b: Any, *, capacity: int | None = None, verify: bool = True) -> ReplayBuffer:
     """A new memory buffer with ``a``'s items, then ``b``'s, each oldest first.
 
     Args:
@@ -99,11 +100,16 @@ def merge(a: Any, b: Any, *, capacity: int | None = None) -> ReplayBuffer:
         capacity: of the result; default ``a.capacity + b.capacity`` (everything fits).
             When the items do not fit, the oldest go first: ``a``'s oldest, then the
             rest of ``a``, then ``b``'s, as if ``b`` were extended after ``a``.
+        verify: check the checksums of a bank given by path before copying from it
+            (one extra read of its stored rows); ``False`` copies it unchecked. A
+            buffer is copied as it is (open a bank with ``verify=True`` to check it).
 
-    The result has new ids (``0 ..``), ``a``'s sampler kind and a fresh RNG.
+    The result has new ids (``0 ..``), ``a``'s sampler kind and a fresh RNG. Each
+    source is copied under its lock: a consistent snapshot while other threads write.
 
     Raises:
         SpecError: the specs differ (naming the fields).
+        CorruptBankError: a bank's file is damaged (naming it), with ``verify``.
 
     Example:
         >>> import torch, xpbank
@@ -112,7 +118,7 @@ def merge(a: Any, b: Any, *, capacity: int | None = None) -> ReplayBuffer:
         >>> xpbank.merge(a, b, capacity=2).sample_all()["x"]
         tensor([2., 3.])
     """
-    first, second = _as_buffer(a, "a"), _as_buffer(b, "b")
+    first, second = _as_buffer(a, "a", verify), _as_buffer(b, "b", verify)
     check_same_spec(first.spec, second.spec, ("a", "b"))
     size = capacity if capacity is not None else first.capacity + second.capacity
     out = ReplayBuffer(size, first.spec or second.spec, sampler=make_sampler(sampler_config(first.sampler)))
@@ -121,16 +127,25 @@ def merge(a: Any, b: Any, *, capacity: int | None = None) -> ReplayBuffer:
     return out
 
 
-def merge_into(dst: ReplayBuffer, src: Any) -> None:
-    """Append every item of ``src`` (a buffer or a bank path) to ``dst``, oldest first."""
-    source = _as_buffer(src, "other")
+def merge_into(dst: ReplayBuffer, src: Any, *, verify: bool = True) -> None:
+    """Append every item of ``src`` (a buffer or a bank path) to ``dst``, oldest first.
+
+    ``verify``: as for :func:`merge` (a bank path's checksums are checked first).
+    """
+    source = _as_buffer(src, "other", verify)
     check_same_spec(dst.spec, source.spec, ("this buffer", "other"))
     _copy_items(source, dst)
 
 
 def _copy_items(src: ReplayBuffer, dst: ReplayBuffer) -> None:
-    n = len(src)
-    start = max(0, n - dst.capacity)  # older ones would be overwritten by this copy
-    for lo in range(start, n, _MERGE_CHUNK):
-        batch = src.sample_by_index(np.arange(lo, min(n, lo + _MERGE_CHUNK)))
-        dst.extend(batch.exclude("index"))
+    """Copy ``src`` chunk by chunk holding both buffers' locks for the whole copy (a
+    consistent snapshot of ``src``), taken in one global order (by ``id``) so that two
+    merges in opposite directions cannot deadlock."""
+    with contextlib.ExitStack() as stack:
+        for _, lock in sorted({id(src.lock): src.lock, id(dst.lock): dst.lock}.items()):
+            stack.enter_context(lock)
+        n = len(src)
+        start = max(0, n - dst.capacity)  # older ones would be overwritten by this copy
+        for lo in range(start, n, _MERGE_CHUNK):
+            batch = src.sample_by_index(np.arange(lo, min(n, lo + _MERGE_CHUNK)))
+            dst.extend(batch.exclude("index"))

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from xpbank.bank import list_banks, open_bank
-from xpbank.bank.format import read_manifest
-from xpbank.bank.manifest import Manifest
+from xpbank.bank.bank import ORIGINS
 from xpbank.errors import BankError, XpbankError, require
 from xpbank.spec.spec import key_str
 
@@ -35,20 +34,38 @@ def bank_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def verify_bank(path: str | Path) -> tuple[int, int]:
-    """Read every data file of the bank at ``path`` and check it against its manifest.
+def verify_bank(path: str | Path) -> tuple[int, int, int]:
+    """Read every file of the bank at ``path`` and check it against its manifest.
 
-    Returns ``(files, checksummed)``: data files checked by shape and size, and how
-    many of them also by checksum (files modified in place by an ``"r+"`` bank carry
-    none).
+    Exactly what :func:`~xpbank.load` checks, without loading: headers, shapes, sizes,
+    the data checksums over the rows the ring stores, the state files' checksums.
+
+    Returns ``(files, checksummed, state_files)``: data files checked by shape and
+    size, how many of them also by checksum (files modified in place by an ``"r+"``
+    bank carry none), and the state files checked (always by checksum).
 
     Raises:
         CorruptBankError: a file is missing, truncated, or its checksum differs.
         BankError: ``path`` is not a bank.
     """
-    open_bank(path, "r", verify=True)
-    manifest = Manifest.parse(read_manifest(Path(path)), Path(path))
-    return len(manifest.data), sum(e.checksum is not None for e in manifest.data)
+    buffer = open_bank(path, "r", verify=True)
+    return _checked(buffer)
+
+
+def _checked(buffer: Any) -> tuple[int, int, int]:
+    """``(data files, with a checksum, state files)`` of the manifest ``buffer`` was opened with."""
+    manifest = ORIGINS[buffer].manifest
+    data = manifest.data
+    return len(data), sum(e.checksum is not None for e in data), len(manifest.state_files)
+
+
+def _verified_line(buffer: Any, verify: bool) -> str:
+    """What opening ``buffer`` checked, for inspect/merge/export."""
+    if not verify:
+        return "not verified (--no-verify): data checksums not read"
+    files, checked, state = _checked(buffer)
+    note = "" if checked == files else f" ({files - checked} modified in place: shape and size only)"
+    return f"verified: {checked} of {files} data checksum(s) match{note}, {state} state file(s)"
 
 
 def _console(stream: Any = None) -> Any:
@@ -121,18 +138,19 @@ def cmd_ls(directory: Path) -> None:
     _console().print(table)
 
 
-def cmd_inspect(bank: Path, chunk: int) -> None:
+def cmd_inspect(bank: Path, chunk: int, verify: bool = True) -> None:
     """Spec, size, per-field mean/std/min/max (read in chunks) and the episodes found."""
     from xpbank.tools.stats import episode_stats, field_stats
 
     table_cls = require("rich.table", "cli").Table
-    buffer = open_bank(bank, "r")
+    buffer = open_bank(bank, "r", verify=verify)
     console = _console()
     config = buffer.config()
     console.print(
         f"[bold]{bank}[/bold]: {len(buffer):,} of {buffer.capacity:,} items, sampler "
         f"{config['sampler']['name']}, {bank_bytes(bank):,} bytes on disk"
     )
+    console.print(_verified_line(buffer, verify))
     with _Progress(len(buffer), "stats") as bar:
         stats = field_stats(buffer, chunk=chunk, progress=bar)
     table = table_cls(title="fields")
@@ -158,13 +176,14 @@ def cmd_inspect(bank: Path, chunk: int) -> None:
     console.print(f"  length: {_distribution(eps.lengths.astype(np.float64))}")
 
 
-def cmd_merge(a: Path, b: Path, out: Path, capacity: int | None) -> None:
-    """Merge banks A and B (A's items, then B's) into a new bank OUT."""
+def cmd_merge(a: Path, b: Path, out: Path, capacity: int | None, verify: bool = True) -> None:
+    """Merge banks A and B (A's items, then B's) into a new bank OUT, checking them first."""
     from xpbank.tools.import_bank import merge_banks
 
-    path = merge_banks(a, b, out, capacity=capacity)
+    path = merge_banks(a, b, out, capacity=capacity, verify=verify)
     buffer = open_bank(path, "r")
-    _console().print(f"merged {a} + {b} -> {path}: {len(buffer):,} of {buffer.capacity:,} items")
+    checked = "checksums of both verified" if verify else "not verified (--no-verify)"
+    _console().print(f"merged {a} + {b} -> {path}: {len(buffer):,} of {buffer.capacity:,} items; {checked}")
 
 
 def _check_format(value: str, option: str) -> str:
@@ -173,10 +192,11 @@ def _check_format(value: str, option: str) -> str:
     return value
 
 
-def cmd_export(bank: Path, to: str, out: Path) -> None:
-    """Export BANK to OUT as a Minari dataset directory or an .npz archive (streaming)."""
+def cmd_export(bank: Path, to: str, out: Path, verify: bool = True) -> None:
+    """Export BANK to OUT as a Minari dataset directory or an .npz archive (streaming),
+    checking its checksums first."""
     _check_format(to, "--to")
-    buffer = open_bank(bank, "r")
+    buffer = open_bank(bank, "r", verify=verify)
     with _Progress(len(buffer), f"export {to}") as bar:
         if to == "npz":
             from xpbank.tools.npz import export_npz
@@ -186,7 +206,9 @@ def cmd_export(bank: Path, to: str, out: Path) -> None:
             from xpbank.integrations.minari import export_minari
 
             path = export_minari(buffer, out, progress=bar)
-    _console().print(f"exported {bank} ({len(buffer):,} items) to {to}: {path}")
+    _console().print(
+        f"exported {bank} ({len(buffer):,} items) to {to}: {path}; {_verified_line(buffer, verify)}"
+    )
 
 
 def cmd_import(src: Path, fmt: str, out: Path, capacity: int | None) -> None:
@@ -215,9 +237,12 @@ def cmd_plot(bank: Path, out: Path) -> None:
 
 def cmd_verify(bank: Path) -> None:
     """Check every file of BANK against its manifest (shapes, sizes, checksums); exit 1 if corrupt."""
-    files, checked = verify_bank(bank)
+    files, checked, state = verify_bank(bank)
     note = "" if checked == files else f" ({files - checked} modified in place: shape and size only)"
-    _console().print(f"OK {bank}: {files} data file(s), {checked} checksum(s) match{note}")
+    _console().print(
+        f"OK {bank}: {files} data file(s), {checked} checksum(s) match{note}; "
+        f"{state} state file(s), {state} checksum(s) match"
+    )
 
 
 def cmd_bench(quick: bool) -> None:
@@ -241,6 +266,7 @@ def register(app: Any, typer: Any) -> None:
     """Add the bank commands to ``app`` (a ``typer.Typer``)."""
 
     bank_arg = typer.Argument(..., help="a bank directory")
+    verify_opt = typer.Option(True, "--verify/--no-verify", help="check the bank's checksums first (default)")
     first_arg = typer.Argument(..., help="the first bank (its items come first)")
     second_arg = typer.Argument(..., help="the second bank")
 
@@ -255,9 +281,10 @@ def register(app: Any, typer: Any) -> None:
     def inspect(
         bank: Path = bank_arg,
         chunk: int = typer.Option(65_536, "--chunk", min=1, help="items read per step"),
+        verify: bool = verify_opt,
     ) -> None:
         """Spec, size, per-field mean/std/min/max (in chunks) and the episodes' returns and lengths."""
-        cmd_inspect(bank, chunk)
+        cmd_inspect(bank, chunk, verify)
 
     @app.command("merge")
     @_guarded
@@ -266,9 +293,10 @@ def register(app: Any, typer: Any) -> None:
         b: Path = second_arg,
         out: Path = typer.Option(..., "-o", "--out", help="the new bank"),  # noqa: B008
         capacity: int | None = typer.Option(None, "--capacity", min=1, help="default: both capacities"),
+        verify: bool = verify_opt,
     ) -> None:
-        """Merge banks A and B (A's items, then B's) into a new bank."""
-        cmd_merge(a, b, out, capacity)
+        """Merge banks A and B (A's items, then B's) into a new bank, checking both first."""
+        cmd_merge(a, b, out, capacity, verify)
 
     @app.command("export")
     @_guarded
@@ -276,9 +304,10 @@ def register(app: Any, typer: Any) -> None:
         bank: Path = bank_arg,
         out: Path = typer.Argument(..., help="the new dataset directory (minari) or .npz file"),  # noqa: B008
         to: str = typer.Option(..., "--to", help="minari or npz"),
+        verify: bool = verify_opt,
     ) -> None:
-        """Export a bank as a Minari dataset or an .npz archive, streaming."""
-        cmd_export(bank, to, out)
+        """Export a bank as a Minari dataset or an .npz archive, streaming, checking it first."""
+        cmd_export(bank, to, out, verify)
 
     @app.command("import")
     @_guarded

@@ -80,19 +80,23 @@ def merge_banks(
     out: str | os.PathLike[str],
     *,
     capacity: int | None = None,
+    verify: bool = True,
 ) -> Path:
     """A new bank at ``out`` with ``a``'s items, then ``b``'s: :func:`~xpbank.merge` on disk.
 
     Neither bank is loaded whole: both are opened read-only and copied in chunks into
     the new bank's mapped files, so banks larger than memory merge. The result has
     ``a``'s sampler kind and capacity ``a.capacity + b.capacity`` unless given.
+    ``verify`` (default): both banks' checksums are checked before anything is copied,
+    so a damaged bank is never laundered into one with fresh checksums.
 
     Raises:
         SpecError: the specs differ (naming the fields); nothing is written.
         BankError: ``out`` exists; ``a`` or ``b`` is not a bank.
+        CorruptBankError: a file of ``a`` or ``b`` is damaged (naming it); nothing is written.
     """
     target = check_new_bank_path(out)
-    first, second = open_bank(a, "r"), open_bank(b, "r")
+    first, second = open_bank(a, "r", verify=verify), open_bank(b, "r", verify=verify)
     check_same_spec(first.spec, second.spec, ("a", "b"))
     size = check_positive_int(
         "capacity", capacity if capacity is not None else first.capacity + second.capacity
