@@ -22,8 +22,12 @@ from xpbank.replay.parts import BufferParts
 from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
+from xpbank.storage.base import check_alloc, item_bytes
 
 __all__ = ["epochs", "gather", "read_keys", "require_items", "sample", "sample_by_index"]
+
+# past this many items sample() first checks that they fit in the device's memory
+_LARGE_SAMPLE = 1 << 20
 
 
 def read_keys(rb: BufferParts, fields: Sequence[Any] | None) -> list[NestedKey] | None:
@@ -69,6 +73,9 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
     """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
     batch_size = check_positive_int("batch_size", batch_size)
     require_items(rb, "sample")
+    if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
+        row = 16 + item_bytes(rb.spec, read_keys(rb, fields))
+        check_alloc("sample: batch_size", batch_size, row, rb._device)
     if not replace and batch_size > rb._ring.size:
         raise CapacityError(
             f"sample: {batch_size} distinct items asked for (replace=False), but only "

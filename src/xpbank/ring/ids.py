@@ -150,8 +150,15 @@ def _to_numpy(values: Any) -> np.ndarray:
     return np.asarray(values)
 
 
+_INT64_MAX = np.uint64(2**63 - 1)
+
+
 def _as_index_array(values: Any, name: str) -> np.ndarray:
-    """A 1-D int64 NumPy array of indices from an int, sequence, range, array or tensor."""
+    """A 1-D int64 NumPy array of indices from an int, sequence, range, array or tensor.
+
+    Unsigned values convert exactly; one above int64's max is out of range (it would
+    otherwise wrap to a negative index: 2**64 - 1 to -1, the newest item).
+    """
     arr = _to_numpy(values)
     if arr.dtype.kind not in "iu":  # np.integer's kinds (bool is "b")
         if arr.size == 0:
@@ -159,4 +166,7 @@ def _as_index_array(values: Any, name: str) -> np.ndarray:
         raise XpbankIndexError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.ndim > 1:
         raise XpbankIndexError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > _INT64_MAX:  # would wrap to negatives
+        bad = int(arr[arr > _INT64_MAX].reshape(-1)[0])
+        raise XpbankIndexError(f"{name}: {bad} is out of range (an index is at most 2**63 - 1)")
     return arr.reshape(-1).astype(np.int64, copy=False)

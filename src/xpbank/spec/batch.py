@@ -14,10 +14,39 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from xpbank.errors import BatchTypeError
+from xpbank.errors import BatchTypeError, DeviceError
 from xpbank.spec.keys import NestedKey, key_str, normalize_key
 
-__all__ = ["flatten", "as_tensor", "to_tensordict"]
+__all__ = ["flatten", "as_tensor", "check_tensor", "to_tensordict"]
+
+
+def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
+    """Raise unless a storage can copy from ``value``: a dense (strided, not nested)
+    tensor on the CPU or a CUDA device (a ``meta`` tensor holds no data).
+
+    Raises:
+        BatchTypeError: a sparse, mkldnn or nested tensor (the message names the field).
+        DeviceError: a tensor on another device, e.g. ``meta``.
+
+    Example:
+        >>> try:
+        ...     check_tensor("obs", torch.zeros(2, device="meta"))
+        ... except DeviceError as exc:
+        ...     print(str(exc)[:58])
+        field 'obs': expected a tensor on the CPU or a CUDA device
+    """
+    if value.is_nested or value.layout is not torch.strided:
+        kind = "nested" if value.is_nested else f"{value.layout} layout"
+        raise BatchTypeError(
+            f"field {key_str(key)!r}: expected a dense (strided) tensor, got a {kind} tensor; "
+            "convert it first (e.g. .to_dense())"
+        )
+    if not (value.is_cpu or value.is_cuda):
+        why = " (a meta tensor holds no data)" if value.is_meta else ""
+        raise DeviceError(
+            f"field {key_str(key)!r}: expected a tensor on the CPU or a CUDA device, "
+            f"got device {str(value.device)!r}{why}"
+        )
 
 
 def as_tensor(value: Any, key: NestedKey) -> torch.Tensor:

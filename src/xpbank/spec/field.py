@@ -15,7 +15,34 @@ import torch
 
 from xpbank.errors import SpecError
 
-__all__ = ["Field", "dtype_name", "field_str"]
+__all__ = ["UNSTORABLE", "Field", "check_storable", "dtype_name", "field_str"]
+
+# torch has no indexing kernels (index_select, index_copy_) for these: a field of one
+# could be written once but neither updated nor read back from every storage.
+UNSTORABLE = frozenset({torch.uint16, torch.uint32, torch.uint64})
+
+
+def check_storable(dtype: torch.dtype, what: str) -> None:
+    """Raise a :class:`SpecError` naming ``what`` when a field cannot have ``dtype``.
+
+    Storable: bool, uint8, the signed ints, the floats (float16, bfloat16, float32,
+    float64, float8) and complex. Not storable: uint16, uint32, uint64 (torch cannot
+    index them); convert them to a wider signed int (``cast=True`` does so safely for
+    uint16 -> int32/int64 and uint32 -> int64).
+
+    Example:
+        >>> try:
+        ...     check_storable(torch.uint32, "field 'ids'")
+        ... except SpecError as exc:
+        ...     print(str(exc)[:42])
+        field 'ids': dtype uint32 cannot be stored
+    """
+    if dtype in UNSTORABLE:
+        raise SpecError(
+            f"{what}: dtype {dtype_name(dtype)} cannot be stored (torch has no indexing ops for "
+            "uint16/32/64); storable: bool, uint8, int8/16/32/64, floats, complex; convert it to "
+            "a signed int such as int64"
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -47,6 +74,7 @@ class Field:
             raise SpecError(f"a field shape must have non-negative dims, got {dims}")
         if not isinstance(dtype, torch.dtype):
             raise SpecError(f"a field dtype must be a torch.dtype, got {dtype!r}")
+        check_storable(dtype, "a field")
         object.__setattr__(self, "shape", dims)
         object.__setattr__(self, "dtype", dtype)
 

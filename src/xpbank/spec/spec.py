@@ -13,9 +13,11 @@ from typing import Any
 import torch
 
 from xpbank.errors import SpecError
-from xpbank.spec.cast import is_safe_cast
-from xpbank.spec.field import Field, dtype_name, field_str
+from xpbank.spec.batch import check_tensor
+from xpbank.spec.cast import check_cast, is_safe_cast
+from xpbank.spec.field import UNSTORABLE, Field, check_storable, dtype_name, field_str
 from xpbank.spec.keys import NestedKey, is_next_key, key_str, normalize_key
+from xpbank.spec.merge import SpecMerge
 from xpbank.spec.space_fields import gymnasium_fields, torchrl_fields
 
 __all__ = [
@@ -42,6 +44,15 @@ class Spec(Mapping[NestedKey, Field]):
         ...              ("next", "obs"): Field((3,))})
         >>> spec[("next", "obs")].shape
         (3,)
+
+        Specs combine (a key in several must have the same field in each): ``a.merge(b)``,
+        ``Spec.merge(a, b)`` and ``a | b`` are the same union; ``with_field`` adds one.
+
+        >>> extra = Spec({"env_id": Field((), torch.int64)})
+        >>> list(spec.merge(extra)) == list(Spec.merge(spec, extra)) == list(spec | extra)
+        True
+        >>> list(spec | extra)
+        ['obs', 'action', ('next', 'obs'), 'env_id']
     """
 
     def __init__(self, fields: Mapping[Any, Any] | None = None):
@@ -101,28 +112,39 @@ class Spec(Mapping[NestedKey, Field]):
             batch_ndim: how many leading dims are batch dims (1 for ``[B, ...]``).
             partial: allow a subset of the keys (for in-place updates).
 
+        Everything a storage's copy could fail on is checked here, so that a write that
+        passes never stops halfway: each value must be a dense (strided, not nested)
+        tensor on the CPU or a CUDA device (:func:`~xpbank.spec.batch.check_tensor`).
+
         Raises:
             SpecError: a key is missing or unknown, or a field's trailing shape, dtype or
                 leading shape differs; the message names the field, expected and got.
+            BatchTypeError: a sparse, mkldnn or nested tensor (naming the field).
+            DeviceError: a tensor on a device no storage copies from (``meta``).
         """
         keys = batch.keys()
         if keys != self._keyset and not (partial and keys <= self._keyset):
             self._raise_key_mismatch(keys, partial)
         if batch_ndim == 1 and batch:  # the hot path: accept quickly, explain below
-            fields, n = self._fields, -1
-            for key, value in batch.items():
-                field, shape = fields[key], value.shape
-                if (
-                    value.dtype != field.dtype
-                    or len(shape) != 1 + len(field.shape)
-                    or shape[1:] != field.shape
-                ):
-                    break
-                if shape[0] != n and n != -1:
-                    break
-                n = shape[0]
-            else:
-                return (n,)
+            fields, n, strided = self._fields, -1, torch.strided
+            try:
+                for key, value in batch.items():
+                    if value.layout is not strided or not (value.is_cpu or value.is_cuda):
+                        break
+                    field, shape = fields[key], value.shape  # a nested tensor raises here
+                    if (
+                        value.dtype != field.dtype
+                        or len(shape) != 1 + len(field.shape)
+                        or shape[1:] != field.shape
+                    ):
+                        break
+                    if shape[0] != n and n != -1:
+                        break
+                    n = shape[0]
+                else:
+                    return (n,)
+            except RuntimeError:
+                pass
         return self._validate_fields(batch, batch_ndim)
 
     def conform(
@@ -132,14 +154,18 @@ class Spec(Mapping[NestedKey, Field]):
 
         The whole batch is checked first; only then are values converted, so an error
         leaves nothing half done. When every dtype already matches, ``batch`` itself is
-        returned (no copy, no extra pass).
+        returned (no copy, no extra pass). A conversion that could overflow (float64 to
+        float32, int32 to float16 ...) is checked after it is made: a finite value that
+        became infinite is refused (:func:`~xpbank.spec.cast.check_cast`).
 
         Returns:
             The leading (batch) shape, and ``batch`` or a new dict with converted values.
 
         Raises:
             SpecError: as :meth:`validate`, for a wrong shape or a dtype that cannot be
-                converted safely (float to int, int to bool, a narrowing int).
+                converted safely (float to int, int to bool, a narrowing int, uint64 to
+                int64), or a value the conversion would turn into infinity.
+            BatchTypeError, DeviceError: as :meth:`validate`.
 
         Example:
             >>> import numpy as np
@@ -155,7 +181,7 @@ class Spec(Mapping[NestedKey, Field]):
                 raise  # wrong keys: nothing to convert
             casts: dict[NestedKey, torch.dtype] = {}
             lead = self._validate_fields(batch, batch_ndim, casts)
-            return lead, {k: v.to(casts[k]) if k in casts else v for k, v in batch.items()}
+            return lead, {k: check_cast(k, v, casts[k]) if k in casts else v for k, v in batch.items()}
 
     def _validate_fields(
         self,
@@ -166,7 +192,10 @@ class Spec(Mapping[NestedKey, Field]):
         """Check every field; with ``casts`` given, record safe dtype casts there instead of failing."""
         lead: tuple[int, ...] | None = None
         lead_key: NestedKey = ""
+        strided = torch.strided
         for key, value in batch.items():
+            if value.layout is not strided or not (value.is_cpu or value.is_cuda) or value.is_nested:
+                check_tensor(key, value)
             field = self._fields[key]
             shape = value.shape
             castable = casts is not None and is_safe_cast(value.dtype, field.dtype)
@@ -175,9 +204,12 @@ class Spec(Mapping[NestedKey, Field]):
                 or len(shape) != batch_ndim + len(field.shape)
                 or shape[batch_ndim:] != field.shape
             ):
+                hint = ""
+                if value.dtype in UNSTORABLE and value.dtype != field.dtype:
+                    hint = "; uint16/32/64 are not storable: convert to a signed int (or the field's dtype)"
                 raise SpecError(
                     f"field {key_str(key)!r}: expected {field_str(field, batch_ndim)}, "
-                    f"got {tuple(shape)} {dtype_name(value.dtype)}"
+                    f"got {tuple(shape)} {dtype_name(value.dtype)}{hint}"
                 )
             if casts is not None and value.dtype != field.dtype:
                 casts[key] = field.dtype
@@ -205,10 +237,17 @@ class Spec(Mapping[NestedKey, Field]):
     # -- construction ----------------------------------------------------------
     @classmethod
     def from_batch(cls, batch: Mapping[NestedKey, torch.Tensor], batch_ndim: int = 1) -> Spec:
-        """Infer a spec from a flat batch: trailing shapes and dtypes (lazy layout)."""
+        """Infer a spec from a flat batch: trailing shapes and dtypes (lazy layout).
+
+        Raises:
+            SpecError: no fields, too few dims, a uint16/32/64 value, or leading dims
+                that differ. BatchTypeError, DeviceError: as :meth:`validate`.
+        """
         if len(batch) == 0:
             raise SpecError("cannot infer a spec from an empty batch (no fields)")
         for key, value in batch.items():
+            check_tensor(key, value)
+            check_storable(value.dtype, f"field {key_str(key)!r}")
             if value.dim() < batch_ndim:
                 raise SpecError(
                     f"field {key_str(key)!r}: expected at least {batch_ndim} batch dim(s), "
@@ -218,35 +257,25 @@ class Spec(Mapping[NestedKey, Field]):
         spec.validate(batch, batch_ndim)  # same leading dims everywhere
         return spec
 
-    @classmethod
-    def merge(cls, *specs: Spec, names: Sequence[str] | None = None) -> Spec:
-        """Union of specs. A key present in several must have the same field in each.
+    merge = SpecMerge()
 
-        Args:
-            *specs: the specs to merge, in order.
-            names: a name per spec for error messages (default ``"spec 0"``, ...).
+    def __or__(self, other: object) -> Spec:
+        """``a | b``: :meth:`merge` of the two (a key in both must have the same field)."""
+        if not isinstance(other, Spec):
+            return NotImplemented
+        return Spec.merge(self, other)
+
+    def with_field(self, key: Any, field: Field) -> Spec:
+        """This spec with one more field (after the others).
 
         Raises:
-            SpecError: the same key with a different shape or dtype, naming both sources.
-                (A later spec never silently wins.)
+            SpecError: ``key`` is already in the spec with another field.
+
+        Example:
+            >>> Spec({"obs": Field((2,))}).with_field("env_id", Field((), torch.int64))
+            Spec({'obs': (*, 2) float32, 'env_id': (*) int64})
         """
-        labels = list(names) if names is not None else [f"spec {i}" for i in range(len(specs))]
-        if len(labels) != len(specs):
-            raise SpecError(f"merge: expected {len(specs)} names, got {len(labels)}")
-        merged: dict[NestedKey, Field] = {}
-        origin: dict[NestedKey, str] = {}
-        for label, spec in zip(labels, specs, strict=True):
-            if not isinstance(spec, Spec):
-                raise SpecError(f"merge: {label} is a {type(spec).__name__}, expected Spec")
-            for key, field in spec.items():
-                if key in merged and merged[key] != field:
-                    raise SpecError(
-                        f"field {key_str(key)!r} is {merged[key].describe()} in {origin[key]} "
-                        f"but {field.describe()} in {label}; rename one or make them agree"
-                    )
-                merged.setdefault(key, field)
-                origin.setdefault(key, label)
-        return cls(merged)
+        return self.merge(Spec({normalize_key(key): field}))
 
     @classmethod
     def from_gymnasium(cls, observation_space: Any, action_space: Any) -> Spec:

@@ -33,7 +33,18 @@ from xpbank.spec.batch import to_tensordict
 from xpbank.spec.keys import NestedKey
 from xpbank.spec.spec import Spec
 
-__all__ = ["Storage", "StorageBase", "Slots", "check_capacity", "check_device", "state_of", "load_state"]
+__all__ = [
+    "Storage",
+    "StorageBase",
+    "Slots",
+    "check_alloc",
+    "check_capacity",
+    "check_device",
+    "device_memory",
+    "item_bytes",
+    "state_of",
+    "load_state",
+]
 
 Slots: TypeAlias = "slice | torch.Tensor"
 
@@ -89,6 +100,53 @@ class Storage(Protocol):
 def check_capacity(capacity: Any) -> int:
     """``capacity`` as a positive int, or a :class:`CapacityError`."""
     return check_positive_int("capacity", capacity)
+
+
+def item_bytes(spec: Spec, keys: Sequence[NestedKey] | None = None) -> int:
+    """The bytes one item's fields ``keys`` (default: all) take, unpadded.
+
+    Example:
+        >>> from xpbank.spec.field import Field
+        >>> item_bytes(Spec({"obs": Field((4,)), "action": Field((), torch.int64)}))
+        24
+    """
+    return sum(spec[k].numel * spec[k].dtype.itemsize for k in (spec if keys is None else keys))
+
+
+def device_memory(device: torch.device) -> int:
+    """The memory of ``device`` in bytes: the machine's RAM, or a CUDA device's memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def check_alloc(what: str, count: int, row_bytes: int, device: torch.device | None = None) -> int:
+    """``count * row_bytes``, or a :class:`CapacityError` saying which limit it passes:
+    int64 (torch's sizes), or, with ``device`` given, that device's memory.
+
+    Example:
+        >>> check_alloc("capacity", 2**62, 12)
+        Traceback (most recent call last):
+        ...
+        xpbank.errors.CapacityError: capacity: 4611686018427387904 items x 12 bytes = 55340232221128654848 bytes; at most 2**63 - 1 bytes can be addressed
+    """  # noqa: E501
+    total = count * row_bytes
+    if total > _INT64_MAX:
+        raise CapacityError(
+            f"{what}: {count} items x {row_bytes} bytes = {total} bytes; "
+            "at most 2**63 - 1 bytes can be addressed"
+        )
+    if device is not None and total > (memory := device_memory(device)):
+        raise CapacityError(
+            f"{what}: {count} items x {row_bytes} bytes = {total} bytes, more than the {memory} bytes "
+            f"of memory of device {str(device)!r}"
+        )
+    return total
 
 
 def check_device(device: Any) -> torch.device:

@@ -24,7 +24,7 @@ import torch
 from xpbank.errors import ReadOnlyError, SpecError
 from xpbank.spec.keys import NestedKey, key_str
 from xpbank.spec.spec import Spec
-from xpbank.storage.base import Slots, StorageBase, check_capacity
+from xpbank.storage.base import Slots, StorageBase, check_alloc, check_capacity
 from xpbank.storage.dtypes import as_torch, numpy_dtype
 
 __all__ = ["MemmapStorage", "field_path"]
@@ -122,9 +122,17 @@ class MemmapStorage(StorageBase):
         return f"MemmapStorage(capacity={self.capacity}, path={str(self.path)!r}, spec={self._spec})"
 
     def initialize(self, spec: Spec) -> None:
-        """Create one sparse ``.npy`` file per field (any existing file is replaced)."""
+        """Create one sparse ``.npy`` file per field (any existing file is replaced).
+
+        Raises:
+            SpecError: a key that is no safe file name. CapacityError: a field's
+                ``capacity`` rows pass int64 bytes. Both before any file is made.
+        """
         self._check_writable()
         paths = {key: field_path(self.path, key) for key in spec}  # check every name first
+        for key, field in spec.items():  # and every size: numpy's own error names no field
+            row = field.numel * field.dtype.itemsize
+            check_alloc(f"capacity (field {key_str(key)!r})", self.capacity, row)
         arrays = {}
         for key, field in spec.items():
             paths[key].parent.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.errors import DeviceError
+from xpbank.errors import CapacityError, DeviceError
 from xpbank.spec.keys import NestedKey
 from xpbank.spec.spec import Spec
-from xpbank.storage.base import Slots, StorageBase, check_capacity, check_device
+from xpbank.storage.base import Slots, StorageBase, check_alloc, check_capacity, check_device
 from xpbank.storage.blocks import Block, Member, as_numpy, layout, torch_view
 from xpbank.storage.dtypes import as_torch
 from xpbank.storage.hugepages import advise_huge_pages
@@ -104,14 +104,25 @@ class TensorStorage(StorageBase):
         """Allocate for ``spec``. Uninitialized (``torch.empty``): on the CPU the pages of
         a large block are only mapped when first written (2 MB at a time: plain CPU blocks
         ask for huge pages, see hugepages.py), so a 10 GB buffer costs no RAM until it
-        fills. Slots are never read before they are written."""
+        fills. Slots are never read before they are written.
+
+        Raises:
+            CapacityError: ``capacity`` rows of ``spec`` pass int64 bytes, or the
+                allocator refuses them (nothing is laid out then)."""
         groups = [list(spec)] if self.pack else [[key] for key in spec]
         blocks = []
         for keys in groups:
             members, row = layout(spec, keys)
-            data = torch.empty(
-                (self.capacity, row), dtype=torch.uint8, device=self.device, pin_memory=self.pin_memory
-            )
+            total = check_alloc("capacity", self.capacity, row)
+            try:
+                data = torch.empty(
+                    (self.capacity, row), dtype=torch.uint8, device=self.device, pin_memory=self.pin_memory
+                )
+            except (RuntimeError, MemoryError) as exc:  # the allocator's refusal, e.g. past RAM + swap
+                raise CapacityError(
+                    f"capacity: {self.capacity} items x {row} bytes = {total} bytes could not be "
+                    f"allocated on {str(self.device)!r}; lower the capacity"
+                ) from exc
             if self.shared:
                 data.share_memory_()
             elif not self.pin_memory:
