@@ -227,3 +227,34 @@ def test_merge_as_instance_call_keeps_self():
     assert SPEC.with_field("reward", Field(())) == SPEC
     with pytest.raises(TypeError):
         SPEC | {"x": Field(())}
+
+
+def test_gymnasium_unsigned_boxes_are_stored_widened():
+    # a uint16 depth image (uint16 is not storable): int32, and the env's arrays are cast on write
+    gym = pytest.importorskip("gymnasium")
+    depth = gym.spaces.Box(0, 65535, (2, 3), dtype=np.uint16)
+    counts = gym.spaces.Box(0, 2**32 - 1, (2,), dtype=np.uint32)
+    spec = Spec.from_gymnasium(gym.spaces.Dict({"depth": depth, "counts": counts}), gym.spaces.Discrete(2))
+    assert spec[("obs", "depth")] == Field((2, 3), torch.int32)
+    assert spec[("obs", "counts")] == Field((2,), torch.int64)
+    rb = ReplayBuffer(4, spec)
+    obs = {
+        "depth": np.full((1, 2, 3), 65535, dtype=np.uint16),
+        "counts": np.full((1, 2), 2**32 - 1, dtype=np.uint32),
+    }
+    rb.extend(
+        {
+            "obs": obs,
+            "action": np.zeros(1, dtype=np.int64),
+            "reward": np.zeros(1, dtype=np.float32),
+            "terminated": np.zeros(1, dtype=bool),
+            "truncated": np.zeros(1, dtype=bool),
+            "next": {"obs": obs},
+        }
+    )
+    got = rb.sample_by_index([0])
+    assert got["obs", "depth"].tolist() == [[[65535] * 3] * 2] and got["obs", "counts"].tolist() == [
+        [2**32 - 1] * 2
+    ]
+    with pytest.raises(SpecError, match=r"observation_space: dtype uint64: dtype uint64 cannot be stored"):
+        Spec.from_gymnasium(gym.spaces.Box(0, 1, (1,), dtype=np.uint64), gym.spaces.Discrete(2))

@@ -16,17 +16,29 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError, require
-from xpbank.spec.field import Field
+from xpbank.spec.field import Field, check_storable
 from xpbank.spec.keys import NestedKey
 
 __all__ = ["field_from_space", "gymnasium_fields", "torchrl_fields"]
 
 
+# unsigned ints torch cannot index, stored as the signed int every value fits in (a
+# buffer's default cast=True converts the env's arrays: spec/cast.py)
+_WIDENED = {np.dtype(np.uint16): torch.int32, np.dtype(np.uint32): torch.int64}
+
+
 def _torch_dtype(dtype: Any, what: str) -> torch.dtype:
+    """The stored dtype of a space's dtype: its torch twin; uint16 -> int32, uint32 -> int64
+    (uint16/32/64 are not storable, :func:`~xpbank.spec.field.check_storable`)."""
+    widened = _WIDENED.get(np.dtype(dtype))
+    if widened is not None:
+        return widened
     try:
-        return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
+        out = torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
     except TypeError as exc:
         raise SpecError(f"{what}: dtype {dtype} has no torch equivalent") from exc
+    check_storable(out, f"{what}: dtype {dtype}")
+    return out
 
 
 def _space_fields(space: Any, key: tuple[str, ...], out: dict[NestedKey, Field], what: str) -> None:
