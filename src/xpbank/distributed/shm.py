@@ -217,7 +217,9 @@ class ShmReplayBuffer(ReplayBuffer):
         ]
 
     def writer(self, index: int, timeout: float = 60.0) -> ShmWriter:
-        """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`."""
+        """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`.
+
+        Threads: the channels are made under rb.lock (once)."""
         if not isinstance(index, int) or not 0 <= index < self._num_writers:
             raise CapacityError(f"writer: index expected 0 .. {self._num_writers - 1}, got {index!r}")
         with self._lock:  # not while another thread pulls
@@ -274,7 +276,7 @@ class ShmReplayBuffer(ReplayBuffer):
                 )
 
     def writers(self) -> list[WriterStatus]:
-        """The state of every channel (checks for crashed writers first)."""
+        """The state of every channel (checks for crashed writers first). Threads: one step under rb.lock."""
         if not self._channels:
             return [WriterStatus(i, "free", 0, 0, 0, 0) for i in range(self._num_writers)]
         with self._lock:
