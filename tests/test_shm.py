@@ -20,7 +20,9 @@ import pytest
 import torch
 import torch.multiprocessing
 
+import xpbank
 from xpbank import BufferTimeoutError, ChannelError, Field, PrioritizedSampler, Spec, SpecError
+from xpbank.distributed.channel import SHUT
 from xpbank.distributed.shm import ShmReplayBuffer, ShmWriter
 
 WIDTH = 8
@@ -216,12 +218,139 @@ def test_full_channel_times_out_and_second_writer_is_refused() -> None:
             w.extend(rows(0, 8, 1))
         assert rb.pull() == 8
         w.extend(rows(0, 8, 1))
+        assert rb.pull() == 1
         with pytest.raises(ChannelError, match="another live process is attached as this writer"):
             rb.writer(0, timeout=0.05).extend(rows(0, 9, 1))
         assert [s.state for s in rb.writers()] == ["attached", "free"]
         w.close()
-        assert rb.pull() == 1 and [s.state for s in rb.writers()] == ["free", "free"]
+        assert len(rb) == 9 and [s.state for s in rb.writers()] == ["free", "free"]
         with pytest.raises(SpecError, match="no spec yet"):
             ShmReplayBuffer(10, num_writers=1).writer(0)
+    finally:
+        rb.close()
+
+
+def check_bank(path: Any) -> int:
+    """The bank at ``path`` loads; its items are one writer's rows, whole and in order."""
+    back = xpbank.load(path)
+    if len(back) == 0:
+        return 0
+    got = back.sample_all()
+    check_whole(got)
+    ids, seq = got["index"], got["payload"][:, 1]
+    assert torch.equal(ids, torch.arange(int(ids[0]), int(ids[0]) + len(back)))
+    assert torch.equal(seq, torch.arange(int(seq[0]), int(seq[0]) + len(back)))
+    return len(back)
+
+
+def test_save_while_a_writer_publishes_between_its_steps(monkeypatch: Any, tmp_path: Any) -> None:
+    """A writer publishes after save wrote the data files, before it reads the state:
+    the bank holds what was published before the save began, and loads."""
+    import xpbank.bank.bank as bank_module
+
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=64)
+    try:
+        w = rb.writer(0)
+        w.extend(rows(0, 0, 10))
+        write_data = bank_module._write_data
+
+        def publish_midway(buffer: Any, root: Any) -> Any:
+            out = write_data(buffer, root)
+            w.extend(rows(0, 10, 5))  # lands between the data files and the state
+            return out
+
+        monkeypatch.setattr(bank_module, "_write_data", publish_midway)
+        assert check_bank(xpbank.save(rb, tmp_path / "bank")) == 10
+        assert len(rb) == 15  # taken at the next call
+        monkeypatch.undo()
+        assert check_bank(xpbank.save(rb, tmp_path / "bank")) == 15
+        w.close()
+    finally:
+        rb.close()
+
+
+@pytest.mark.slow  # ~5 s on a loaded machine
+def test_saves_while_a_writer_process_publishes(tmp_path: Any) -> None:
+    """Bounded stress: every bank saved while a writer process publishes loads, consistent."""
+    ctx = multiprocessing.get_context("fork")
+    rb = ShmReplayBuffer(300, SPEC, num_writers=1, channel_rows=128, seed=0)
+    try:
+        proc = ctx.Process(target=produce, args=(rb.writer(0), 0, 6000, 37))
+        proc.start()
+        saves, end = 0, time.monotonic() + 60
+        while (proc.is_alive() or saves == 0) and saves < 60:
+            assert time.monotonic() < end, "the writer did not finish in time"
+            check_bank(xpbank.save(rb, tmp_path / "bank"))
+            saves += 1
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+        assert check_bank(xpbank.save(rb, tmp_path / "bank")) == len(rb)
+    finally:
+        rb.close()
+
+
+def test_writers_fail_at_once_after_the_learner_closes() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=64)
+    w = rb.writer(0)  # 60 s default timeout: a wait for room would not end in this test
+    w.extend(rows(0, 0, 3))
+    rb.close()
+    assert len(rb) == 3  # published before close: taken
+    for i in range(5):
+        with pytest.raises(ChannelError, match="the learner closed the buffer; this call's 16 rows were not"):
+            w.extend(rows(0, 3 + 16 * i, 16))
+    w.close()
+
+
+def test_close_while_a_writer_waits_for_room_fails_it_at_once() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=8)
+    w = rb.writer(0)
+    w.extend(rows(0, 0, 8))  # the channel is full until the learner pulls
+    with rb.lock:  # the learner holds its lock, so nothing pulls the 8 rows
+        for ch in rb._channels:
+            ch.shut()
+        with pytest.raises(ChannelError, match="closed the buffer"):
+            w.extend(rows(0, 8, 1))  # would wait 60 s for room
+    rb.close()
+    w.close()
+
+
+def test_a_publish_racing_close_raises() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=64)
+    w = rb.writer(0)
+    w.extend(rows(0, 0, 1))
+    channel = w._channel
+    assert channel is not None
+    start = channel.reserve(4, 1.0)
+    channel.write(start, {f"f{i}": v.numpy() for i, v in enumerate(rows(0, 1, 4).values())}, 0, 4)
+    channel.header[SHUT] = 1  # the learner shuts the channel between write and publish
+    with pytest.raises(ChannelError, match="4 rows may never be taken"):
+        channel.publish(start, 4)
+    rb.close()
+    w.close()
+
+
+def test_every_read_takes_published_rows_first() -> None:
+    rb = ShmReplayBuffer(100, SPEC, num_writers=1, channel_rows=64, seed=0)
+    try:
+        w = rb.writer(0)
+        w.extend(rows(0, 0, 3))
+        assert rb.sample_all()["payload"].shape[0] == 3
+        w.extend(rows(0, 3, 5))
+        assert rb.sample_all()["payload"].shape[0] == 8
+        reads = {
+            "len": lambda: len(rb),
+            "is_full": lambda: rb.is_full,
+            "sample": lambda: rb.sample(1),
+            "sample_by_index": lambda: rb.sample_by_index([0]),
+            "epochs": lambda: rb.epochs(4),
+            "state_dict": lambda: rb.state_dict(data=False),
+            "repr": lambda: repr(rb),
+            "writers": lambda: rb.writers(),
+        }
+        for i, (name, read) in enumerate(reads.items()):
+            w.extend(rows(0, 8 + i, 1))
+            read()
+            assert rb._ring.next_id == 9 + i, f"{name} did not take the published row first"
+        w.close()
     finally:
         rb.close()

@@ -151,3 +151,104 @@ def test_a_pickled_buffer_gets_a_fresh_lock_and_the_same_items() -> None:
     with copy.lock:  # usable, and re-entrant
         copy.extend({"x": torch.ones(2)})
     assert len(copy) == 7 and len(rb) == 5
+
+
+def contiguous(ids: torch.Tensor) -> bool:
+    return ids.numel() == 0 or torch.equal(ids, torch.arange(int(ids[0]), int(ids[0]) + ids.numel()))
+
+
+def test_sample_all_is_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clear and a shorter extend landing after sample_all read the size (here from
+    inside its read, as another thread's calls would) cannot make it read past the end."""
+    from xpbank.replay import reading
+
+    rb = ReplayBuffer(200, SPEC, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    rb.extend(rows(0, 104, gen))
+    read = reading.sample_by_index
+
+    def compete(*args: Any) -> Any:  # the old sample_all read the size, then came here
+        rb.clear()
+        rb.extend(rows(104, 50, gen))
+        return read(*args)
+
+    monkeypatch.setattr(reading, "sample_by_index", compete)
+    got = rb.sample_all()
+    check_whole(got)
+    assert contiguous(got["index"]) and got["index"].numel() in (104, 50)
+
+
+def test_epochs_marker_is_taken_when_the_plan_is_made() -> None:
+    rb = ReplayBuffer(100, SPEC, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    rb.extend(rows(0, 40, gen))
+    passes = rb.epochs(10)  # planned for 40 items
+    rb.extend(rows(40, 5, gen))  # before the first next()
+    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+        next(passes)
+    passes = rb.epochs(10)
+    assert sum(b["index"].numel() for b in passes) == 45  # no write: the whole epoch
+
+
+def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> None:
+    """Bounded, seeded: every result is one state of the buffer (ids contiguous, each
+    row the item its id names) and every bank saved meanwhile loads."""
+    rb = ReplayBuffer(300, SPEC, seed=0)
+    issued, counts = [0], dict.fromkeys(["extend", "clear", "all", "epoch", "save"], 0)
+
+    def writer(seed: int) -> Any:
+        def run(stop: threading.Event) -> None:
+            gen = torch.Generator().manual_seed(seed)
+            while not stop.is_set():
+                n = int(torch.randint(1, 40, (1,), generator=gen))
+                with rb.lock:  # values encode the ids this extend is given
+                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
+                    issued[0] += n
+                counts["extend"] += 1
+
+        return run
+
+    def clearer(stop: threading.Event) -> None:
+        while not stop.wait(0.02):
+            with rb.lock:  # clear moves the next id on to a fresh one
+                rb.clear()
+                issued[0] = int(rb.state_dict(data=False)["ring"]["next_id"])
+            counts["clear"] += 1
+
+    def reader(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                got = rb.sample_all()
+            except xpbank.EmptyBufferError:
+                continue
+            check_whole(got)
+            assert contiguous(got["index"]) and got["index"].numel() <= rb.capacity
+            counts["all"] += 1
+
+    def epocher(stop: threading.Event) -> None:
+        while not stop.is_set():
+            with rb.lock:
+                if len(rb) == 0:
+                    continue
+                first, n = rb.sample_by_index([0])["index"].item(), len(rb)
+                passes = rb.epochs(16)
+            try:
+                for batch in passes:
+                    check_whole(batch)
+                    assert ((batch["index"] >= first) & (batch["index"] < first + n)).all()
+            except RuntimeError as exc:
+                assert "during iteration" in str(exc)
+            counts["epoch"] += 1
+
+    def saver(stop: threading.Event) -> None:
+        while not stop.is_set():
+            path = xpbank.save(rb, tmp_path / "bank")
+            back = xpbank.load(path)
+            if len(back):
+                got = back.sample_all()
+                check_whole(got)
+                assert contiguous(got["index"])
+            counts["save"] += 1
+
+    run_threads([writer(1), writer(2), clearer, reader, epocher, saver], seconds=1.5)
+    assert all(counts.values()), counts

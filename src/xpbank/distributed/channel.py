@@ -25,6 +25,12 @@ The kernel drops it when the process dies, so "the lock is free but the header n
 writer that never closed" means that writer crashed; whoever sees that first (the
 learner, or a new writer taking the channel over) counts the crash and the records it
 lost, and the channel is usable again.
+
+Closing: the learner's ``close`` sets ``shut`` (the header's last counter) after its
+last pull and before it unmaps. A writer checks it before it reserves, while it waits
+for room, and after it publishes, so once the learner has closed every writer call
+raises :class:`~xpbank.ChannelError` at once: no row is reported stored that the learner
+will never take.
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ import numpy as np
 
 from xpbank.errors import BufferTimeoutError, ChannelError
 
-__all__ = ["Channel", "RESERVED", "PUBLISHED", "CONSUMED", "PID", "CLOSED", "CRASHES", "LOST"]
+__all__ = ["Channel", "RESERVED", "PUBLISHED", "CONSUMED", "PID", "CLOSED", "CRASHES", "LOST", "SHUT"]
 
-RESERVED, PUBLISHED, CONSUMED, PID, CLOSED, CRASHES, LOST = range(7)
+# CLOSED: the last writer detached cleanly; SHUT: the learner closed the buffer
+RESERVED, PUBLISHED, CONSUMED, PID, CLOSED, CRASHES, LOST, SHUT = range(8)
 HEADER_BYTES = 64
 
 
@@ -110,10 +117,25 @@ class Channel:
             self.unlock()
 
     # -- the writer's side ---------------------------------------------------------
+    def check_open(self, k: int, published: bool = False) -> None:
+        """Raise :class:`~xpbank.ChannelError` if the learner has closed the buffer."""
+        if self.header[SHUT]:
+            fate = "may never be taken" if published else "were not written"
+            raise ChannelError(
+                f"channel {self.path.name}: the learner closed the buffer; this call's {k} rows {fate}"
+            )
+
     def reserve(self, k: int, timeout: float) -> int:
-        """Wait for ``k`` free records; mark them reserved and return the first's position."""
+        """Wait for ``k`` free records; mark them reserved and return the first's position.
+
+        Raises:
+            ChannelError: the learner closed the buffer (checked while waiting too).
+            BufferTimeoutError: no room for ``timeout`` seconds.
+        """
         h, deadline, pause = self.header, None, 1e-5
+        self.check_open(k)
         while self.rows - (int(h[PUBLISHED]) - int(h[CONSUMED])) < k:
+            self.check_open(k)
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + timeout
             if now > deadline:
@@ -136,7 +158,9 @@ class Channel:
                 view[name] = values[lo + src : lo + src + (b - a)]
 
     def publish(self, start: int, k: int) -> None:
+        """Make ``k`` written records visible; raise if the learner closed meanwhile."""
         self.header[PUBLISHED] = start + k
+        self.check_open(k, published=True)  # after the store: a close before it took them, or we raise
 
     # -- the learner's side -------------------------------------------------------------
     def waiting(self) -> tuple[int, int]:
@@ -149,6 +173,10 @@ class Channel:
 
     def consumed(self, last: int) -> None:
         self.header[CONSUMED] = last
+
+    def shut(self) -> None:
+        """Tell writers the learner is gone (their next reserve or publish raises)."""
+        self.header[SHUT] = 1
 
     def close(self) -> None:
         self.header = self.records = None  # type: ignore[assignment]

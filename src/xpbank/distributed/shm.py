@@ -5,10 +5,13 @@ n-step, bank) that also owns ``num_writers`` channels in shared memory
 (:mod:`xpbank.distributed.channel`). ``rb.writer(i)`` is a small picklable handle: send
 it to a collector process (``multiprocessing`` or ``torch.multiprocessing``, spawn or
 fork); there ``writer.extend(batch)`` checks the batch against the spec, reserves room
-in its channel, writes the rows and publishes them. The learner's ``sample()`` (and
-``pull()``, ``sample_all()``, ``state_dict()`` ...) first moves every published row
-into the ring, one ``extend`` per channel; so ids, cursor, sizes and priorities are the
-learner's alone and stay consistent, and a sample never sees an unpublished row.
+in its channel, writes the rows and publishes them. Every public call of the learner's
+buffer (``sample()``, ``sample_all()``, ``len()``, ``state_dict()``, ``xpbank.save`` ...)
+first moves every published row into the ring, one ``extend`` per channel; so ids,
+cursor, sizes and priorities are the learner's alone and stay consistent, and a sample
+never sees an unpublished row. The move happens when a thread first takes ``rb.lock``
+(:class:`~xpbank.distributed.pull_lock.PullingLock`), never inside a call nested in a
+hold: a save, a merge or a ``with rb.lock:`` group sees one state from start to end.
 
 A writer killed mid-write loses only its unpublished rows; the learner notices (the
 kernel drops the dead writer's file lock), logs a warning, counts it in
@@ -21,7 +24,6 @@ does the second copy, which is what bounds throughput
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import secrets
@@ -29,7 +31,6 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel
+from xpbank.distributed.pull_lock import PullingLock, weak_take
 from xpbank.errors import CapacityError, ChannelError, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.spec.batch import flatten
@@ -61,17 +63,6 @@ def record_dtype(spec: Spec) -> np.dtype:
 def _root() -> Path:
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-def _pulls_first(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` of ReplayBuffer, run after moving published rows into the ring."""
-
-    @functools.wraps(method)
-    def run(self: ShmReplayBuffer, *args: Any, **kwargs: Any) -> Any:
-        self.pull()
-        return method(self, *args, **kwargs)
-
-    return run
 
 
 @dataclass(frozen=True)
@@ -137,6 +128,8 @@ class ShmWriter:
         Raises:
             SpecError: as :meth:`ReplayBuffer.extend`.
             BufferTimeoutError: no room in the channel for ``timeout`` seconds.
+            ChannelError: the learner closed the buffer (at once, every call after its
+                ``close``); rows of a part published as it closed may not be taken.
         """
         (n,), flat = self._spec.conform(flatten(batch), 1)
         channel = self._open()
@@ -203,6 +196,7 @@ class ShmReplayBuffer(ReplayBuffer):
         self._num_writers = check_positive_int("num_writers", num_writers)
         self._channel_rows = check_positive_int("channel_rows", channel_rows)
         super().__init__(capacity, spec, **options)
+        self._lock = PullingLock(weak_take(self, "_take"))
         self._channels: list[Channel] = []
         self._dir: Path | None = None
         self._seen_crashes = [0] * self._num_writers
@@ -223,27 +217,38 @@ class ShmReplayBuffer(ReplayBuffer):
         ]
 
     def writer(self, index: int, timeout: float = 60.0) -> ShmWriter:
-        """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`."""
+        """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`.
+
+        Threads: the channels are made under rb.lock (once)."""
         if not isinstance(index, int) or not 0 <= index < self._num_writers:
             raise CapacityError(f"writer: index expected 0 .. {self._num_writers - 1}, got {index!r}")
-        self._open_channels()
+        with self._lock:  # not while another thread pulls
+            self._open_channels()
         return ShmWriter(self._channels[index].path, self.spec, self._channel_rows, timeout)  # type: ignore[arg-type]
 
     def pull(self) -> int:
-        """Move every published row into the ring (in channel order); returns how many."""
+        """Move every published row into the ring (in channel order); returns how many.
+
+        Every outermost public call already does this first; call it to take rows
+        inside a ``with rb.lock:`` group. Threads: one step under ``rb.lock``.
+        """
+        with self._lock.plain():  # type: ignore[attr-defined]
+            return self._take()
+
+    def _take(self) -> int:
+        """:meth:`pull`'s work (called holding the lock, by the lock's outermost acquire)."""
         if not self._channels:
             return 0
-        with self._lock:
-            moved = 0
-            for channel in self._channels:
-                first, last = channel.waiting()
-                for run in channel.runs(first, last):
-                    moved += len(super().extend(self._columns(run)))
-                if last > first:
-                    channel.consumed(last)
-            if time.monotonic() >= self._next_check:
-                self._check_writers()
-            return moved
+        moved = 0
+        for channel in self._channels:
+            first, last = channel.waiting()
+            for run in channel.runs(first, last):
+                moved += len(super().extend(self._columns(run)))
+            if last > first:
+                channel.consumed(last)
+        if time.monotonic() >= self._next_check:
+            self._check_writers()
+        return moved
 
     def _columns(self, run: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         spec = self.spec
@@ -271,7 +276,7 @@ class ShmReplayBuffer(ReplayBuffer):
                 )
 
     def writers(self) -> list[WriterStatus]:
-        """The state of every channel (checks for crashed writers first)."""
+        """The state of every channel (checks for crashed writers first). Threads: one step under rb.lock."""
         if not self._channels:
             return [WriterStatus(i, "free", 0, 0, 0, 0) for i in range(self._num_writers)]
         with self._lock:
@@ -287,19 +292,33 @@ class ShmReplayBuffer(ReplayBuffer):
             return out
 
     def close(self) -> None:
-        """Unmap and delete the channels (writers still attached fail at their next call)."""
-        for channel in self._channels:
-            channel.close()
-        self._channels = []
-        if self._dir is not None:
-            self._finalizer()
-            self._dir = None
+        """Take the rows published so far, then unmap and delete the channels.
 
-    # -- every read first takes what writers published ---------------------------------
-    sample = _pulls_first(ReplayBuffer.sample)
-    sample_by_index = _pulls_first(ReplayBuffer.sample_by_index)
-    epochs = _pulls_first(ReplayBuffer.epochs)
-    state_dict = _pulls_first(ReplayBuffer.state_dict)
+        Writers still attached raise :class:`~xpbank.ChannelError` at their next call (at
+        once, before writing). The buffer keeps its items and stays usable as a plain
+        replay buffer. Threads: one step under ``rb.lock``.
+        """
+        with self._lock:  # the outermost acquire pulls
+            for channel in self._channels:
+                channel.shut()
+            self._take()  # rows published before a writer could see the flag
+            for channel in self._channels:
+                channel.close()
+            self._channels = []
+            if self._dir is not None:
+                self._finalizer()
+                self._dir = None
+
+    def __len__(self) -> int:
+        """Items stored, after taking what writers published. Threads: one step under ``rb.lock``."""
+        with self._lock:
+            return super().__len__()
+
+    @property
+    def is_full(self) -> bool:
+        """Threads: one step under ``rb.lock`` (pulls first)."""
+        with self._lock:
+            return super().is_full
 
     def __repr__(self) -> str:
         return "Shm" + super().__repr__() + f"[num_writers={self._num_writers}]"

@@ -17,12 +17,10 @@ batch are views into one block (non-contiguous when there are several).
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -30,7 +28,7 @@ from xpbank.errors import PriorityError, SpecError
 from xpbank.nstep.option import NStep
 from xpbank.replay import reading, writing
 from xpbank.replay import state as buffer_state
-from xpbank.replay.parts import check_reserved, make_storage
+from xpbank.replay.parts import check_reserved, locked, make_storage
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler
@@ -40,17 +38,6 @@ from xpbank.storage import Storage
 from xpbank.storage.base import check_capacity, check_device
 
 __all__ = ["ReplayBuffer"]
-
-
-def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``method`` holding the buffer's lock (see ``ReplayBuffer.lock``)."""
-
-    @functools.wraps(method)
-    def run(self: ReplayBuffer, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return run
 
 
 class ReplayBuffer:
@@ -147,10 +134,7 @@ class ReplayBuffer:
             self._storage.attach(self._ring)
         self._lock = threading.RLock()
         self._generator = torch.Generator()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(seed)
+        self._generator.seed() if seed is None else self._generator.manual_seed(seed)
 
     # -- properties ------------------------------------------------------------
     @property
@@ -204,10 +188,12 @@ class ReplayBuffer:
         self._lock = threading.RLock()
 
     def __len__(self) -> int:
+        """Items stored now. Threads: one read; may be stale at the next call (hold rb.lock)."""
         return self._ring.size
 
     @property
     def is_full(self) -> bool:
+        """Threads: one read, as ``len()``."""
         return self._ring.size == self._ring.capacity
 
     def __repr__(self) -> str:
@@ -217,12 +203,14 @@ class ReplayBuffer:
         )
 
     # -- writing ---------------------------------------------------------------
-    @_locked
+    @locked
     def add(self, item: Any) -> int:
-        """Store one item (a mapping or TensorDict without a batch dim); returns its id."""
+        """Store one item (a mapping or TensorDict without a batch dim); returns its id.
+
+        Threads: one step under rb.lock."""
         return writing.add(self, item)
 
-    @_locked
+    @locked
     def extend(self, batch: Any) -> range:
         """Store a batch of items (leading dim = items); returns their ids, as a ``range``.
 
@@ -231,6 +219,7 @@ class ReplayBuffer:
 
         The whole batch is checked before anything is written: on error the buffer is
         unchanged. A batch larger than ``capacity`` leaves its last ``capacity`` items.
+        Threads: one step under rb.lock.
 
         Raises:
             SpecError: missing/unknown keys, or a field's shape or dtype differs from the spec.
@@ -238,7 +227,7 @@ class ReplayBuffer:
         """
         return writing.extend(self, batch)
 
-    @_locked
+    @locked
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.
 
@@ -252,7 +241,8 @@ class ReplayBuffer:
 
         With an episode index (``rb.episodes``: n-step, sequences and frame stacks follow
         it), an item's env and ``terminated`` / ``truncated`` are read when it is written:
-        an update may only repeat them (see :mod:`xpbank.ring.episode_update`).
+        an update may only repeat them (see :mod:`xpbank.ring.episode_update`). Threads:
+        one step under rb.lock (ids checked and rows written together).
 
         Raises:
             StaleIndexError: an id's item has been overwritten (or cleared) since it was
@@ -263,7 +253,7 @@ class ReplayBuffer:
         """
         writing.update(self, indices, batch)
 
-    @_locked
+    @locked
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
         """Set the priorities of stored items, by the ids a sample returned.
 
@@ -272,6 +262,8 @@ class ReplayBuffer:
             priorities: one number >= 0 per id, e.g. ``td_error.abs()``.
             stale: ``"raise"``: an id overwritten (or cleared) since it was sampled raises
                 and nothing is written; ``"skip"``: such ids are dropped, the rest written.
+
+        Threads: one step under rb.lock.
 
         Raises:
             PriorityError: the sampler keeps no priorities; NaN, infinite or negative
@@ -287,14 +279,16 @@ class ReplayBuffer:
             )
         update(*check_update(self._ring, indices, priorities, stale))
 
-    @_locked
+    @locked
     def clear(self) -> None:
-        """Drop every item. Ids handed out before become stale. Memory is kept."""
+        """Drop every item. Ids handed out before become stale. Memory is kept.
+
+        Threads: one step under rb.lock."""
         self._ring.clear()
         self._sampler.on_clear()
 
     # -- reading ---------------------------------------------------------------
-    @_locked
+    @locked
     def sample(
         self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
     ) -> TensorDict:
@@ -312,23 +306,29 @@ class ReplayBuffer:
         Raises:
             EmptyBufferError: nothing stored.
             CapacityError: ``replace=False`` and more items asked for than are stored.
+
+        Threads: one step under rb.lock.
         """
         return reading.sample(self, batch_size, replace, fields)
 
-    @_locked
+    @locked
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at logical positions ``indices``: 0 is the oldest, -1 the newest.
 
         Raises:
             XpbankIndexError: a position outside ``[-len(self), len(self))``.
+
+        Threads: one step under rb.lock; positions taken from an earlier ``len()`` may
+        be stale by then: hold ``with rb.lock:`` around both, or use :meth:`sample_all`.
         """
         return reading.sample_by_index(self, indices, fields)
 
+    @locked
     def sample_all(self, fields: Sequence[Any] | None = None) -> TensorDict:
-        """Every stored item, oldest first."""
-        reading.require_items(self, "sample_all")
-        return self.sample_by_index(np.arange(self._ring.size), fields)
+        """Every stored item, oldest first. Threads: one step (size and read) under rb.lock."""
+        return reading.sample_all(self, fields)
 
+    @locked
     def epochs(
         self,
         batch_size: int,
@@ -339,14 +339,15 @@ class ReplayBuffer:
     ) -> Iterator[TensorDict]:
         """Minibatches that visit every stored item once per epoch.
 
-        Adding to or clearing the buffer while iterating raises ``RuntimeError`` at the
-        next minibatch (the plan was made for the items stored when it began);
-        in-place :meth:`update` is allowed. Bad arguments raise at the call.
+        Adding to or clearing the buffer after this call (even before the first
+        ``next``) raises ``RuntimeError`` at the next minibatch: the plan is made for the
+        items stored at the call; in-place :meth:`update` is allowed. Bad arguments raise
+        at the call. Threads: plan at the call, each minibatch, one step under rb.lock.
         """
         return reading.epochs(self, batch_size, n_epochs, shuffle, drop_last, fields)
 
     # -- state -----------------------------------------------------------------
-    @_locked
+    @locked
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to resume: data, cursor, ids, sampler and RNG state.
 
@@ -354,16 +355,19 @@ class ReplayBuffer:
         ``data=False`` leaves out the stored items and the storage's own layout (banks
         write every field as a plain array and load it into a memory or memmap storage,
         so a :class:`~xpbank.FrameStorage` buffer saves its fields whole).
+        Threads: one step under rb.lock.
         """
         return buffer_state.state_dict(self, data)
 
-    @_locked
+    @locked
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` into a buffer of the same capacity."""
+        """Restore a :meth:`state_dict` into a buffer of the same capacity (one step under rb.lock)."""
         buffer_state.load_state_dict(self, state)
 
     def config(self) -> dict[str, Any]:
         """The JSON-able constructor options a bank rebuilds this buffer from.
+
+        Threads: reads options fixed at construction; no lock needed.
 
         Example:
             >>> ReplayBuffer(100).config()
@@ -371,19 +375,22 @@ class ReplayBuffer:
         """
         return buffer_state.config(self)
 
-    @_locked
+    @locked
     def checkpoint(self) -> None:
         """Commit a bank opened with ``xpbank.open_bank(path, "r+")`` (see
-        :func:`xpbank.bank.checkpoint` for what a crash between checkpoints loses)."""
+        :func:`xpbank.bank.checkpoint` for what a crash between checkpoints loses).
+
+        Threads: one step under rb.lock (its data and state are of one moment)."""
         from xpbank.bank import checkpoint
 
         checkpoint(self)
 
-    @_locked
+    @locked
     def merge_(self, other: Any) -> ReplayBuffer:
         """Append every item of ``other`` (a buffer or a bank path), oldest first; returns self.
 
         See :func:`xpbank.merge`. Raises :class:`SpecError` naming the fields that differ.
+        Threads: one step under this buffer's lock (``other``'s is the merge's own).
         """
         from xpbank.bank import merge_into
 

@@ -1,12 +1,15 @@
 """What a :class:`~xpbank.ReplayBuffer` is built from: its storage (:func:`make_storage`),
 the keys sampled batches reserve (:data:`RESERVED_KEYS`, :func:`check_reserved`), and
 :class:`BufferParts`, the buffer's attributes that the reading, writing and state
-helpers (:mod:`xpbank.replay.reading`, ``.writing``, ``.state``) work on.
+helpers (:mod:`xpbank.replay.reading`, ``.writing``, ``.state``) work on, and
+:func:`locked`, how each public call holds the buffer's lock.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -20,7 +23,7 @@ from xpbank.spec.spec import Spec, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_device
 
-__all__ = ["RESERVED_KEYS", "BufferParts", "check_reserved", "make_storage"]
+__all__ = ["RESERVED_KEYS", "BufferParts", "check_reserved", "locked", "make_storage"]
 
 RESERVED_KEYS = frozenset({"index"})
 
@@ -90,3 +93,14 @@ class BufferParts(Protocol):
 
     @property
     def spec(self) -> Spec | None: ...
+
+
+def locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the buffer's lock (``ReplayBuffer.lock``) for its whole length."""
+
+    @functools.wraps(method)
+    def run(self: BufferParts, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run

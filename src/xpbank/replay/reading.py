@@ -24,7 +24,7 @@ from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
 
-__all__ = ["epochs", "gather", "read_keys", "require_items", "sample", "sample_by_index"]
+__all__ = ["epochs", "gather", "read_keys", "require_items", "sample", "sample_all", "sample_by_index"]
 
 # past this many items sample() first checks that they fit in the device's memory
 _LARGE_SAMPLE = 1 << 20
@@ -96,6 +96,13 @@ def sample_by_index(rb: BufferParts, indices: Any, fields: Sequence[Any] | None)
     return gather(rb, slots, ids, read_keys(rb, fields))
 
 
+def sample_all(rb: BufferParts, fields: Sequence[Any] | None) -> TensorDict:
+    """Every stored item, oldest first (the caller holds the lock: size and read are one step)."""
+    require_items(rb, "sample_all")
+    slots, ids = rb._ring.slots_of_positions(torch.arange(rb._ring.size))
+    return gather(rb, slots, ids, read_keys(rb, fields))
+
+
 def epochs(
     rb: BufferParts,
     batch_size: int,
@@ -104,20 +111,28 @@ def epochs(
     drop_last: bool,
     fields: Sequence[Any] | None,
 ) -> Iterator[TensorDict]:
-    """:meth:`ReplayBuffer.epochs <xpbank.ReplayBuffer.epochs>`: bad arguments raise here,
-    at the call; the minibatches are read one at a time, each under the buffer's lock."""
-    plan = epoch_plan(len(rb), batch_size, n_epochs, shuffle, drop_last, rb._generator)
+    """:meth:`ReplayBuffer.epochs <xpbank.ReplayBuffer.epochs>` (the caller holds the lock).
+
+    Bad arguments raise here, at the call. The plan and the "buffer changed" marker are
+    taken here, in the caller's one locked step, so a write between this call and the
+    first ``next`` stops the iteration; each minibatch (its shuffle included) is then
+    made under the buffer's lock.
+    """
+    plan = epoch_plan(rb._ring.size, batch_size, n_epochs, shuffle, drop_last, rb._generator)
     require_items(rb, "epochs")
-    return _run_plan(rb, plan, read_keys(rb, fields))
+    marker = (rb._ring.next_id, rb._ring.size)
+    return _run_plan(rb, plan, read_keys(rb, fields), marker)
 
 
 def _run_plan(
-    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None
+    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None, marker: tuple[int, int]
 ) -> Iterator[TensorDict]:
-    """Read ``plan``'s positions batch by batch; raise if the buffer was written meanwhile."""
-    marker = (rb._ring.next_id, rb._ring.size)
-    for positions in plan:
+    """Read ``plan``'s positions batch by batch; raise if the buffer was written since ``marker``."""
+    while True:
         with rb._lock:
+            positions = next(plan, None)  # a new epoch's shuffle draws from the buffer's generator
+            if positions is None:
+                return
             if (rb._ring.next_id, rb._ring.size) != marker:
                 raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
             slots, ids = rb._ring.slots_of_positions(positions)

@@ -45,6 +45,9 @@ class RolloutBuffer(RolloutReader):
         seed: seeds the buffer's ``torch.Generator`` (minibatch orders, prioritized
             segments): the same seed and calls give the same minibatches.
 
+    Threads: no lock (an on-policy buffer is one learner's own); share it only holding
+    one lock of your own around every call, including a whole ``minibatches`` loop.
+
     Example:
         >>> import torch
         >>> from xpbank import RolloutBuffer
