@@ -293,7 +293,7 @@ def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
     try:
         sampler = make_sampler(config.get("sampler", {}))
         return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
-    except (SpecError, TypeError) as exc:
+    except (SpecError, TypeError, ValueError) as exc:  # ValueError: an option out of its range
         raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
 
 

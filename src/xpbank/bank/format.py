@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from xpbank.bank.safeio import MANIFEST_MAX_BYTES, open_regular, read_bounded
 from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.spec.spec import NestedKey
 from xpbank.storage.memmap import field_path
@@ -116,6 +117,7 @@ def read_npy_header(f: BinaryIO, name: str) -> NpyInfo:
     """
     try:
         major, _ = np.lib.format.read_magic(f)
+        _check_header_length(f, major)
         if major == 1:
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         elif major in (2, 3):
@@ -131,6 +133,23 @@ def read_npy_header(f: BinaryIO, name: str) -> NpyInfo:
     return NpyInfo(tuple(int(d) for d in shape), dtype, f.tell())
 
 
+_NPY_HEADER_MAX = 1 << 16
+
+
+def _check_header_length(f: BinaryIO, major: int) -> None:
+    """Refuse a header length past the file's end (or 64 KiB) before NumPy reads (and
+    allocates) that many bytes."""
+    width = 2 if major == 1 else 4
+    start = f.tell()
+    raw = f.read(width)
+    f.seek(start)
+    if len(raw) != width:
+        raise ValueError("the header ends early")
+    length = int.from_bytes(raw, "little")
+    if length > _NPY_HEADER_MAX or start + width + length > os.fstat(f.fileno()).st_size:
+        raise ValueError(f"a header of {length:,} bytes does not fit the file")
+
+
 # -- manifest ----------------------------------------------------------------------
 def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
     """The manifest of the bank at ``root`` as a dict, after checking its format header.
@@ -142,18 +161,27 @@ def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
         CorruptBankError: not JSON, not an object, or an unknown format/version.
     """
     name = root / MANIFEST
+    own = dir_fd is None
     try:
-        fd = os.open(MANIFEST if dir_fd is not None else name, os.O_RDONLY, dir_fd=dir_fd)
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read()
+        if dir_fd is None:
+            dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            raw = read_bounded(open_regular(dir_fd, MANIFEST, str(name)), str(name), MANIFEST_MAX_BYTES)
+        finally:
+            if own:
+                os.close(dir_fd)
     except FileNotFoundError as exc:
         raise BankError(f"{root}: not a bank (no {MANIFEST})") from exc
+    except BankError:
+        raise
     except OSError as exc:
         raise BankError(f"{name}: cannot be read ({exc.strerror or exc})") from exc
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, an int past the digit limit
         raise CorruptBankError(f"{name}: is not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise CorruptBankError(f"{name}: is nested too deeply to be a bank manifest") from exc
     if not isinstance(data, dict):
         raise CorruptBankError(f"{name}: expected a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT_NAME:
@@ -256,18 +284,24 @@ def not_open_for_writing(target: Path) -> Iterator[None]:
 
 
 def remove_dead_temporaries(target: Path) -> None:
-    """Delete ``.<name>.tmp-<pid>-*`` left by saves to ``target`` whose process is gone
-    (killed mid-save, or after the swap but before deleting the old copy)."""
-    if not target.parent.is_dir():
+    """Delete ``.<name>.tmp-<pid>-*`` (a save) and ``.<name>.import-<pid>-*`` (a merge or
+    import) left next to ``target`` by processes that are gone (killed mid-save, or after
+    the swap but before deleting the old copy). Names are compared as plain prefixes,
+    never as glob patterns (a bank may be named ``lr=1e-3**2`` or ``run[1]``)."""
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
         return
-    for tmp in target.parent.glob(f".{target.name}.tmp-*-*"):
-        pid = tmp.name.removeprefix(f".{target.name}.tmp-").split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+    prefixes = tuple(f".{target.name}.{kind}-" for kind in ("tmp", "import"))
+    with os.scandir(parent) as entries:
+        names = [e.name for e in entries if e.name.startswith(prefixes)]
+    for name in names:
+        pid, dash, _ = name.removeprefix(prefixes[0]).removeprefix(prefixes[1]).partition("-")
+        if not dash or not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(parent / name, ignore_errors=True)
         except OSError:  # alive (another user's): leave it
             continue
 

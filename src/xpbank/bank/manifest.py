@@ -164,11 +164,13 @@ class Manifest:
             )
         spec = None
         if raw.get("spec") is not None:
-            try:
-                spec = Spec.from_dict(get.typed("spec", dict))
-            except SpecError as exc:
-                raise CorruptBankError(f"{where}: 'spec' is malformed: {exc}") from exc
+            spec = _spec(get.typed("spec", dict), where)
         data = [_data_entry(e, where, capacity) for e in get.typed("data", list)]
+        if spec is None and (size or data):
+            raise CorruptBankError(
+                f"{where}: 'spec' is null (no fields) but the bank claims size {size} "
+                f"and {len(data)} data file(s)"
+            )
         keys = [e.key for e in data]
         if spec is not None and keys != list(spec):
             raise CorruptBankError(f"{where}: 'data' lists fields {keys}, the spec has {list(spec)}")
@@ -190,6 +192,20 @@ class Manifest:
             state_files=[_state_entry(e, where) for e in get.typed("state_files", list)],
             metadata=get.typed("metadata", dict) if "metadata" in raw else {},
         )
+
+
+def _spec(raw: dict[str, Any], where: str) -> Spec:
+    """The manifest's ``spec``, every field's dtype one a bank stores."""
+    try:
+        spec = Spec.from_dict(raw)
+        for key, fld in spec.items():
+            try:
+                numpy_dtype(fld.dtype)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise SpecError(f"field {key!r}: dtype {fld.dtype} cannot be stored in a bank") from exc
+    except (SpecError, TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise CorruptBankError(f"{where}: 'spec' is malformed: {exc}") from exc
+    return spec
 
 
 class _Getter:
@@ -216,14 +232,26 @@ def _file_entry(raw: Any, where: str) -> tuple[_Getter, tuple[int, ...], np.dtyp
         raise CorruptBankError(f"{where}: a file entry must be an object, got {raw!r:.80}")
     get = _Getter(raw, f"{where} (file {raw.get('path')!r})")
     shape = get.typed("shape", list)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise CorruptBankError(f"{get.where}: 'shape' must be a list of non-negative ints, got {shape!r}")
+    if len(shape) > 32 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise CorruptBankError(
+            f"{get.where}: 'shape' must be a list of at most 32 non-negative ints, got {shape!r:.200}"
+        )
     try:
         dtype = np.dtype(get.typed("dtype", str))
-    except TypeError as exc:
-        raise CorruptBankError(f"{get.where}: unknown dtype {raw.get('dtype')!r}") from exc
-    if dtype.hasobject or dtype.fields is not None:
+    except (TypeError, ValueError, SyntaxError) as exc:
+        raise CorruptBankError(f"{get.where}: unknown dtype {raw.get('dtype')!r:.80}") from exc
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
         raise CorruptBankError(f"{get.where}: dtype {dtype} is not a plain numeric dtype")
+    nbytes = get.int("nbytes", low=0)
+    elements = 1
+    for d in shape:
+        elements *= max(d, 1)
+    if elements * dtype.itemsize > _MAX_BYTES:
+        raise CorruptBankError(f"{get.where}: 'shape' {shape!r:.200} is too large for any file")
+    if _data_bytes(shape) * dtype.itemsize > nbytes:
+        raise CorruptBankError(
+            f"{get.where}: 'nbytes' {nbytes:,} is less than the {list(shape)} {dtype.str} data it holds"
+        )
     checksum = raw.get("checksum")
     if checksum is not None and not (
         isinstance(checksum, dict)
@@ -233,9 +261,18 @@ def _file_entry(raw: Any, where: str) -> tuple[_Getter, tuple[int, ...], np.dtyp
             for k in ("bytes", "value")
         )
     ):
-        raise CorruptBankError(f"{get.where}: malformed 'checksum' {checksum!r}")
-    get.int("nbytes", low=0)
+        raise CorruptBankError(f"{get.where}: malformed 'checksum' {checksum!r:.200}")
     return get, tuple(shape), dtype
+
+
+_MAX_BYTES = 1 << 62  # no file (and no array) is larger
+
+
+def _data_bytes(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _data_entry(raw: Any, where: str, capacity: int) -> FileEntry:

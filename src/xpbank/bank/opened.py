@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ from xpbank.bank.format import (
     write_json_atomic,
 )
 from xpbank.bank.manifest import FileEntry, Manifest, utc_now
+from xpbank.bank.safeio import check_dir, kind_of
 from xpbank.bank.snapshot import Snapshot, read_checked, read_state, snapshot
-from xpbank.errors import BankError, ReadOnlyError
+from xpbank.errors import BankError, CorruptBankError, ReadOnlyError
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.storage import MemmapStorage
 from xpbank.storage.dtypes import numpy_dtype
@@ -84,6 +86,8 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool | N
         lock = _lock(snap, root) if mode == "r+" else None
         check = verify if verify is not None else mode == "r+"  # r+: before the checksums go
         try:
+            if mode == "r+":  # files will be created under these: no link may lead out
+                _check_no_links(snap, root)
             arrays = {}
             for entry in m.data:
                 arrays[entry.key] = _map(snap, entry, mode, check)
@@ -126,6 +130,22 @@ def _lock(snap: Snapshot, root: Path) -> int:
             f"open_bank: {root} is already open with mode='r+' (locked by another buffer)"
         ) from exc
     return fd
+
+
+def _check_no_links(snap: Snapshot, root: Path) -> None:
+    """Refuse a link (or anything but a plain directory or file) in ``data/`` and ``state/``,
+    where an ``"r+"`` bank creates files (a bank without a spec lays its data out lazily)."""
+    for top in (DATA_DIR, STATE_DIR):
+        if not check_dir(snap.fd, top, str(root / top)):
+            continue
+        for where, dirs, files in os.walk(root / top):  # links are listed, never followed
+            for name in [*dirs, *files]:
+                mode = os.lstat(os.path.join(where, name)).st_mode
+                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    raise CorruptBankError(
+                        f"{os.path.join(where, name)}: is a {kind_of(mode)}; a bank opened 'r+' holds "
+                        "plain files and directories only"
+                    )
 
 
 def _map(snap: Snapshot, entry: FileEntry, mode: str, verify: bool) -> np.ndarray:

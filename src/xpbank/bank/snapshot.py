@@ -10,7 +10,6 @@ it is used.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +28,25 @@ from xpbank.bank.format import (
     recover,
 )
 from xpbank.bank.manifest import FileEntry, Manifest
+from xpbank.bank.safeio import open_regular
 from xpbank.errors import BankError, CorruptBankError, XpbankError
 
-__all__ = ["Snapshot", "snapshot", "read_state", "read_checked", "algorithm_to_check", "check_value"]
+__all__ = [
+    "FREE_SLOTS",
+    "Snapshot",
+    "snapshot",
+    "read_state",
+    "read_checked",
+    "algorithm_to_check",
+    "check_value",
+]
 
 T = TypeVar("T")
+
+# Slots a bank may claim without bytes on disk behind them (fields of zero bytes, no spec
+# yet): a buffer keeps some bookkeeping per slot (ids, episode links: ~25 bytes), so a
+# larger capacity must be backed by at least one byte a slot in the bank's files.
+FREE_SLOTS = 1 << 24
 
 
 class Snapshot:
@@ -45,12 +58,27 @@ class Snapshot:
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             self.manifest = Manifest.parse(read_manifest(path, self.fd), path)
+            self._check_files()
         except BaseException:
             if self.replaced():  # swapped out and being deleted while we read it
                 os.close(self.fd)
                 raise _Replaced from None
             os.close(self.fd)
             raise
+
+    def _check_files(self) -> None:
+        """Every listed file's header and exact size, then the capacity against the bytes the
+        files really hold: all before anything is allocated for the bank."""
+        m, on_disk = self.manifest, 0
+        for entry in [*m.data, *m.state_files]:
+            f, _ = self.open(entry)
+            f.close()
+            on_disk += entry.nbytes  # checked against fstat by open
+        if m.capacity > max(FREE_SLOTS, on_disk):
+            raise CorruptBankError(
+                f"{self.path / MANIFEST}: 'capacity' {m.capacity:,} is not backed by the bank's files "
+                f"({on_disk:,} bytes); a bank of more than {FREE_SLOTS:,} slots holds at least a byte a slot"
+            )
 
     def replaced(self) -> bool:
         """Whether ``path`` now names another directory than the one held."""
@@ -64,13 +92,9 @@ class Snapshot:
         name = self.path / entry.path
         bank_file(self.path, entry.path, "file")  # .., absolute, symlink out
         try:
-            fd = os.open(entry.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW, dir_fd=self.fd)
+            fd = open_regular(self.fd, entry.path, str(name), writable)
         except FileNotFoundError as exc:
             raise CorruptBankError(f"{name}: missing (listed in {MANIFEST})") from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # ELOOP: a symlink, refused by O_NOFOLLOW
-                raise CorruptBankError(f"{name}: is a symbolic link; banks hold plain files") from exc
-            raise
         f = os.fdopen(fd, "r+b" if writable else "rb", buffering=0)
         try:
             info = read_npy_header(f, str(name))
@@ -129,19 +153,42 @@ def snapshot(path: str | os.PathLike[str], use: Callable[[Snapshot], T]) -> T:
 def read_state(snap: Snapshot) -> dict[str, Any]:
     """The decoded non-data state of the bank (state files always checksummed)."""
     arrays = []
-    for entry in snap.manifest.state_files:
-        f, offset = snap.open(entry)
+    wanted = _referenced(snap.manifest.state)
+    for i, entry in enumerate(snap.manifest.state_files):
+        if i not in wanted:  # nothing refers to it: not read (decode never looks at it)
+            arrays.append(np.empty(0, np.uint8))
+            continue
+        f, offset = snap.open(entry)  # its size checked: the allocation is what the file holds
         with f:
             nbytes = entry.nbytes - offset
             out = np.empty(nbytes, np.uint8)
             read_checked(snap, entry, f, nbytes, True, _copy_into(out))  # small: always checked
         arrays.append(out.view(entry.dtype).reshape(entry.shape))
-    state = decode(snap.manifest.state, arrays)
+    try:
+        state = decode(snap.manifest.state, arrays)
+    except RecursionError as exc:
+        raise CorruptBankError(f"{snap.path / MANIFEST}: 'state' is nested too deeply") from exc
     ring = state.get("ring") if isinstance(state, dict) else None
     m = snap.manifest
     if not isinstance(ring, dict) or (ring.get("next_id"), ring.get("size")) != (m.next_id, m.size):
         raise CorruptBankError(f"{snap.path / MANIFEST}: 'state.ring' disagrees with next_id/size")
     return state
+
+
+def _referenced(tree: Any) -> set[int]:
+    """The state file indices ``tree`` refers to (``{"__array__": i, ...}`` nodes)."""
+    found, stack = set(), [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("__array__")
+            if isinstance(ref, int) and not isinstance(ref, bool):
+                found.add(ref)
+            else:
+                stack.extend(node.values())
+    return found
 
 
 def _copy_into(out: np.ndarray) -> Callable[[int, np.ndarray], None]:

@@ -369,6 +369,11 @@ class PrioritizedSampler:
         saved = state["priorities"]
         host = saved.cpu().numpy() if isinstance(saved, torch.Tensor) else np.asarray(saved)
         leaves = host.astype(np.float64)
+        if leaves.ndim != 1 or not 0 <= leaves.shape[0] <= int(state["capacity"]):
+            raise PriorityError(f"priorities: {leaves.shape} leaves for capacity {state['capacity']!r}")
+        if not np.isfinite(leaves).all() or (leaves < 0).any():  # what update_priority refuses
+            raise PriorityError("priorities: NaN, infinite or negative stored priorities")
+        _check_number("max_priority", state["max_priority"], 0.0, strict=True)
         if int(state["capacity"]):
             self._allocate(int(state["capacity"]))
             if self._trees is not None:

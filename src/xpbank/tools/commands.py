@@ -120,6 +120,17 @@ def _distribution(values: np.ndarray) -> str:
     return f"mean {_fmt(values.mean())} ± {_fmt(values.std())}  {spread}"
 
 
+def _cell(text: str, limit: int = 120) -> Any:
+    """A table cell for a string read from a bank: one line, at most ``limit`` characters,
+    never read as markup (so a long or hostile manifest string costs linear time)."""
+    text_cls = require("rich.text", "cli").Text
+    short = text[: limit + 1]
+    short = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in short)
+    if len(text) > limit or len(short) > limit:
+        short = short[: limit - 1] + "…"
+    return text_cls(short)
+
+
 def cmd_ls(directory: Path) -> None:
     """List the banks in DIRECTORY: id, size/capacity, fields, created/updated, bytes on disk."""
     table_cls = require("rich.table", "cli").Table
@@ -128,13 +139,13 @@ def cmd_ls(directory: Path) -> None:
     for col in ("bank", "session id", "size/capacity", "fields", "created", "updated", "on disk"):
         table.add_column(col, overflow="fold")
     for b in banks:
+        on_disk = f"{bank_bytes(b.path):,}"
         if b.error is not None:
-            table.add_row(b.path.name, "[red]corrupt[/red]", "", b.error, "", "", f"{bank_bytes(b.path):,}")
+            table.add_row(_cell(b.path.name), "[red]corrupt[/red]", "", _cell(b.error, 400), "", "", on_disk)
             continue
         sizes = f"{b.size:,}/{b.capacity:,}"
-        table.add_row(
-            b.path.name, b.session_id, sizes, b.spec, b.created, b.updated, f"{bank_bytes(b.path):,}"
-        )
+        cells = (b.session_id, sizes, b.spec, b.created, b.updated)
+        table.add_row(_cell(b.path.name), *(_cell(c) for c in cells), on_disk)
     _console().print(table)
 
 

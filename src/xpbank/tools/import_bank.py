@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xpbank.bank import merge_into, open_bank, save
+from xpbank.bank.format import remove_dead_temporaries
 from xpbank.bank.ops import check_same_spec
 from xpbank.errors import BankError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
@@ -111,7 +112,8 @@ def merge_banks(
 
 
 def _build(target: Path, empty: ReplayBuffer, fill: Callable[[ReplayBuffer], None]) -> Path:
-    tmp = target.parent / f".{target.name}.import-{secrets.token_hex(4)}"
+    tmp = target.parent / f".{target.name}.import-{os.getpid()}-{secrets.token_hex(4)}"
+    remove_dead_temporaries(target)  # of merges and imports killed before they finished
     try:
         save(empty, tmp)
         bank = open_bank(tmp, "r+")
