@@ -258,3 +258,32 @@ def test_gymnasium_unsigned_boxes_are_stored_widened():
     ]
     with pytest.raises(SpecError, match=r"observation_space: dtype uint64: dtype uint64 cannot be stored"):
         Spec.from_gymnasium(gym.spaces.Box(0, 1, (1,), dtype=np.uint64), gym.spaces.Discrete(2))
+
+
+@pytest.mark.parametrize("kind", ["memory", "memmap", "one-field"])
+def test_conjugate_bit_tensor_is_stored_resolved(kind):
+    """NumPy refuses a tensor whose conjugate (``z.conj()``) or negative bit
+    (``z.conj().imag``) is set: the copy resolves it, so the values are stored right."""
+    spec = Spec({"z": Field((), torch.complex64), "x": Field((), torch.float32)})
+    if kind == "one-field":  # one member per block: the per-field copy path
+        spec = Spec({"z": Field((), torch.complex64)})
+    storage = MemmapStorage(8, spec=spec) if kind == "memmap" else TensorStorage(8, spec)
+    rb = ReplayBuffer(8, spec, storage=storage)
+    first = {"z": torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex64), "x": torch.tensor([0.0, 1.0])}
+    rb.extend({k: v for k, v in first.items() if k in spec})
+    z = torch.tensor([5 + 6j, 7 + 8j], dtype=torch.complex64).conj()
+    second = {"z": z, "x": torch.tensor([2.0, 3.0])}
+    rb.extend({k: v for k, v in second.items() if k in spec})
+    got = rb.sample_all()
+    assert got["z"].tolist() == [1 + 2j, 3 + 4j, 5 - 6j, 7 - 8j]
+    if "x" in spec:
+        assert got["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_negative_bit_tensor_is_stored_resolved():
+    """The imaginary part of a conjugate view has its negative bit set (NumPy refuses it too)."""
+    spec = Spec({"f": Field((), torch.float32), "x": Field(())})
+    rb = ReplayBuffer(4, spec, storage=TensorStorage(4, spec))
+    z = torch.tensor([5 + 6j, 7 + 8j], dtype=torch.complex64).conj()
+    rb.extend({"f": z.imag, "x": torch.ones(2)})
+    assert rb.sample_all()["f"].tolist() == [-6.0, -8.0]

@@ -40,7 +40,14 @@ def numpy_native(dtype: torch.dtype) -> bool:
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view (no copy) of a CPU tensor, dtypes NumPy lacks as same-width ints."""
+    """A NumPy view (no copy) of a CPU tensor, dtypes NumPy lacks as same-width ints.
+
+    A tensor with its conjugate or negative bit set (``z.conj()``, ``z.conj().imag``),
+    which NumPy cannot view, is resolved first (a copy), so a write never fails on it
+    part-way.
+    """
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
     stored = _BITS_AS.get(tensor.dtype)
     return tensor.numpy() if stored is None else tensor.view(stored).numpy()
 
