@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 
 from xpbank import CapacityError, ReplayBuffer, SpecError, StaleIndexError, XpbankIndexError
 from xpbank.distributed.ray import RayReplayBuffer
-from xpbank.distributed.ray.local_api import locate
+from xpbank.distributed.ray.local_api import TRIES, locate
 
 pytestmark = pytest.mark.slow  # the first test starts the pool's actors (seconds each here)
 
@@ -261,3 +261,60 @@ def test_two_shards_follow_the_reference_under_random_writes_updates_and_clears(
     run_state_machine_as_test(
         Machine, settings=settings(max_examples=12, stateful_step_count=10, deadline=None, database=None)
     )
+
+
+def _between_round_trips(rb: Any, action: Callable[[], Any], times: int = 1) -> list[int]:
+    """Run ``action`` right after the next ``times`` size polls (between the sizes and
+    the reads); returns a list that counts the polls."""
+    polls: list[int] = []
+    stats = rb._stats
+
+    def hooked() -> dict[int, dict[str, Any]]:
+        answer = stats()
+        polls.append(1)
+        if len(polls) <= times:
+            action()
+        return answer
+
+    rb._stats = hooked
+    return polls
+
+
+@pytest.mark.parametrize("method", ["sample_all", "sample_by_index"])
+@pytest.mark.parametrize("change", ["extend", "clear"])
+def test_sample_all_and_by_index_never_mix_a_write_or_clear_between_the_round_trips(
+    make: Any, change: str, method: str
+) -> None:
+    """A write or clear between the size poll and the read: the read is of one state,
+    taken again (before: shard rows of two states, or an XpbankIndexError after a clear)."""
+    rb, _ = written(make, [3, 2])
+
+    def act() -> None:
+        if change == "clear":
+            rb.clear()
+            rb.extend(batch(100, 4))  # one shard now holds 4 fresh items, the other none
+        else:
+            rb.extend(batch(100, 1))
+
+    polls = _between_round_trips(rb, act)
+    got = rb.sample_all() if method == "sample_all" else rb.sample_by_index([0, 1, 2, -1])
+    assert len(polls) == 2  # taken again once
+    uids = rb.sample_all()["uid"].tolist()
+    assert got["uid"].tolist() == (uids if method == "sample_all" else [uids[p] for p in (0, 1, 2, -1)])
+    assert torch.equal(got["obs"][:, 0], got["uid"].float())
+
+
+def test_a_shard_changing_every_time_raises_a_stale_error_naming_it(make: Any) -> None:
+    rb, _ = written(make, [3, 2])
+    _between_round_trips(rb, lambda: rb.extend(batch(50, 2)), times=TRIES)
+    with pytest.raises(StaleIndexError, match=r"sample_all: shard [01] was written or cleared between"):
+        rb.sample_all()
+    assert len(rb) == CAP  # the writes themselves all landed
+
+
+def test_an_epoch_minibatch_raises_on_a_write_between_its_size_check_and_read(make: Any) -> None:
+    rb, _ = written(make, [3, 2])
+    it = rb.epochs(5, shuffle=False)
+    _between_round_trips(rb, lambda: rb.extend(batch(100, 1)))
+    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+        next(it)

@@ -11,6 +11,14 @@ Costs: every call here is one or two round trips (a status call for the shards' 
 then the reads in parallel); an epoch's minibatch re-checks the sizes, so a write on any
 shard during the iteration is noticed.
 
+Threads/processes: a read by positions takes the shards' sizes in one round trip and
+reads in another; each shard it reads from checks, under its lock, that its ring is
+still as the sizes said (next id and size) and reads nothing otherwise. ``sample_all``
+and ``sample_by_index`` then take the sizes again and retry (:data:`TRIES` times in all,
+then :class:`~xpbank.StaleIndexError` naming the shard and what changed); an epoch's
+minibatch raises the "extended or cleared during iteration" error. So no read mixes two
+states of a shard, and none fails on positions a concurrent write or clear moved.
+
 Example:
     >>> locate(np.array([0, 4, 2, 3]), [3, 2])
     (array([0, 1, 0, 1]), array([0, 1, 2, 0]))
@@ -31,13 +39,18 @@ from xpbank.errors import (
     EmptyBufferError,
     ShardUnavailableError,
     SpecError,
+    StaleIndexError,
     check_positive_int,
 )
 from xpbank.ring.ids import _as_index_array, check_positions
 from xpbank.spec.batch import flatten, to_tensordict
 from xpbank.spec.spec import NestedKey, Spec, check_fields
 
-__all__ = ["LocalApi", "locate"]
+__all__ = ["LocalApi", "locate", "TRIES"]
+
+#: how often ``sample_all``/``sample_by_index`` take the sizes and read before giving up
+#: (a shard written or cleared between the two round trips every time)
+TRIES = 5
 
 _STATE_VERSION = 1  # a one-shard state is a ReplayBuffer's (plus "ray" and "offset")
 _RESERVED = frozenset({"index"})
@@ -80,7 +93,11 @@ class LocalApi:
             raise ShardUnavailableError(f"shard(s) {down} are down; positions over all shards are undefined")
         return answers
 
-    def _read(self, what: str, indices: Any, keys: Any, stats: dict[int, dict[str, Any]]) -> TensorDict:
+    def _read(
+        self, what: str, indices: Any, keys: Any, stats: dict[int, dict[str, Any]]
+    ) -> TensorDict | tuple[int, dict[str, Any]]:
+        """The items at ``indices`` as positions over the shards' sizes in ``stats``; or
+        ``(shard, its ring now)`` where a shard's ring moved since ``stats`` (nothing read)."""
         sizes = [int(stats[s]["size"]) for s in range(self._link.num_shards)]
         total = sum(sizes)
         if total == 0:
@@ -90,10 +107,16 @@ class LocalApi:
         shard, local = locate(pos, sizes)
         involved = sorted(set(shard.tolist())) or [0]
         rows = {s: np.flatnonzero(shard == s) for s in involved}
-        answers = self._link.call_each({s: ("sample_by_index", (local[rows[s]], keys)) for s in involved})
+        expect = {s: (int(stats[s]["next"]), int(stats[s]["size"])) for s in involved}
+        answers = self._link.call_each(
+            {s: ("sample_by_index", (local[rows[s]], keys, expect[s])) for s in involved}
+        )
         down = sorted(s for s, a in answers.items() if isinstance(a, ShardUnavailableError))
         if down:
             raise ShardUnavailableError(f"{what}: shard(s) {down} are down")
+        moved = [s for s in involved if "changed" in answers[s]]
+        if moved:
+            return moved[0], answers[moved[0]]["changed"]
         num = self._link.num_shards
         if len(involved) == 1:  # one shard: its rows are the batch, in order
             s = involved[0]
@@ -114,27 +137,59 @@ class LocalApi:
         td = to_tensordict(flat, (size,), torch.device("cpu"))
         return td if self._device.type == "cpu" else td.to(self._device)
 
+    def _consistent(self, what: str, read: Any) -> TensorDict:
+        """``read(stats)`` on fresh stats until no shard it read from moved in between."""
+        for _ in range(TRIES):
+            stats = self._stats()
+            got = read(stats)
+            if not isinstance(got, tuple):
+                return got
+        s, now = got
+        raise StaleIndexError(
+            f"{what}: shard {s} was written or cleared between reading the shards' sizes and "
+            f"reading its items, {TRIES} times in a row (next id {stats[s]['next']} -> {now['next']}, "
+            f"size {stats[s]['size']} -> {now['size']}); pause the writers or retry"
+        )
+
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:
         """The items at positions ``indices``: 0 is the oldest (of shard 0), -1 the newest
         (of the last shard); see the module docstring for the order across shards.
+
+        Threads/processes: the positions are of one state of every shard read from (one
+        round trip with one shard; more: sizes and reads again while a write or clear
+        lands between the two round trips).
 
         Raises:
             EmptyBufferError: nothing stored.
             XpbankIndexError: a position outside ``[-len(self), len(self))``.
             ShardUnavailableError: a shard is down (positions would shift).
+            StaleIndexError: a shard changed between the sizes and the read :data:`TRIES` times.
         """
         if self._link.num_shards == 1:  # one round trip: the shard's buffer checks as a local one
             self._writer.flush()
             calls = {0: ("sample_by_index", (_as_index_array(indices, "indices"), fields))}
             answer = self._raise_down(self._link.call_each(calls), "sample_by_index")[0]
             return self._batch({**answer["data"], "index": answer["ids"]}, answer["ids"].shape[0])
-        return self._read("sample_by_index", indices, fields, self._stats())
+        return self._consistent(
+            "sample_by_index", lambda st: self._read("sample_by_index", indices, fields, st)
+        )
 
     def sample_all(self, fields: Sequence[Any] | None = None) -> TensorDict:
-        """Every stored item: shard 0's oldest first, then shard 1's, and so on."""
-        stats = self._stats()
-        total = sum(int(st["size"]) for st in stats.values())
-        return self._read("sample_all", np.arange(total), fields, stats)
+        """Every stored item: shard 0's oldest first, then shard 1's, and so on.
+
+        Threads/processes: every item each shard held when the sizes were taken, none
+        missing or added (a write or clear between the sizes and the read: both again).
+
+        Raises:
+            EmptyBufferError: nothing stored.
+            StaleIndexError: a shard changed between the sizes and the read :data:`TRIES` times.
+        """
+
+        def read(stats: dict[int, dict[str, Any]]) -> TensorDict | tuple[int, dict[str, Any]]:
+            total = sum(int(st["size"]) for st in stats.values())
+            return self._read("sample_all", np.arange(total), fields, stats)
+
+        return self._consistent("sample_all", read)
 
     def epochs(
         self,
@@ -149,6 +204,10 @@ class LocalApi:
         The shuffled order of each epoch is drawn by shard 0's generator (with one shard:
         the local buffer's draws). A write to or clear of any shard while iterating
         raises ``RuntimeError`` at the next minibatch; :meth:`update` is allowed.
+
+        Threads/processes: each minibatch is read from the state the epochs were planned
+        on (every shard it reads checks so under its lock); one written or cleared
+        before or while it is read raises that ``RuntimeError`` instead.
         """
         batch_size = check_positive_int("batch_size", batch_size)
         n_epochs = check_positive_int("n_epochs", n_epochs)
@@ -178,7 +237,10 @@ class LocalApi:
                 now = self._stats()
                 if {s: (st["next"], st["size"]) for s, st in now.items()} != marker:
                     raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
-                yield self._read("epochs", order[start : start + batch_size], keys, now)
+                got = self._read("epochs", order[start : start + batch_size], keys, now)
+                if isinstance(got, tuple):
+                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                yield got
 
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.

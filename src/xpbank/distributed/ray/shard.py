@@ -263,12 +263,23 @@ class Shard:
             self.__init__(*args)  # type: ignore[misc]
         return 1
 
-    def sample_by_index(self, positions: Any, fields: list[Any] | None) -> dict[str, Any]:
-        """Items at this shard's positions (0 = oldest), as flat tensors, with their ids."""
+    def sample_by_index(
+        self, positions: Any, fields: list[Any] | None, expect: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        """Items at this shard's positions (0 = oldest), as flat tensors, with their ids.
+
+        ``expect``: the ``(next, size)`` of the :meth:`stats` the positions were computed
+        from; if the ring moved since (a write or clear in between), nothing is read and
+        the answer is ``{"changed": {"next", "size"}}`` (the ring now), under the lock.
+        """
         with self.rb.lock:
+            ring = self.rb._ring
+            now = (ring.next_id + self.offset, ring.size)
+            if expect is not None and tuple(expect) != now:
+                return {"changed": {"next": now[0], "size": now[1]}}
             batch = self.rb.sample_by_index(positions, fields=fields)
             flat = {key: batch.get(key) for key in batch.keys(True, True)}
-            return {"data": flat, "ids": flat.pop("index") + self.offset, "next": self.rb._ring.next_id}
+            return {"data": flat, "ids": flat.pop("index") + self.offset, "next": now[0], "size": now[1]}
 
     def permutation(self, n: int) -> torch.Tensor:
         """A random order of ``n`` positions from this shard's generator (an epoch's plan)."""
