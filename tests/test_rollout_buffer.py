@@ -392,3 +392,17 @@ def test_tensordict_steps_and_nested_keys() -> None:
     assert mb["next", "obs"][:, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
     rb.update(mb["index"][:1], TensorDict({"next": {"obs": torch.zeros(1, 3)}}, [1]))
     assert next(rb.minibatches(1, shuffle=False))["next", "obs"][0].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_every_public_method_says_what_it_does_under_threads():
+    """RolloutBuffer has no lock: each public method's docstring says so ("Threads:")."""
+    import inspect
+
+    missing = []
+    for name in dir(RolloutBuffer):
+        attr = inspect.getattr_static(RolloutBuffer, name)
+        if name.startswith("_") or isinstance(attr, property):
+            continue
+        if "Threads:" not in (inspect.getdoc(getattr(RolloutBuffer, name)) or ""):
+            missing.append(name)
+    assert not missing, f"no 'Threads:' note: {missing}"

@@ -89,7 +89,7 @@ class RolloutBuffer(RolloutReader):
         keys: RolloutKeys | None = None,
         seed: int | None = None,
     ) -> RolloutBuffer:
-        """metta's layout: ``[batch_size // bptt_horizon, bptt_horizon]`` segment rows.
+        """metta's layout: ``[batch_size // bptt_horizon, bptt_horizon]`` segment rows. Threads: a new buffer.
 
         Each agent fills one row at a time and moves to the next free row when its row
         is full, on its own (agents may be out of step). ``rb.sizes`` holds the derived
@@ -152,11 +152,13 @@ class RolloutBuffer(RolloutReader):
         return self._generator
 
     def ready(self) -> bool:
-        """True when every env has ``horizon`` steps (every segment is full)."""
+        """True when every env has ``horizon`` steps (every segment is full). Threads: no lock."""
         return self._layout.ready()
 
     def room(self) -> torch.Tensor:
         """``[num_envs]`` bool: which envs (agents) can store another step now.
+
+        Threads: a copy of the cursors now; not safe while another thread writes (no lock).
 
         With the segmented layout a fast agent may take the last free segment, so a slow
         one can run out of room before ``ready()``: store only these.
@@ -170,6 +172,8 @@ class RolloutBuffer(RolloutReader):
     def add(self, step: Any) -> None:
         """Store one step of every env (leading dim ``num_envs``) at each env's cursor.
 
+        Threads: no lock; concurrent writers (or a writer and readers) mix steps: use your own lock.
+
         Raises:
             SpecError: a field's keys, shape or dtype differ from the spec, or the
                 leading dim is not ``num_envs``.
@@ -179,6 +183,8 @@ class RolloutBuffer(RolloutReader):
 
     def store(self, batch: Any, env_ids: Any) -> None:
         """Store one step of some envs (a slice, range, list or tensor of env ids).
+
+        Threads: no lock, as :meth:`add`; share it under your own lock.
 
         Each env writes at its own cursor, so envs may be out of step; the whole batch
         is checked (shapes, ids, room) before anything is written.
@@ -224,6 +230,8 @@ class RolloutBuffer(RolloutReader):
     def clear(self) -> None:
         """Start the next rollout: cursors to 0, earlier ``"index"`` ids become stale.
 
+        Threads: no lock; iterators made before raise at their next minibatch; use your own lock.
+
         Episodes still running keep their step counts (for ``stats()``'s episode length).
         """
         self._layout.clear()
@@ -233,6 +241,8 @@ class RolloutBuffer(RolloutReader):
 
     def update(self, indices: Any, batch: Any) -> None:
         """Write fields (values, log-probs, ratios, advantages ...) of stored steps in place.
+
+        Threads: not safe while another thread writes (no lock); share it under your own lock.
 
         Args:
             indices: the ``"index"`` of a minibatch (any shape); ids < 0 (the padding of
@@ -285,7 +295,9 @@ class RolloutBuffer(RolloutReader):
             self._targets.write(slots, derived)
 
     def reset_importance_sampling_ratios(self) -> None:
-        """Set the stored ``keys.ratio`` field to 1 everywhere (metta's PPO, per rollout)."""
+        """Set the stored ``keys.ratio`` field to 1 everywhere (metta's PPO, per rollout).
+
+        Threads: not safe while another thread writes (no lock); use your own lock."""
         key = self.keys.ratio
         if self.spec is None or key not in self.spec:
             raise SpecError(f"reset_importance_sampling_ratios: no field {key_str(key)!r} in {self.spec}")
@@ -304,6 +316,8 @@ class RolloutBuffer(RolloutReader):
         normalize: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE over the rollout; stores ``"advantage"`` and ``"return"`` for minibatches.
+
+        Threads: reads every step; not safe while another thread writes (no lock): use your own lock.
 
         Args:
             last_values: ``[num_envs]``: the value of each env's observation after its
@@ -335,6 +349,8 @@ class RolloutBuffer(RolloutReader):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """V-trace against the stored behaviour ``keys.log_prob``; stores the policy-gradient
         advantages as ``"advantage"`` and ``vs`` as ``"return"``.
+
+        Threads: reads every step; not safe while another thread writes (no lock): use your own lock.
 
         ``target_log_probs``: the learner policy's log-probs in the buffer's shape, or
         ``None`` to use ``log`` of the stored ``keys.ratio`` (target / behaviour).

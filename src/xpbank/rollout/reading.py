@@ -81,6 +81,9 @@ class RolloutReader:
     def view(self, key: Any) -> torch.Tensor:
         """A stored field, or ``"advantage"``/``"return"``, in the buffer's shape, as a view.
 
+        Threads: a view of the live storage (writes show through); not safe while another thread
+        writes (no lock); share the buffer under a lock of your own.
+
         For front-ends whose users index a rollout as tensors (rsl_rl's
         ``storage.values[t]``, metta's ``buffer``): writing into the view writes the
         buffer, without validation. A view of ``"advantage"``/``"return"`` hands their
@@ -110,6 +113,9 @@ class RolloutReader:
     def index_of(self, slots: Any) -> torch.Tensor:
         """The ``"index"`` ids of ``slots`` of the current rollout (what minibatches carry,
         and :meth:`update` takes); slot ``s`` of ``[S, H]`` / ``[T, E]`` is ``row * cols + col``.
+
+        Threads: one read of the rollout's generation; not safe while another thread writes (no lock);
+        share the buffer under a lock of your own.
 
         Example:
             >>> from xpbank import RolloutBuffer
@@ -155,6 +161,9 @@ class RolloutReader:
     ) -> Iterator[TensorDict]:
         """Flat minibatches over all ``T * E`` steps, a fresh permutation every epoch.
 
+        Threads: no lock; the iterator raises if the buffer is cleared before a minibatch; hold your
+        own lock for the whole loop if another thread writes.
+
         Each is a TensorDict ``[B]`` of the stored fields, ``"advantage"``/``"return"``
         when computed, and ``"index"`` for :meth:`update`. ``normalize_advantages``
         normalizes ``"advantage"`` within each minibatch (the stored values are kept).
@@ -185,6 +194,9 @@ class RolloutReader:
         drop_last: bool = False,
     ) -> Iterator[RecurrentBatch]:
         """Trajectories split at episode ends (``terminated | truncated``), padded.
+
+        Threads: no lock; the plan is made at the call (from the episode ends then), the iterator
+        raises if the buffer is cleared before a minibatch; hold your own lock for the whole loop.
 
         ``by="env"``: rsl_rl's way, every trajectory of ``num_envs / num_minibatches``
         envs per minibatch (sizes differ by one where it does not divide, or, with
@@ -239,6 +251,9 @@ class RolloutReader:
     ) -> Iterator[TensorDict]:
         """BPTT windows ``[minibatch_segments, bptt_horizon]``, sequential or prioritized.
 
+        Threads: no lock; the plan is made at the call, the iterator raises if the buffer is cleared
+        before a minibatch; hold your own lock for the whole loop.
+
         Segments are the buffer's rows (segmented layout) or each env's consecutive
         windows of ``bptt_horizon`` steps. ``alpha > 0`` draws segments with probability
         ``∝ sum |advantage| ** alpha`` and adds ``"weight"`` = ``(S p) ** -beta`` with
@@ -278,7 +293,11 @@ class RolloutReader:
 
     def steps(self) -> Iterator[TensorDict]:
         """One TensorDict ``[num_envs]`` per time step, in order (distillation: student
-        and teacher actions of every env at step ``t``)."""
+        and teacher actions of every env at step ``t``).
+
+        Threads: no lock; the iterator raises if the buffer is cleared before a step; hold your own
+        lock for the whole loop.
+        """
         self._layout.require_ready("steps")
         return self._steps(self._generation)
 
@@ -290,6 +309,9 @@ class RolloutReader:
 
     def stats(self) -> dict[str, float]:
         """Means of the tracked fields present, over the stored steps.
+
+        Threads: reads every step, so not safe while another thread writes (no lock); share
+        the buffer under a lock of your own.
 
         ``reward``, ``value``, ``log_prob``, ``ratio`` (their ``keys`` names),
         ``advantage``/``return`` once computed, ``episode_length`` (mean length of the
