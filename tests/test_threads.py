@@ -252,3 +252,63 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
 
     run_threads([writer(1), writer(2), clearer, reader, epocher, saver], seconds=1.5)
     assert all(counts.values()), counts
+
+
+def check_copy(got: Any) -> None:
+    """A copy with new ids (a merge): whole rows, the items of one contiguous run of ids."""
+    payload = got["payload"]
+    assert torch.equal(payload.sum(-1), got["check"]), "a torn row: checksum mismatch"
+    assert contiguous(payload[:, 0]), "items of two states (their ids are not one run)"
+    assert torch.equal(got["index"], torch.arange(payload.shape[0])), "a merge numbers its items 0 .."
+
+
+def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
+    """Bounded, seeded: an ``open_bank(.., "r+")`` buffer checkpointed and merged (with an
+    empty buffer, both ways) while two threads extend it: every merge is one state of the
+    buffer, and every checkpoint loads as the buffer was at that moment."""
+    path = xpbank.save(ReplayBuffer(300, SPEC, seed=0), tmp_path / "bank")
+    rb = xpbank.open_bank(path, "r+")
+    issued, counts = [0], dict.fromkeys(["extend", "checkpoint", "merge"], 0)
+
+    def writer(seed: int) -> Any:
+        def run(stop: threading.Event) -> None:
+            gen = torch.Generator().manual_seed(seed)
+            while not stop.is_set():
+                n = int(torch.randint(1, 40, (1,), generator=gen))
+                with rb.lock:  # values encode the ids this extend is given
+                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
+                    issued[0] += n
+                counts["extend"] += 1
+
+        return run
+
+    def checkpointer(stop: threading.Event) -> None:
+        while not stop.is_set():
+            rb.checkpoint()
+            with rb.lock:  # the bank as committed now: no write between this checkpoint and the load
+                rb.checkpoint()
+                want = rb.sample_all() if len(rb) else None
+                back = xpbank.load(path)
+            got = back.sample_all() if len(back) else None
+            assert (got is None) == (want is None)
+            if got is not None and want is not None:
+                check_whole(got)
+                assert contiguous(got["index"]) and torch.equal(got["payload"], want["payload"])
+            counts["checkpoint"] += 1
+
+    def merger(stop: threading.Event) -> None:
+        empty = ReplayBuffer(4, SPEC)
+        turn = 0
+        while not stop.is_set():
+            turn += 1
+            merged = xpbank.merge(rb, empty) if turn % 2 else xpbank.merge(empty, rb)
+            if len(merged):
+                check_copy(merged.sample_all())
+            counts["merge"] += 1
+
+    run_threads([writer(1), writer(2), checkpointer, merger], seconds=1.5)
+    assert all(counts.values()), counts
+    rb.checkpoint()
+    final = xpbank.load(path).sample_all()  # the last checkpoint: every item written
+    check_whole(final)
+    assert contiguous(final["index"]) and int(final["index"][-1]) == issued[0] - 1
