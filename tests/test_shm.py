@@ -354,3 +354,38 @@ def test_every_read_takes_published_rows_first() -> None:
         w.close()
     finally:
         rb.close()
+
+
+def check_merged(merged: Any) -> int:
+    """A merge of the learner's buffer (new ids ``0 ..``): one writer's rows, whole and in order."""
+    if len(merged) == 0:
+        return 0
+    got = merged.sample_all()
+    check_whole(got)
+    seq = got["payload"][:, 1]
+    assert torch.equal(got["index"], torch.arange(len(merged)))
+    assert torch.equal(seq, torch.arange(int(seq[0]), int(seq[0]) + len(merged))), "rows of two states"
+    return len(merged)
+
+
+@pytest.mark.slow  # a few s on a loaded machine
+def test_saves_and_merges_while_a_writer_process_publishes(tmp_path: Any) -> None:
+    """Bounded stress: the learner saves and merges (with an empty buffer, both ways) while a
+    writer process publishes: every bank loads and every merge is one state, consistent."""
+    ctx = multiprocessing.get_context("fork")
+    rb = ShmReplayBuffer(300, SPEC, num_writers=1, channel_rows=128, seed=0)
+    empty = xpbank.ReplayBuffer(4, SPEC)
+    try:
+        proc = ctx.Process(target=produce, args=(rb.writer(0), 0, 4000, 37))
+        proc.start()
+        rounds, end = 0, time.monotonic() + 60
+        while proc.is_alive() or rounds == 0:  # each round pulls, so the writer gets room
+            assert time.monotonic() < end, "the writer did not finish in time"
+            check_bank(xpbank.save(rb, tmp_path / "bank"))
+            check_merged(xpbank.merge(rb, empty) if rounds % 2 else xpbank.merge(empty, rb))
+            rounds += 1
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+        assert check_merged(xpbank.merge(rb, empty)) == check_bank(xpbank.save(rb, tmp_path / "b")) == len(rb)
+    finally:
+        rb.close()
