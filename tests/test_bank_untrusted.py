@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -423,3 +424,21 @@ def test_state_file_bytes_bound_what_is_read(bank: Path) -> None:
         xpbank.load(bank)
     with pytest.raises(BankError):
         xpbank.open_bank(bank)
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_symlink_loop_is_a_corrupt_bank_error(bank: Path, reader: str) -> None:
+    """Found by tests/adversarial: ``state/`` replaced by a link to ``state/g0_0.npy`` resolves
+    in a loop (Path.resolve raises RuntimeError for it before Python 3.13)."""
+    shutil.rmtree(bank / "state")
+    os.symlink(bank / "state" / "g0_0.npy", bank / "state")
+    with pytest.raises(CorruptBankError, match=r"bank/state(/g0_0.npy)?: "):
+        READERS[reader](bank)
+
+
+def test_a_malformed_state_reference_names_the_manifest(bank: Path) -> None:
+    """Found by tests/adversarial: the codec's errors name the entry; the reader adds the file."""
+    _edit(bank, lambda m: m["state"]["generator"].pop("kind"))
+    for reader in (xpbank.load, xpbank.open_bank):
+        with pytest.raises(CorruptBankError, match=r"bank/manifest.json: state.generator: malformed array"):
+            reader(bank)

@@ -77,7 +77,7 @@ def bank_file(root: Path, rel: str, what: str) -> Path:
     real_root = root.resolve()
     try:
         inside = path.resolve().is_relative_to(real_root)
-    except OSError as exc:  # a symlink loop
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
         raise CorruptBankError(f"{path}: {what} cannot be resolved ({exc})") from exc
     if not inside:
         raise CorruptBankError(f"{path}: {what} is a link that leaves the bank directory {root}")

@@ -168,6 +168,8 @@ def read_state(snap: Snapshot) -> dict[str, Any]:
         state = decode(snap.manifest.state, arrays)
     except RecursionError as exc:
         raise CorruptBankError(f"{snap.path / MANIFEST}: 'state' is nested too deeply") from exc
+    except CorruptBankError as exc:  # decode names the entry, not the file
+        raise CorruptBankError(f"{snap.path / MANIFEST}: {exc}") from exc
     ring = state.get("ring") if isinstance(state, dict) else None
     m = snap.manifest
     if not isinstance(ring, dict) or (ring.get("next_id"), ring.get("size")) != (m.next_id, m.size):
