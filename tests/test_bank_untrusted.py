@@ -4,6 +4,7 @@ as one CorruptBankError naming the file (list_banks and ``xpbank ls`` go on)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -442,3 +443,18 @@ def test_a_malformed_state_reference_names_the_manifest(bank: Path) -> None:
     for reader in (xpbank.load, xpbank.open_bank):
         with pytest.raises(CorruptBankError, match=r"bank/manifest.json: state.generator: malformed array"):
             reader(bank)
+
+
+def test_a_npy_header_with_an_unclosed_bracket_is_corrupt(tmp_path: Path) -> None:
+    """Found by the adversarial fuzz: NumPy retries a header that does not parse through
+    ``tokenize``, which raises ``TokenError`` for an unclosed bracket (a flipped ``)``)."""
+    from xpbank.bank.format import read_npy_header
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((3, 2), dtype=np.int64))
+    raw = bytearray(buf.getvalue())
+    raw[raw.index(b")")] = ord(" ")
+    path = tmp_path / "action.npy"
+    path.write_bytes(bytes(raw))
+    with open(path, "rb") as f, pytest.raises(CorruptBankError, match=r"action.npy: not a valid .npy file"):
+        read_npy_header(f, "action.npy")

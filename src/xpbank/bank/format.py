@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -124,7 +125,7 @@ def read_npy_header(f: BinaryIO, name: str) -> NpyInfo:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
         else:
             raise ValueError(f"unsupported .npy version {major}")
-    except (ValueError, OSError, SyntaxError) as exc:
+    except (ValueError, OSError, SyntaxError, tokenize.TokenError) as exc:  # TokenError: an unclosed bracket
         raise CorruptBankError(f"{name}: not a valid .npy file ({exc})") from exc
     if dtype.hasobject:
         raise CorruptBankError(f"{name}: holds Python objects (dtype {dtype}); banks hold plain arrays only")
