@@ -19,7 +19,14 @@ import torch
 
 pytest.importorskip("ray")
 
-from xpbank import CapacityError, ReplayBuffer, SpecError, StaleIndexError, XpbankIndexError
+from xpbank import (
+    BufferChangedError,
+    CapacityError,
+    ReplayBuffer,
+    SpecError,
+    StaleIndexError,
+    XpbankIndexError,
+)
 from xpbank.distributed.ray import RayReplayBuffer
 from xpbank.distributed.ray.local_api import TRIES, locate
 
@@ -147,7 +154,7 @@ def test_epochs_visit_every_item_of_every_shard_once(make: Any) -> None:
     it = rb.epochs(2)
     next(it)
     rb.extend(batch(100, 1))
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(BufferChangedError, match="extended or cleared during iteration"):
         next(it)
 
 
@@ -316,5 +323,5 @@ def test_an_epoch_minibatch_raises_on_a_write_between_its_size_check_and_read(ma
     rb, _ = written(make, [3, 2])
     it = rb.epochs(5, shuffle=False)
     _between_round_trips(rb, lambda: rb.extend(batch(100, 1)))
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(BufferChangedError, match="extended or cleared during iteration"):
         next(it)

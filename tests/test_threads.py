@@ -137,7 +137,7 @@ def test_epochs_while_another_thread_extends() -> None:
     thread = threading.Thread(target=rb.extend, args=(rows(1000, 10, gen),))
     thread.start()
     thread.join(timeout=10)
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(xpbank.BufferChangedError, match="extended or cleared during iteration"):
         next(passes)
 
 
@@ -184,7 +184,7 @@ def test_epochs_marker_is_taken_when_the_plan_is_made() -> None:
     rb.extend(rows(0, 40, gen))
     passes = rb.epochs(10)  # planned for 40 items
     rb.extend(rows(40, 5, gen))  # before the first next()
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(xpbank.BufferChangedError, match="extended or cleared during iteration"):
         next(passes)
     passes = rb.epochs(10)
     assert sum(b["index"].numel() for b in passes) == 45  # no write: the whole epoch
@@ -236,7 +236,7 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
                 for batch in passes:
                     check_whole(batch)
                     assert ((batch["index"] >= first) & (batch["index"] < first + n)).all()
-            except RuntimeError as exc:
+            except xpbank.BufferChangedError as exc:
                 assert "during iteration" in str(exc)
             counts["epoch"] += 1
 

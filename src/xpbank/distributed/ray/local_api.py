@@ -35,6 +35,7 @@ from tensordict import TensorDict
 
 from xpbank.distributed.ray.routing import check_routed
 from xpbank.errors import (
+    BufferChangedError,
     CapacityError,
     EmptyBufferError,
     ShardUnavailableError,
@@ -203,11 +204,11 @@ class LocalApi:
 
         The shuffled order of each epoch is drawn by shard 0's generator (with one shard:
         the local buffer's draws). A write to or clear of any shard while iterating
-        raises ``RuntimeError`` at the next minibatch; :meth:`update` is allowed.
+        raises :class:`~xpbank.BufferChangedError` at the next minibatch; :meth:`update` is allowed.
 
         Threads/processes: each minibatch is read from the state the epochs were planned
         on (every shard it reads checks so under its lock); one written or cleared
-        before or while it is read raises that ``RuntimeError`` instead.
+        before or while it is read raises that error instead.
         """
         batch_size = check_positive_int("batch_size", batch_size)
         n_epochs = check_positive_int("n_epochs", n_epochs)
@@ -236,10 +237,10 @@ class LocalApi:
             for start in range(0, stop, batch_size):
                 now = self._stats()
                 if {s: (st["next"], st["size"]) for s, st in now.items()} != marker:
-                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                    raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
                 got = self._read("epochs", order[start : start + batch_size], keys, now)
                 if isinstance(got, tuple):
-                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                    raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
                 yield got
 
     def update(self, indices: Any, batch: Any) -> None:
