@@ -190,23 +190,27 @@ def test_epochs_marker_is_taken_when_the_plan_is_made() -> None:
     assert sum(b["index"].numel() for b in passes) == 45  # no write: the whole epoch
 
 
+def id_writer(rb: ReplayBuffer, issued: list[int], counts: dict[str, int], seed: int) -> Any:
+    """A ``run_threads`` target extending ``rb`` with items whose ``payload[:, 0]`` is the
+    id the buffer gives them (``issued[0]``: the next id, shared by every such writer)."""
+
+    def run(stop: threading.Event) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        while not stop.is_set():
+            n = int(torch.randint(1, 40, (1,), generator=gen))
+            with rb.lock:  # values encode the ids this extend is given
+                assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
+                issued[0] += n
+            counts["extend"] += 1
+
+    return run
+
+
 def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> None:
     """Bounded, seeded: every result is one state of the buffer (ids contiguous, each
     row the item its id names) and every bank saved meanwhile loads."""
     rb = ReplayBuffer(300, SPEC, seed=0)
     issued, counts = [0], dict.fromkeys(["extend", "clear", "all", "epoch", "save"], 0)
-
-    def writer(seed: int) -> Any:
-        def run(stop: threading.Event) -> None:
-            gen = torch.Generator().manual_seed(seed)
-            while not stop.is_set():
-                n = int(torch.randint(1, 40, (1,), generator=gen))
-                with rb.lock:  # values encode the ids this extend is given
-                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
-                    issued[0] += n
-                counts["extend"] += 1
-
-        return run
 
     def clearer(stop: threading.Event) -> None:
         while not stop.wait(0.02):
@@ -250,7 +254,8 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
                 assert contiguous(got["index"])
             counts["save"] += 1
 
-    run_threads([writer(1), writer(2), clearer, reader, epocher, saver], seconds=1.5)
+    writers = [id_writer(rb, issued, counts, seed) for seed in (1, 2)]
+    run_threads([*writers, clearer, reader, epocher, saver], seconds=1.5)
     assert all(counts.values()), counts
 
 
@@ -269,18 +274,6 @@ def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
     path = xpbank.save(ReplayBuffer(300, SPEC, seed=0), tmp_path / "bank")
     rb = xpbank.open_bank(path, "r+")
     issued, counts = [0], dict.fromkeys(["extend", "checkpoint", "merge"], 0)
-
-    def writer(seed: int) -> Any:
-        def run(stop: threading.Event) -> None:
-            gen = torch.Generator().manual_seed(seed)
-            while not stop.is_set():
-                n = int(torch.randint(1, 40, (1,), generator=gen))
-                with rb.lock:  # values encode the ids this extend is given
-                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
-                    issued[0] += n
-                counts["extend"] += 1
-
-        return run
 
     def checkpointer(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -306,7 +299,8 @@ def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
                 check_copy(merged.sample_all())
             counts["merge"] += 1
 
-    run_threads([writer(1), writer(2), checkpointer, merger], seconds=1.5)
+    writers = [id_writer(rb, issued, counts, seed) for seed in (1, 2)]
+    run_threads([*writers, checkpointer, merger], seconds=1.5)
     assert all(counts.values()), counts
     rb.checkpoint()
     final = xpbank.load(path).sample_all()  # the last checkpoint: every item written
