@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.distributed.ray.routing import check_routed
+from xpbank.distributed.ray.ids import id_problem, split_by_shard
 from xpbank.errors import (
     BufferChangedError,
     CapacityError,
@@ -246,10 +246,16 @@ class LocalApi:
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.
 
-        As :meth:`ReplayBuffer.update`: the values are checked against the spec and the
-        ids against their shards (never written, overwritten, cleared) before any shard
-        writes; on error nothing is written. One shard: one round trip; more: a check
-        round and a write round, in parallel over the shards involved.
+        As :meth:`ReplayBuffer.update`: the values are checked against the spec, and the
+        ids and values against their shards (never written, overwritten, cleared; an
+        indexed item's env id or episode-end flag changed) before any shard writes; on
+        error nothing is written. One shard: one round trip; more: a check round and a
+        write round, in parallel over the shards involved.
+
+        Threads/processes: one shard: one step under its lock. More: the update takes
+        effect at the check round (every id live then); an item a writer overwrites
+        between the two rounds is dropped, as if the update came first (no error, no
+        shard half-written); a shard that goes down between them misses its rows.
 
         Raises:
             StaleIndexError, XpbankIndexError, SpecError, EmptyBufferError: as the local buffer.
@@ -266,11 +272,20 @@ class LocalApi:
         lead, flat = spec.conform(flat, 1, partial=True)
         if lead and lead[0] != ids.shape[0]:
             raise SpecError(f"update: got {ids.shape[0]} indices but {lead[0]} rows of values")
-        local, rows = check_routed(self._link, None, ids, "raise")
+        num = self._link.num_shards
+        routed, rows = split_by_shard(ids, num)
         parts = {
-            s: (loc, {k: v[torch.from_numpy(rows[s])] for k, v in flat.items()}) for s, loc in local.items()
+            s: (routed[r] // num, {k: v[torch.from_numpy(r)] for k, v in flat.items()})
+            for s, r in enumerate(rows)
+            if r.size
         }
-        self._raise_down(self._link.call_each({s: ("update", part) for s, part in parts.items()}), "update")
+        checks = self._link.call_each({s: ("check_update", part) for s, part in parts.items()})
+        for s, problem in self._raise_down(checks, "update").items():
+            error = None if problem is None else id_problem(s, problem, num, "raise")
+            if error is not None:
+                raise error
+        writes = {s: ("update", (*part, True)) for s, part in parts.items()}
+        self._raise_down(self._link.call_each(writes), "update")
 
     @staticmethod
     def _raise_down(answers: dict[int, Any], what: str) -> dict[int, Any]:
