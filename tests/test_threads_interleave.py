@@ -2,12 +2,12 @@
 
 A bounded random run reaches the window between two steps of a call only by luck. Here
 thread A runs one call (``sample_all``, ``epochs``, a merge, a save, a checkpoint) on a
-buffer whose lock is wrapped by :class:`Interleave`: just before A takes the lock from
-free for the ``k``-th time (which is also just after it let it go, if the call is made
-of several locked steps, or after an unlocked read of the size), A is paused and thread
-B runs a whole writing call (``clear`` then ``extend``, or an ``extend`` that wraps the
-ring); then A goes on. Every ``k`` from 1 to one past the number of times the call takes
-the lock is tried, so every boundary is hit exactly once. A call that is one step sees
+buffer whose lock is wrapped by :class:`Interleave`: at A's ``k``-th lock boundary (just
+before it takes the lock from free: after an unlocked read of the size, say; or just
+after it lets it go: between two locked steps, or before it uses what it read), A is
+paused and thread B runs a whole writing call (``clear`` then ``extend``, or an
+``extend`` that wraps the ring); then A goes on. Every ``k`` from 1 to one past the
+number of boundaries of the call is tried, so every boundary is hit exactly once. A call that is one step sees
 the buffer before B or after it, never a mix; :func:`test_the_scheduler_catches_a_two_step_call`
 checks that the harness does fail on calls split the way the old ones were.
 """
@@ -32,25 +32,32 @@ CAPACITY, STORED = 24, 20
 
 
 class Interleave:
-    """``rb``'s lock, wrapped: pauses ``thread`` before its ``at``-th outermost acquire and
-    runs ``interrupt()`` to its end in another thread there. ``count``: A's outermost acquires."""
+    """``rb``'s lock, wrapped: the boundaries of ``thread`` (A) are just before each time
+    it takes the lock from free and just after each time it lets it go; at the ``at``-th
+    (from 1) A is paused and ``interrupt()`` runs to its end in another thread (B).
+    ``count``: how many boundaries A has passed."""
 
-    def __init__(self, rb: ReplayBuffer, at: int | None, interrupt: Callable[[], Any]):
+    def __init__(self, rb: Any, at: int | None, interrupt: Callable[[], Any]):
         self.inner, self.at, self.interrupt = rb._lock, at, interrupt
         self.thread: threading.Thread | None = None
         self.count, self.fired, self.depth = 0, False, threading.local()
-        rb._lock = self  # type: ignore[assignment]
+        rb._lock = self
+
+    def _boundary(self) -> None:
+        if threading.current_thread() is not self.thread:
+            return
+        self.count += 1
+        if self.count == self.at:  # A holds nothing now: B's whole call runs here
+            other = threading.Thread(target=self.interrupt)
+            other.start()
+            other.join(timeout=30)
+            assert not other.is_alive(), "the interrupting call did not finish (a deadlock?)"
+            self.fired = True
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         depth = getattr(self.depth, "n", 0)
-        if depth == 0 and threading.current_thread() is self.thread:
-            self.count += 1
-            if self.count == self.at:  # A holds nothing now: B's whole call runs here
-                other = threading.Thread(target=self.interrupt)
-                other.start()
-                other.join(timeout=30)
-                assert not other.is_alive(), "the interrupting call did not finish (a deadlock?)"
-                self.fired = True
+        if depth == 0:
+            self._boundary()
         got = self.inner.acquire(blocking, timeout)
         if got:
             self.depth.n = depth + 1
@@ -59,6 +66,8 @@ class Interleave:
     def release(self) -> None:
         self.depth.n -= 1
         self.inner.release()
+        if self.depth.n == 0:
+            self._boundary()
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -84,7 +93,12 @@ def wrap(rb: ReplayBuffer) -> None:
     rb.extend(rows(STORED, 13, torch.Generator().manual_seed(13)))
 
 
-WRITES = {"clear+extend": clear_and_extend, "extend over the oldest": wrap}
+def append(rb: ReplayBuffer) -> None:
+    """B: an extend into free slots (3 of the 4 left)."""
+    rb.extend(rows(STORED, 3, torch.Generator().manual_seed(3)))
+
+
+WRITES = {"clear+extend": clear_and_extend, "extend over the oldest": wrap, "extend into free slots": append}
 
 
 def payloads(rb: ReplayBuffer) -> torch.Tensor:
@@ -194,10 +208,11 @@ def test_a_saved_bank_is_one_state(tmp_path: Path, write: str) -> None:
         one_of(payloads(got), before, after, at)
 
 
-@pytest.mark.parametrize("write", list(WRITES))
-def test_a_checkpoint_is_one_state(tmp_path: Path, write: str) -> None:
-    """The buffer is an ``open_bank(.., "r+")`` bank, written in place by B; what a
-    checkpoint commits loads as one state of it."""
+def test_a_checkpoint_is_one_state(tmp_path: Path) -> None:
+    """The buffer is an ``open_bank(.., "r+")`` bank, written by B into free slots; what
+    a checkpoint commits loads as one state of it. (B's write is an append: an r+ bank's
+    rows are written in place, so a write that overwrites counted rows after the
+    checkpoint changes what loads until the next one, as ``xpbank.bank.checkpoint`` says.)"""
     paths: dict[int, Path] = {}
 
     def bank() -> ReplayBuffer:
@@ -210,7 +225,7 @@ def test_a_checkpoint_is_one_state(tmp_path: Path, write: str) -> None:
         rb.checkpoint()
         return xpbank.load(paths[id(rb)])
 
-    for got, before, after, at in interleave(checkpoint, WRITES[write], make=bank):
+    for got, before, after, at in interleave(checkpoint, append, make=bank):
         check_whole(got.sample_all())
         one_of(payloads(got), before, after, at)
 
