@@ -58,9 +58,10 @@ class Interleave:
         depth = getattr(self.depth, "n", 0)
         if depth == 0:
             self._boundary()
+        self.depth.n = depth + 1  # first: the inner lock's own work (a shm pull) nests in it
         got = self.inner.acquire(blocking, timeout)
-        if got:
-            self.depth.n = depth + 1
+        if not got:
+            self.depth.n = depth
         return got
 
     def release(self) -> None:
