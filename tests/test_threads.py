@@ -306,3 +306,30 @@ def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
     final = xpbank.load(path).sample_all()  # the last checkpoint: every item written
     check_whole(final)
     assert contiguous(final["index"]) and int(final["index"][-1]) == issued[0] - 1
+
+
+def public_methods(cls: type) -> list[str]:
+    """``cls``'s public methods (and ``len``), not its properties."""
+    import inspect
+
+    names = [n for n in dir(cls) if not n.startswith("_") or n == "__len__"]
+    return [n for n in names if callable(inspect.getattr_static(cls, n)) or n == "__len__"]
+
+
+@pytest.mark.parametrize("where", ["ReplayBuffer", "ShmReplayBuffer", "RayReplayBuffer"])
+def test_every_public_method_says_what_it_sees_under_threads(where: str) -> None:
+    """Each public method's docstring has a "Threads:" (or "Threads/processes:") note."""
+    import importlib
+    import inspect
+    import re
+
+    module = {"ReplayBuffer": "xpbank", "ShmReplayBuffer": "xpbank.distributed.shm"}
+    if where == "RayReplayBuffer":
+        pytest.importorskip("ray")
+    cls = getattr(importlib.import_module(module.get(where, "xpbank.distributed.ray")), where)
+    names = public_methods(cls)
+    assert {"sample", "extend", "__len__"} <= set(names)
+    missing = [
+        n for n in names if not re.search(r"Threads(/processes)?:", inspect.getdoc(getattr(cls, n)) or "")
+    ]
+    assert not missing, f"{where}: no 'Threads:' note in {missing}"

@@ -171,6 +171,11 @@ class ShmReplayBuffer(ReplayBuffer):
         channel_rows: rows a channel holds between two pulls; a writer waits (up to its
             timeout) while its channel is full.
 
+    Threads/processes: as a :class:`~xpbank.ReplayBuffer` (every call one step under
+    ``rb.lock``), and the first time a thread takes ``rb.lock`` it moves the rows writers
+    published into the ring: a call (or a ``with rb.lock:`` group, or ``xpbank.save``)
+    sees every row published before it began and none published while it runs.
+
     Example:
         >>> import torch
         >>> from xpbank import Field, Spec

@@ -362,7 +362,7 @@ class ReplayBuffer:
 
     @locked
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` into a buffer of the same capacity (one step under rb.lock)."""
+        """Restore a :meth:`state_dict` (same capacity). Threads: one step under rb.lock."""
         buffer_state.load_state_dict(self, state)
 
     def config(self) -> dict[str, Any]:

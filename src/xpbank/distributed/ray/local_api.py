@@ -302,6 +302,7 @@ class LocalApi:
         buffer loads a ``ReplayBuffer``'s) with ``"ray"`` (the client's generator) and
         ``"offset"`` added. More shards: ``{"version", "num_shards", "shards": [...],
         "ray"}``. For checkpoints that survive a crash use :meth:`checkpoint` (banks).
+        Threads/processes: per shard (each part one state of its shard).
         """
         self._writer.flush()
         calls = {s: ("state_dict", ()) for s in range(self._link.num_shards)}
@@ -320,6 +321,7 @@ class LocalApi:
         """Restore a :meth:`state_dict` of a buffer with as many shards (one shard: also a
         ``ReplayBuffer``'s). Each shard checks its part as ``ReplayBuffer.load_state_dict``
         does; if one refuses, the shards already loaded are put back as they were.
+        Threads/processes: per shard.
 
         Raises:
             CapacityError: another number of shards, or another capacity.
