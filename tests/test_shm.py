@@ -425,8 +425,8 @@ def _outcome(call: Any, rb: Any) -> Any:
 def test_writer_and_writers_see_the_channels_open_or_closed_when_close_races() -> None:
     """A ``close()`` landing at any lock boundary of ``writers()`` / ``writer(i)``: the
     status lists every channel, and the handle is of a channel (a closed one fails at its
-    first call; a ``writer()`` after the close opens new ones). The old calls checked or read the channels outside the
-    lock: ``[]``, or an ``IndexError``."""
+    first call; a ``writer()`` after the close opens new ones). The old calls checked or
+    read the channels outside the lock: ``[]``, or an ``IndexError``."""
 
     def make() -> ShmReplayBuffer:
         rb = ShmReplayBuffer(100, SPEC, num_writers=2, channel_rows=8)
