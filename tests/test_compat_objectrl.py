@@ -230,3 +230,16 @@ def test_bad_batch_leaves_the_buffer_unchanged():
     assert (len(ours), ours.pointer) == (5, 5) and _equal(ours.sample_all(), before)
     with pytest.raises(xpbank.CapacityError, match="buffer_size: expected a positive int, got 0"):
         ReplayBuffer(CPU, CPU, 0)
+
+
+def test_an_add_after_the_epoch_iterator_is_made_raises_at_the_next_batch():
+    """The iterator visits the transitions stored when it was made; objectrl's (and the
+    old one here) went on reading positions of the new contents after an add."""
+    ours = ReplayBuffer(CPU, CPU, 6)
+    ours.add_batch(_batch(0, 6))
+    batches = ours.create_epoch_iterator(2)
+    assert next(batches)["action"].tolist() == [0, 1]
+    ours.add_batch(_batch(6, 2))
+    with pytest.raises(xpbank.BufferChangedError, match="during iteration"):
+        ours.get_next_batch(2)
+    assert list(ReplayBuffer(CPU, CPU, 6).create_epoch_iterator(2)) == []  # empty: nothing to visit

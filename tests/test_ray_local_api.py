@@ -19,7 +19,14 @@ import torch
 
 pytest.importorskip("ray")
 
-from xpbank import CapacityError, ReplayBuffer, SpecError, StaleIndexError, XpbankIndexError
+from xpbank import (
+    BufferChangedError,
+    CapacityError,
+    ReplayBuffer,
+    SpecError,
+    StaleIndexError,
+    XpbankIndexError,
+)
 from xpbank.distributed.ray import RayReplayBuffer
 from xpbank.distributed.ray.local_api import TRIES, locate
 
@@ -147,7 +154,7 @@ def test_epochs_visit_every_item_of_every_shard_once(make: Any) -> None:
     it = rb.epochs(2)
     next(it)
     rb.extend(batch(100, 1))
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(BufferChangedError, match="extended or cleared during iteration"):
         next(it)
 
 
@@ -316,5 +323,52 @@ def test_an_epoch_minibatch_raises_on_a_write_between_its_size_check_and_read(ma
     rb, _ = written(make, [3, 2])
     it = rb.epochs(5, shuffle=False)
     _between_round_trips(rb, lambda: rb.extend(batch(100, 1)))
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(BufferChangedError, match="extended or cleared during iteration"):
         next(it)
+
+
+def test_an_item_overwritten_between_the_check_and_the_write_is_dropped_not_half_written(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-shard update takes effect at its check round: a writer overwriting one
+    shard's items before the write round leaves no shard half-updated and raises nothing
+    (the old write round raised StaleIndexError after the other shard had written)."""
+    rb, _ = written(make, [5, 5])  # shard 0: uids 0..4, shard 1: uids 5..9 (full)
+    ids, uids = rb.sample_all()["index"].tolist(), rb.sample_all()["uid"].tolist()
+    pick = [ids[uids.index(2)], ids[uids.index(7)]]  # one item on each shard
+    call_each = rb._link.call_each
+
+    def racing(calls: dict[int, Any]) -> dict[int, Any]:
+        answers = call_each(calls)
+        if any(m in ("check_update", "check_ids") for m, _ in calls.values()):  # then a writer's turn
+            call_each({1: ("extend", (batch(100, 5),))})  # overwrites every item of shard 1
+        return answers
+
+    monkeypatch.setattr(rb._link, "call_each", racing)
+    rb.update(pick, {"reward": torch.tensor([-1.0, -2.0])})
+    monkeypatch.undo()
+    got = rb.sample_all()
+    reward = dict(zip(got["uid"].tolist(), got["reward"].tolist(), strict=True))
+    assert reward[2] == -1.0  # shard 0's item: updated
+    assert [reward[u] for u in range(100, 105)] == [float(u) for u in range(100, 105)]  # as written
+    assert sorted(reward) == [0, 1, 2, 3, 4, 100, 101, 102, 103, 104]
+
+
+def test_an_episode_end_refused_on_one_shard_writes_nothing_on_any(make: Any) -> None:
+    """Shards keep an episode index (items carry ``env_id``): an update changing one
+    item's ``terminated`` is refused by its shard in the check round, before the other
+    shard writes its rows (the old code wrote shard 0's rows, then raised)."""
+    rb = make()
+    env = torch.tensor([0, 1, 0, 1, 0, 1])
+    rb.extend({"env_id": env, "terminated": torch.zeros(6, dtype=torch.bool), "reward": torch.arange(6.0)})
+    before = rb.sample_all()
+    index, envs = before["index"].tolist(), before["env_id"].tolist()
+    pick = [index[envs.index(0)], index[envs.index(1)]]
+    assert {i % S for i in pick} == {0, 1}, "the two items are on two shards"
+    with pytest.raises(
+        SpecError, match=r"shard \d: update: field 'terminated' of item .* nothing was updated"
+    ):
+        rb.update(pick, {"reward": torch.tensor([-1.0, -2.0]), "terminated": torch.tensor([False, True])})
+    assert torch.equal(rb.sample_all()["reward"], before["reward"])
+    rb.update(pick, {"reward": torch.tensor([-1.0, -2.0]), "terminated": torch.tensor([False, False])})
+    assert sorted(rb.sample_all()["reward"].tolist())[:2] == [-2.0, -1.0]  # flags repeated: accepted

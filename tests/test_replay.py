@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from helpers import item_numbers, make_batch, transition_spec
 from xpbank import (
     BatchTypeError,
+    BufferChangedError,
     CapacityError,
     DeviceError,
     EmptyBufferError,
@@ -468,7 +469,8 @@ def test_changing_the_buffer_during_epochs_raises(
         assert sum(b.batch_size[0] for b in it) == 16 - 3  # nothing was added: the plan goes on
         return
     with pytest.raises(
-        RuntimeError, match=re.escape("epochs: the buffer was extended or cleared during iteration")
+        BufferChangedError,
+        match=re.escape("epochs: the buffer was extended or cleared during iteration"),
     ):
         next(it)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from xpbank import (
+    BufferChangedError,
     CapacityError,
     Field,
     NotReadyError,
@@ -345,7 +346,7 @@ def test_clear_during_iteration_raises_and_clear_restarts() -> None:
     it = rb.minibatches(2, epochs=2)
     next(it)
     rb.clear()
-    with pytest.raises(RuntimeError, match="minibatches: the buffer was cleared during iteration"):
+    with pytest.raises(BufferChangedError, match="minibatches: the buffer was cleared during iteration"):
         next(it)
     assert len(rb) == 0 and not rb.ready()
     for t in range(T):

@@ -389,3 +389,62 @@ def test_saves_and_merges_while_a_writer_process_publishes(tmp_path: Any) -> Non
         assert check_merged(xpbank.merge(rb, empty)) == check_bank(xpbank.save(rb, tmp_path / "b")) == len(rb)
     finally:
         rb.close()
+
+
+def at_each_boundary(call: Any, interrupt: Any, make: Any) -> list[Any]:
+    """``call(rb)`` in a thread, with ``interrupt(rb)`` at each of its lock boundaries in
+    turn (the deterministic scheduler of ``test_threads_interleave``); what it returned."""
+    from test_threads_interleave import Interleave
+
+    probe = make()
+    counter = Interleave(probe, None, lambda: None)
+    counter.thread = threading.current_thread()
+    call(probe)
+    boundaries = counter.count
+    probe.close()
+    got = []
+    for at in range(1, boundaries + 1):
+        rb = make()
+        sched = Interleave(rb, at, lambda rb=rb: interrupt(rb))
+        out: list[Any] = []
+        sched.thread = threading.Thread(target=lambda rb=rb, out=out: out.append(_outcome(call, rb)))
+        sched.thread.start()
+        sched.thread.join(timeout=60)
+        assert sched.fired and out, f"boundary {at} was not reached"
+        got.append((out[0], rb))
+    return got
+
+
+def _outcome(call: Any, rb: Any) -> Any:
+    try:
+        return call(rb)
+    except Exception as exc:  # handed to the test thread
+        return exc
+
+
+def test_writer_and_writers_see_the_channels_open_or_closed_when_close_races() -> None:
+    """A ``close()`` landing at any lock boundary of ``writers()`` / ``writer(i)``: the
+    status lists every channel, and the handle is of a channel (a closed one fails at its
+    first call; a ``writer()`` after the close opens new ones). The old calls checked or
+    read the channels outside the lock: ``[]``, or an ``IndexError``."""
+
+    def make() -> ShmReplayBuffer:
+        rb = ShmReplayBuffer(100, SPEC, num_writers=2, channel_rows=8)
+        rb.writer(1).close()  # the channels exist
+        return rb
+
+    for status, rb in at_each_boundary(lambda rb: rb.writers(), lambda rb: rb.close(), make):
+        assert not isinstance(status, Exception), status
+        assert [s.index for s in status] == [0, 1] and {s.state for s in status} == {"free"}
+        rb.close()
+    closed = 0
+    for w, rb in at_each_boundary(lambda rb: rb.writer(0, timeout=1.0), lambda rb: rb.close(), make):
+        assert isinstance(w, ShmWriter), w
+        try:
+            w.extend(rows(0, 0, 1))
+            assert len(rb) == 1  # closed before writer(): it opened new channels, and this is one
+        except ChannelError:  # a handle of the channels close() removed: fails at once
+            closed += 1
+        w.close()
+        rb.close()
+    assert closed, "no close() landed after writer() named its channel"

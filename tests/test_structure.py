@@ -32,8 +32,8 @@ LAZY = {
 }
 
 PUBLIC = [
-    "BankError", "BankSummary", "BatchTypeError", "BufferTimeoutError", "CapacityError",
-    "ChannelError", "Collector", "CorruptBankError", "DeviceError", "EmptyBufferError",
+    "BankError", "BankSummary", "BatchTypeError", "BufferChangedError", "BufferTimeoutError",
+    "CapacityError", "ChannelError", "Collector", "CorruptBankError", "DeviceError", "EmptyBufferError",
     "EnvContractError", "EpisodeIndex", "EpisodeKeys", "Field", "FrameStorage",
     "MemmapStorage", "MissingExtraError", "NStep", "NotReadyError", "PrioritizedSampler",
     "PriorityError", "RateLimitTimeout", "RateLimiter", "ReadOnlyError", "RecurrentBatch",

@@ -137,7 +137,7 @@ def test_epochs_while_another_thread_extends() -> None:
     thread = threading.Thread(target=rb.extend, args=(rows(1000, 10, gen),))
     thread.start()
     thread.join(timeout=10)
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(xpbank.BufferChangedError, match="extended or cleared during iteration"):
         next(passes)
 
 
@@ -184,10 +184,26 @@ def test_epochs_marker_is_taken_when_the_plan_is_made() -> None:
     rb.extend(rows(0, 40, gen))
     passes = rb.epochs(10)  # planned for 40 items
     rb.extend(rows(40, 5, gen))  # before the first next()
-    with pytest.raises(RuntimeError, match="extended or cleared during iteration"):
+    with pytest.raises(xpbank.BufferChangedError, match="extended or cleared during iteration"):
         next(passes)
     passes = rb.epochs(10)
     assert sum(b["index"].numel() for b in passes) == 45  # no write: the whole epoch
+
+
+def id_writer(rb: ReplayBuffer, issued: list[int], counts: dict[str, int], seed: int) -> Any:
+    """A ``run_threads`` target extending ``rb`` with items whose ``payload[:, 0]`` is the
+    id the buffer gives them (``issued[0]``: the next id, shared by every such writer)."""
+
+    def run(stop: threading.Event) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        while not stop.is_set():
+            n = int(torch.randint(1, 40, (1,), generator=gen))
+            with rb.lock:  # values encode the ids this extend is given
+                assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
+                issued[0] += n
+            counts["extend"] += 1
+
+    return run
 
 
 def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> None:
@@ -195,18 +211,6 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
     row the item its id names) and every bank saved meanwhile loads."""
     rb = ReplayBuffer(300, SPEC, seed=0)
     issued, counts = [0], dict.fromkeys(["extend", "clear", "all", "epoch", "save"], 0)
-
-    def writer(seed: int) -> Any:
-        def run(stop: threading.Event) -> None:
-            gen = torch.Generator().manual_seed(seed)
-            while not stop.is_set():
-                n = int(torch.randint(1, 40, (1,), generator=gen))
-                with rb.lock:  # values encode the ids this extend is given
-                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
-                    issued[0] += n
-                counts["extend"] += 1
-
-        return run
 
     def clearer(stop: threading.Event) -> None:
         while not stop.wait(0.02):
@@ -236,7 +240,7 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
                 for batch in passes:
                     check_whole(batch)
                     assert ((batch["index"] >= first) & (batch["index"] < first + n)).all()
-            except RuntimeError as exc:
+            except xpbank.BufferChangedError as exc:
                 assert "during iteration" in str(exc)
             counts["epoch"] += 1
 
@@ -250,7 +254,8 @@ def test_clear_sample_all_epochs_save_while_writers_extend(tmp_path: Path) -> No
                 assert contiguous(got["index"])
             counts["save"] += 1
 
-    run_threads([writer(1), writer(2), clearer, reader, epocher, saver], seconds=1.5)
+    writers = [id_writer(rb, issued, counts, seed) for seed in (1, 2)]
+    run_threads([*writers, clearer, reader, epocher, saver], seconds=1.5)
     assert all(counts.values()), counts
 
 
@@ -269,18 +274,6 @@ def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
     path = xpbank.save(ReplayBuffer(300, SPEC, seed=0), tmp_path / "bank")
     rb = xpbank.open_bank(path, "r+")
     issued, counts = [0], dict.fromkeys(["extend", "checkpoint", "merge"], 0)
-
-    def writer(seed: int) -> Any:
-        def run(stop: threading.Event) -> None:
-            gen = torch.Generator().manual_seed(seed)
-            while not stop.is_set():
-                n = int(torch.randint(1, 40, (1,), generator=gen))
-                with rb.lock:  # values encode the ids this extend is given
-                    assert rb.extend(rows(issued[0], n, gen)) == range(issued[0], issued[0] + n)
-                    issued[0] += n
-                counts["extend"] += 1
-
-        return run
 
     def checkpointer(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -306,9 +299,37 @@ def test_checkpoint_and_merge_while_writers_extend(tmp_path: Path) -> None:
                 check_copy(merged.sample_all())
             counts["merge"] += 1
 
-    run_threads([writer(1), writer(2), checkpointer, merger], seconds=1.5)
+    writers = [id_writer(rb, issued, counts, seed) for seed in (1, 2)]
+    run_threads([*writers, checkpointer, merger], seconds=1.5)
     assert all(counts.values()), counts
     rb.checkpoint()
     final = xpbank.load(path).sample_all()  # the last checkpoint: every item written
     check_whole(final)
     assert contiguous(final["index"]) and int(final["index"][-1]) == issued[0] - 1
+
+
+def public_methods(cls: type) -> list[str]:
+    """``cls``'s public methods (and ``len``), not its properties."""
+    import inspect
+
+    names = [n for n in dir(cls) if not n.startswith("_") or n == "__len__"]
+    return [n for n in names if callable(inspect.getattr_static(cls, n)) or n == "__len__"]
+
+
+@pytest.mark.parametrize("where", ["ReplayBuffer", "ShmReplayBuffer", "RayReplayBuffer"])
+def test_every_public_method_says_what_it_sees_under_threads(where: str) -> None:
+    """Each public method's docstring has a "Threads:" (or "Threads/processes:") note."""
+    import importlib
+    import inspect
+    import re
+
+    module = {"ReplayBuffer": "xpbank", "ShmReplayBuffer": "xpbank.distributed.shm"}
+    if where == "RayReplayBuffer":
+        pytest.importorskip("ray")
+    cls = getattr(importlib.import_module(module.get(where, "xpbank.distributed.ray")), where)
+    names = public_methods(cls)
+    assert {"sample", "extend", "__len__"} <= set(names)
+    missing = [
+        n for n in names if not re.search(r"Threads(/processes)?:", inspect.getdoc(getattr(cls, n)) or "")
+    ]
+    assert not missing, f"{where}: no 'Threads:' note in {missing}"

@@ -18,6 +18,7 @@ from xpbank.distributed.limiter import RateLimiter
 from xpbank.errors import (
     BankError,
     BatchTypeError,
+    BufferChangedError,
     BufferTimeoutError,
     CapacityError,
     ChannelError,
@@ -125,6 +126,7 @@ __all__ = [
     "ChannelError",
     "RateLimitTimeout",
     "ShardUnavailableError",
+    "BufferChangedError",
     "RateLimiter",
 ]
 

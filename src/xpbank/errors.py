@@ -29,6 +29,7 @@ __all__ = [
     "ChannelError",
     "RateLimitTimeout",
     "ShardUnavailableError",
+    "BufferChangedError",
 ]
 
 
@@ -102,6 +103,12 @@ class RateLimitTimeout(BufferTimeoutError):
 
 class ShardUnavailableError(XpbankError, RuntimeError):
     """A shard of a distributed buffer (a Ray actor) is down or did not answer in time."""
+
+
+class BufferChangedError(XpbankError, RuntimeError):
+    """An iterator's plan (``epochs``, minibatches) was made for a buffer state that has
+    since changed: items written or cleared, or a rollout's episode ends updated, after
+    the plan was made. Make a new iterator."""
 
 
 class MissingExtraError(XpbankError, ImportError):

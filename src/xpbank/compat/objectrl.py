@@ -156,10 +156,16 @@ class ReplayBuffer:
         """Batches of ``batch_size`` in storage order (oldest first), ``n_epochs`` passes.
 
         The transitions stored now are the ones visited; the last batch of a pass may
-        be smaller. The iterator is also kept for :meth:`get_next_batch`.
+        be smaller. The iterator is also kept for :meth:`get_next_batch`. A write after
+        this call raises :class:`~xpbank.BufferChangedError` at the next batch (objectrl
+        reads positions of the new contents).
         """
-        plan = epoch_plan(len(self), batch_size, n_epochs, shuffle=False)
-        self.epoch_iterator = (self.memory.sample_by_index(p) for p in plan)
+        with self.memory.lock:  # the size and the plan of one state
+            if len(self) == 0:
+                epoch_plan(0, batch_size, n_epochs)  # checks the arguments; visits nothing
+                self.epoch_iterator = iter(())
+            else:
+                self.epoch_iterator = self.memory.epochs(batch_size, n_epochs, shuffle=False)
         return self.epoch_iterator
 
     def get_next_batch(self, batch_size: int) -> TensorDict:

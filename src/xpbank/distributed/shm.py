@@ -171,6 +171,11 @@ class ShmReplayBuffer(ReplayBuffer):
         channel_rows: rows a channel holds between two pulls; a writer waits (up to its
             timeout) while its channel is full.
 
+    Threads/processes: as a :class:`~xpbank.ReplayBuffer` (every call one step under
+    ``rb.lock``), and the first time a thread takes ``rb.lock`` it moves the rows writers
+    published into the ring: a call (or a ``with rb.lock:`` group, or ``xpbank.save``)
+    sees every row published before it began and none published while it runs.
+
     Example:
         >>> import torch
         >>> from xpbank import Field, Spec
@@ -219,12 +224,15 @@ class ShmReplayBuffer(ReplayBuffer):
     def writer(self, index: int, timeout: float = 60.0) -> ShmWriter:
         """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`.
 
-        Threads: the channels are made under rb.lock (once)."""
+        Threads: one step under rb.lock (the channels are made once, the handle names the
+        one open then); a writer made just before another thread's :meth:`close` fails at
+        its first call, as every attached writer does."""
         if not isinstance(index, int) or not 0 <= index < self._num_writers:
             raise CapacityError(f"writer: index expected 0 .. {self._num_writers - 1}, got {index!r}")
-        with self._lock:  # not while another thread pulls
+        with self._lock:  # not while another thread pulls or closes
             self._open_channels()
-        return ShmWriter(self._channels[index].path, self.spec, self._channel_rows, timeout)  # type: ignore[arg-type]
+            path, spec = self._channels[index].path, self.spec
+        return ShmWriter(path, spec, self._channel_rows, timeout)  # type: ignore[arg-type]
 
     def pull(self) -> int:
         """Move every published row into the ring (in channel order); returns how many.
@@ -277,9 +285,9 @@ class ShmReplayBuffer(ReplayBuffer):
 
     def writers(self) -> list[WriterStatus]:
         """The state of every channel (checks for crashed writers first). Threads: one step under rb.lock."""
-        if not self._channels:
-            return [WriterStatus(i, "free", 0, 0, 0, 0) for i in range(self._num_writers)]
-        with self._lock:
+        with self._lock:  # the channels as they are now: not emptied by a close() after a check
+            if not self._channels:
+                return [WriterStatus(i, "free", 0, 0, 0, 0) for i in range(self._num_writers)]
             self._check_writers()
             out = []
             for i, channel in enumerate(self._channels):

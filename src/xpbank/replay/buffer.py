@@ -340,8 +340,9 @@ class ReplayBuffer:
         """Minibatches that visit every stored item once per epoch.
 
         Adding to or clearing the buffer after this call (even before the first
-        ``next``) raises ``RuntimeError`` at the next minibatch: the plan is made for the
-        items stored at the call; in-place :meth:`update` is allowed. Bad arguments raise
+        ``next``) raises :class:`~xpbank.BufferChangedError` (a ``RuntimeError``) at the
+        next minibatch: the plan is made for the items stored at the call; in-place
+        :meth:`update` is allowed. Bad arguments raise
         at the call. Threads: plan at the call, each minibatch, one step under rb.lock.
         """
         return reading.epochs(self, batch_size, n_epochs, shuffle, drop_last, fields)
@@ -361,7 +362,7 @@ class ReplayBuffer:
 
     @locked
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` into a buffer of the same capacity (one step under rb.lock)."""
+        """Restore a :meth:`state_dict` (same capacity). Threads: one step under rb.lock."""
         buffer_state.load_state_dict(self, state)
 
     def config(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from xpbank.errors import CapacityError, EmptyBufferError, check_positive_int
+from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
 from xpbank.replay.parts import BufferParts
 from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
@@ -134,7 +134,7 @@ def _run_plan(
             if positions is None:
                 return
             if (rb._ring.next_id, rb._ring.size) != marker:
-                raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
             slots, ids = rb._ring.slots_of_positions(positions)
             batch = gather(rb, slots, ids, keys)
         yield batch

@@ -123,14 +123,11 @@ class RolloutBuffer(RolloutReader):
             self._storage.initialize(check_reserved(spec))
         self._targets = Targets(layout, TensorStorage(layout.capacity, DERIVED, device=self._device))
         self._all = np.arange(layout.num_writers)
-        self._generation = 0
+        self._generation, self._stamp = 0, (0, "")
         self._episode_steps = np.zeros(layout.num_writers, np.int64)
         self._episodes = [0, 0]  # finished this rollout: count, total length
         self._generator = torch.Generator()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(seed)
+        self._generator.seed() if seed is None else self._generator.manual_seed(seed)
 
     # -- properties ------------------------------------------------------------
     @property
@@ -172,7 +169,7 @@ class RolloutBuffer(RolloutReader):
     def add(self, step: Any) -> None:
         """Store one step of every env (leading dim ``num_envs``) at each env's cursor.
 
-        Threads: no lock; concurrent writers (or a writer and readers) mix steps: use your own lock.
+        Threads: no lock; concurrent writers mix steps (use your own lock); iterators made before raise.
 
         Raises:
             SpecError: a field's keys, shape or dtype differ from the spec, or the
@@ -184,7 +181,7 @@ class RolloutBuffer(RolloutReader):
     def store(self, batch: Any, env_ids: Any) -> None:
         """Store one step of some envs (a slice, range, list or tensor of env ids).
 
-        Threads: no lock, as :meth:`add`; share it under your own lock.
+        Threads: no lock, as :meth:`add` (iterators made before raise); share it under your own lock.
 
         Each env writes at its own cursor, so envs may be out of step; the whole batch
         is checked (shapes, ids, room) before anything is written.
@@ -230,7 +227,7 @@ class RolloutBuffer(RolloutReader):
     def clear(self) -> None:
         """Start the next rollout: cursors to 0, earlier ``"index"`` ids become stale.
 
-        Threads: no lock; iterators made before raise at their next minibatch; use your own lock.
+        Threads: no lock; iterators made before raise :class:`~xpbank.BufferChangedError`; use your lock.
 
         Episodes still running keep their step counts (for ``stats()``'s episode length).
         """
@@ -243,6 +240,8 @@ class RolloutBuffer(RolloutReader):
         """Write fields (values, log-probs, ratios, advantages ...) of stored steps in place.
 
         Threads: not safe while another thread writes (no lock); share it under your own lock.
+        One that changes a stored ``terminated``/``truncated`` makes iterators made before raise
+        :class:`~xpbank.BufferChangedError` (their plans were cut at the old ends); other fields do not.
 
         Args:
             indices: the ``"index"`` of a minibatch (any shape); ids < 0 (the padding of
@@ -290,6 +289,7 @@ class RolloutBuffer(RolloutReader):
             rows = {k: both[k] for k in rows}
             derived = {k: both[k] for k in derived}
         if rows:
+            self._note_ends(slots, rows)
             self._storage.write(slots, rows)
         if derived:
             self._targets.write(slots, derived)

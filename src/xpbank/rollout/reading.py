@@ -2,8 +2,11 @@
 
 Every reader turns a plan of slots (:mod:`xpbank.rollout.minibatch`) into TensorDicts
 with one ``index_select`` per packed block (the stored fields, then the computed
-advantages/returns), and never writes to storage. A plan is made for one rollout:
-``clear()`` while iterating raises at the next minibatch. :meth:`RolloutReader.view`
+advantages/returns), and never writes to storage. A plan is made for the rollout as it
+is when the iterator is made: a ``clear()`` after that (and so any write: a complete rollout
+has room again only after one), or an :meth:`~xpbank.RolloutBuffer.update` that changes
+an episode end (``terminated`` / ``truncated``: trajectories are cut there), raises
+:class:`~xpbank.BufferChangedError` at the iterator's next ``next()``. :meth:`RolloutReader.view`
 hands a stored field out as a tensor view (for front-ends such as ``xpbank.compat``);
 writing into it is the caller's doing.
 """
@@ -16,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDict
 
-from xpbank.errors import CapacityError, SpecError, XpbankIndexError, check_positive_int
+from xpbank.errors import BufferChangedError, CapacityError, SpecError, XpbankIndexError, check_positive_int
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout
 from xpbank.rollout.minibatch import (
     anneal_beta,
@@ -61,6 +64,7 @@ class RolloutReader:
     _storage: TensorStorage
     _targets: Targets
     _generation: int
+    _stamp: tuple[int, str]  # (episode-end updates so far, which fields the last one changed)
     _generator: torch.Generator
     _device: torch.device
     _episodes: list[int]
@@ -145,10 +149,30 @@ class RolloutReader:
             flat = {k: v.reshape(*shape, *v.shape[1:]) for k, v in flat.items()}
         return to_tensordict(flat, tuple(shape), self._device)
 
-    def _check_same(self, generation: int, what: str) -> None:
-        """Minibatch plans are made for one rollout: refuse to read the next one."""
-        if self._generation != generation:
-            raise RuntimeError(f"{what}: the buffer was cleared during iteration")
+    def _marker(self) -> tuple[int, int]:
+        """What an iterator's plan is made for: the rollout (moved on by ``clear``) and its ends."""
+        return self._generation, self._stamp[0]
+
+    def _note_ends(self, slots: torch.Tensor, rows: dict[NestedKey, torch.Tensor]) -> None:
+        """Before an update writes ``rows`` at ``slots``: move the marker on where it rewrites
+        an episode end (repeating the stored flags, as a minibatch passed back whole does, is none)."""
+        ends = [k for k in (self.keys.terminated, self.keys.truncated) if k in rows]
+        if not ends or not slots.numel():
+            return
+        old = self._storage.gather(slots, ends)
+        moved = [key_str(k) for k in ends if not torch.equal(old[k], rows[k].to(old[k].device))]
+        if moved:
+            self._stamp = (self._stamp[0] + 1, f"updated (episode ends {moved} rewritten)")
+
+    def _check_same(self, marker: tuple[int, int], what: str) -> None:
+        """A plan is made for one state of the rollout: refuse to read another."""
+        if marker == self._marker():
+            return
+        how = "cleared" if marker[0] != self._generation else self._stamp[1]
+        raise BufferChangedError(
+            f"{what}: the buffer was {how} during iteration; the plan was made for the rollout "
+            f"as it was when the iterator was made: make a new iterator"
+        )
 
     def minibatches(
         self,
@@ -161,8 +185,9 @@ class RolloutReader:
     ) -> Iterator[TensorDict]:
         """Flat minibatches over all ``T * E`` steps, a fresh permutation every epoch.
 
-        Threads: no lock; the iterator raises if the buffer is cleared before a minibatch; hold your
-        own lock for the whole loop if another thread writes.
+        Threads: no lock; the plan is made at the call: a clear (so a write) or episode-end update after
+        it raises :class:`~xpbank.BufferChangedError` at the next minibatch (:meth:`update` of other
+        fields is fine); hold your own lock for the whole loop if another thread writes.
 
         Each is a TensorDict ``[B]`` of the stored fields, ``"advantage"``/``"return"``
         when computed, and ``"index"`` for :meth:`update`. ``normalize_advantages``
@@ -173,11 +198,13 @@ class RolloutReader:
         plan = flat_plan(
             self.capacity, num_minibatches, epochs, shuffle, drop_last, self._generator, reuse_order
         )
-        return self._flat(plan, normalize_advantages, self._generation)
+        return self._flat(plan, normalize_advantages, self._marker())
 
-    def _flat(self, plan: Iterator[torch.Tensor], normalize: bool, generation: int) -> Iterator[TensorDict]:
+    def _flat(
+        self, plan: Iterator[torch.Tensor], normalize: bool, marker: tuple[int, int]
+    ) -> Iterator[TensorDict]:
         for slots in plan:
-            self._check_same(generation, "minibatches")
+            self._check_same(marker, "minibatches")
             td = self._gather(slots, (slots.shape[0],))
             if normalize:
                 self._targets.normalize_in(td)
@@ -195,8 +222,9 @@ class RolloutReader:
     ) -> Iterator[RecurrentBatch]:
         """Trajectories split at episode ends (``terminated | truncated``), padded.
 
-        Threads: no lock; the plan is made at the call (from the episode ends then), the iterator
-        raises if the buffer is cleared before a minibatch; hold your own lock for the whole loop.
+        Threads: no lock; the plan is made at the call (the trajectories from the episode ends
+        then): a clear (so a write) or an :meth:`update` changing an episode end after it raises
+        :class:`~xpbank.BufferChangedError` at the next minibatch; hold your own lock for the whole loop.
 
         ``by="env"``: rsl_rl's way, every trajectory of ``num_envs / num_minibatches``
         envs per minibatch (sizes differ by one where it does not divide, or, with
@@ -220,7 +248,7 @@ class RolloutReader:
         plan = trajectory_plan(
             traj, self._layout.rows, num_minibatches, epochs, by, shuffle, self._generator, drop_last
         )
-        return self._recurrent(plan, traj, hidden, pad_to, self._generation)
+        return self._recurrent(plan, traj, hidden, pad_to, self._marker())
 
     def _recurrent(
         self,
@@ -228,10 +256,10 @@ class RolloutReader:
         traj: Any,
         hidden: list[NestedKey],
         pad_to: int | None,
-        generation: int,
+        marker: tuple[int, int],
     ) -> Iterator[RecurrentBatch]:
         for pick in plan:
-            self._check_same(generation, "recurrent_minibatches")
+            self._check_same(marker, "recurrent_minibatches")
             slots, mask = pad_trajectories(self._layout.grid, traj, pick, pad_to)
             td = self._gather(slots.reshape(-1), tuple(slots.shape))
             td.set("index", torch.where(mask.to(self._device), td["index"], -1))
@@ -251,8 +279,9 @@ class RolloutReader:
     ) -> Iterator[TensorDict]:
         """BPTT windows ``[minibatch_segments, bptt_horizon]``, sequential or prioritized.
 
-        Threads: no lock; the plan is made at the call, the iterator raises if the buffer is cleared
-        before a minibatch; hold your own lock for the whole loop.
+        Threads: no lock; the plan is made at the call (the priorities from the advantages then): a
+        clear (so a write) or episode-end update after it raises :class:`~xpbank.BufferChangedError` at
+        the next minibatch; hold your own lock for the whole loop.
 
         Segments are the buffer's rows (segmented layout) or each env's consecutive
         windows of ``bptt_horizon`` steps. ``alpha > 0`` draws segments with probability
@@ -273,12 +302,12 @@ class RolloutReader:
         plans = [
             segment_plan(adv, per, seg.shape[0] // per, alpha, beta, self._generator) for _ in range(epochs)
         ]
-        return self._segments(seg, plans, self._generation)
+        return self._segments(seg, plans, self._marker())
 
-    def _segments(self, seg: torch.Tensor, plans: list[Any], generation: int) -> Iterator[TensorDict]:
+    def _segments(self, seg: torch.Tensor, plans: list[Any], marker: tuple[int, int]) -> Iterator[TensorDict]:
         for plan in plans:
             for rows, weight in plan:
-                self._check_same(generation, "segment_minibatches")
+                self._check_same(marker, "segment_minibatches")
                 slots = seg.index_select(0, rows)
                 td = self._gather(slots.reshape(-1), tuple(slots.shape))
                 td.set("weight", weight.to(self._device).unsqueeze(1).expand(slots.shape).contiguous())
@@ -295,16 +324,16 @@ class RolloutReader:
         """One TensorDict ``[num_envs]`` per time step, in order (distillation: student
         and teacher actions of every env at step ``t``).
 
-        Threads: no lock; the iterator raises if the buffer is cleared before a step; hold your own
-        lock for the whole loop.
+        Threads: no lock; a clear (so a write) or episode-end update after the call raises
+        :class:`~xpbank.BufferChangedError` at the next step; hold your own lock for the whole loop.
         """
         self._layout.require_ready("steps")
-        return self._steps(self._generation)
+        return self._steps(self._marker())
 
-    def _steps(self, generation: int) -> Iterator[TensorDict]:
+    def _steps(self, marker: tuple[int, int]) -> Iterator[TensorDict]:
         grid = self._layout.grid
         for t in range(grid.shape[0]):
-            self._check_same(generation, "steps")
+            self._check_same(marker, "steps")
             yield self._gather(grid[t], (grid.shape[1],))
 
     def stats(self) -> dict[str, float]:

@@ -57,8 +57,11 @@ class RayReplayBuffer(LocalApi):
     samples come from the others (logged; :meth:`shard_status` says which) and rows
     sent to it are lost (at most once, never twice).
 
-    The client object is for one thread (the learner's); give each collector its own
-    :meth:`writer` (send writers to collector tasks or actors, not the buffer).
+    Threads/processes: the client object is for one thread (the learner's); give each
+    collector its own :meth:`writer` (send writers to collector tasks or actors, not the
+    buffer). Each shard runs each call in one step under its lock; a call over several
+    shards is one step per shard, in parallel, not one moment across them (what each
+    method's "per shard" note means); reads by position are checked (``LocalApi``).
 
     Args:
         num_shards: how many actors.
@@ -223,7 +226,8 @@ class RayReplayBuffer(LocalApi):
         return list(self._link.shards)
 
     def __len__(self) -> int:
-        """Items held by the shards that are up (flushes this client's writer first)."""
+        """Items held by the shards that are up (flushes this client's writer first).
+        Threads/processes: per shard (sizes of one round trip); may be stale at once."""
         self._writer.flush()
         return sum(int(st["size"]) for st in self._health.poll().values())
 
@@ -236,14 +240,15 @@ class RayReplayBuffer(LocalApi):
     # -- writing ---------------------------------------------------------------
     def writer(self) -> RayWriter:
         """A new picklable writer for a collector (its own batching; see :class:`RayWriter`;
-        with ``flush_bytes=0`` it batches 1 MiB: synchronous writes are this client's)."""
+        with ``flush_bytes=0`` it batches 1 MiB: synchronous writes are this client's).
+        Threads/processes: a new handle with its own queue; one per collector."""
         self._writers += 1
         flush = 1 << 20 if self._sync else self._writer.flush_bytes
         return RayWriter(self._link, self.spec, self._writers - 1, self._pinned, flush)
 
     def add(self, item: Any) -> int:
         """Queue one item (a mapping or TensorDict without a batch dim); returns 1, or
-        its id with synchronous writes (``flush_bytes=0``)."""
+        its id with synchronous writes (``flush_bytes=0``). Threads/processes: as :meth:`extend`."""
         if self._sync:
             return int(self._writer.write_now(self._writer.one_row(item))[0])
         return self._writer.add(item)
@@ -256,22 +261,24 @@ class RayReplayBuffer(LocalApi):
         with one shard the local buffer's ids) when the rows went to one shard, else an
         int64 tensor in row order. Otherwise this gives no ids: they are the shards' and
         only known once the rows are flushed; a sample's ``"index"`` carries them.
+        Threads/processes: per shard (a batch split over shards lands shard by shard).
         """
         if self._sync:
             return self._writer.write_now(batch)
         return self._writer.extend(batch)
 
     def flush(self) -> int:
-        """Send this client's pending rows now; returns how many were stored."""
+        """Send this client's pending rows now; returns how many. Threads/processes: per shard."""
         return self._writer.flush()
 
     def rate_limiter_state(self) -> dict[str, float] | None:
-        """The rate limiter's counters and bounds (``None`` without one)."""
+        """The limiter's counters and bounds (``None``: none). Threads/processes: of one moment."""
         limiter = self._link.limiter
         return None if limiter is None else ray.get(limiter.state.remote(), timeout=self._link.timeout)
 
     def shard_status(self) -> list[ShardStatus]:
-        """The state of every shard (flushes this client's writer, then polls them)."""
+        """The state of every shard (flushes this client's writer, then polls them).
+        Threads/processes: per shard (each as it answered)."""
         self._writer.flush()
         return self._health.status(self._writer.lost)
 
@@ -287,7 +294,9 @@ class RayReplayBuffer(LocalApi):
         Flushes this client's writer and waits for the rate limiter first. Rows come
         grouped by shard (the draw and the merge: :mod:`xpbank.distributed.ray.draw`).
         With a :class:`~xpbank.PrioritizedSampler` the batch carries ``"weight"``
-        computed from the global totals (see the class docstring).
+        computed from the global totals (see the class docstring). Threads/processes:
+        counts from the sizes (priority totals) of one round trip, each part drawn and
+        weighted per shard (a write in between shifts the counts a little, tears nothing).
 
         Raises:
             EmptyBufferError: no shard that is up holds an item.
@@ -319,7 +328,7 @@ class RayReplayBuffer(LocalApi):
         (in parallel), then all write. With ``stale="raise"`` an id overwritten (or lost
         in a restart) raises and nothing is written; an item overwritten between the
         check and the write is dropped. Updates for a shard that is down are dropped
-        (logged).
+        (logged). Threads/processes: per shard, effective at the check round.
 
         Raises:
             PriorityError, XpbankIndexError, StaleIndexError: as :meth:`ReplayBuffer.update_priority`.
@@ -344,6 +353,7 @@ class RayReplayBuffer(LocalApi):
         """Drop every item on every shard that is up, and this client's pending rows.
 
         Ids handed out before become stale (each shard's ``ReplayBuffer.clear``).
+        Threads/processes: per shard (another client's rows may land on either side).
 
         Raises:
             ShardUnavailableError: a shard is down (the others were cleared).
@@ -355,6 +365,7 @@ class RayReplayBuffer(LocalApi):
     # -- checkpoints and shutdown ---------------------------------------------------
     def checkpoint(self) -> list[Path]:
         """Flush, then save every shard that is up as a bank now; returns their paths.
+        Threads/processes: per shard (each bank one state of its shard).
 
         Raises:
             ShardUnavailableError: a shard is down (the others are saved).
@@ -365,7 +376,8 @@ class RayReplayBuffer(LocalApi):
         return [Path(answers[s]["path"]) for s in range(self.num_shards)]
 
     def close(self) -> None:
-        """Flush and end the shard actors (their checkpoints stay in ``checkpoint_dir``)."""
+        """Flush and end the shard actors (their checkpoints stay in ``checkpoint_dir``).
+        Threads/processes: writers still sending fail after it; call it once."""
         try:
             self._writer.flush()
         finally:

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from xpbank.distributed.ray.routing import check_routed
+from xpbank.distributed.ray.ids import id_problem, split_by_shard
 from xpbank.errors import (
+    BufferChangedError,
     CapacityError,
     EmptyBufferError,
     ShardUnavailableError,
@@ -203,11 +204,11 @@ class LocalApi:
 
         The shuffled order of each epoch is drawn by shard 0's generator (with one shard:
         the local buffer's draws). A write to or clear of any shard while iterating
-        raises ``RuntimeError`` at the next minibatch; :meth:`update` is allowed.
+        raises :class:`~xpbank.BufferChangedError` at the next minibatch; :meth:`update` is allowed.
 
         Threads/processes: each minibatch is read from the state the epochs were planned
         on (every shard it reads checks so under its lock); one written or cleared
-        before or while it is read raises that ``RuntimeError`` instead.
+        before or while it is read raises that error instead.
         """
         batch_size = check_positive_int("batch_size", batch_size)
         n_epochs = check_positive_int("n_epochs", n_epochs)
@@ -236,19 +237,25 @@ class LocalApi:
             for start in range(0, stop, batch_size):
                 now = self._stats()
                 if {s: (st["next"], st["size"]) for s, st in now.items()} != marker:
-                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                    raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
                 got = self._read("epochs", order[start : start + batch_size], keys, now)
                 if isinstance(got, tuple):
-                    raise RuntimeError("epochs: the buffer was extended or cleared during iteration")
+                    raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
                 yield got
 
     def update(self, indices: Any, batch: Any) -> None:
         """Overwrite fields of stored items in place, by the ids a sample returned.
 
-        As :meth:`ReplayBuffer.update`: the values are checked against the spec and the
-        ids against their shards (never written, overwritten, cleared) before any shard
-        writes; on error nothing is written. One shard: one round trip; more: a check
-        round and a write round, in parallel over the shards involved.
+        As :meth:`ReplayBuffer.update`: the values are checked against the spec, and the
+        ids and values against their shards (never written, overwritten, cleared; an
+        indexed item's env id or episode-end flag changed) before any shard writes; on
+        error nothing is written. One shard: one round trip; more: a check round and a
+        write round, in parallel over the shards involved.
+
+        Threads/processes: one shard: one step under its lock. More: the update takes
+        effect at the check round (every id live then); an item a writer overwrites
+        between the two rounds is dropped, as if the update came first (no error, no
+        shard half-written); a shard that goes down between them misses its rows.
 
         Raises:
             StaleIndexError, XpbankIndexError, SpecError, EmptyBufferError: as the local buffer.
@@ -265,11 +272,20 @@ class LocalApi:
         lead, flat = spec.conform(flat, 1, partial=True)
         if lead and lead[0] != ids.shape[0]:
             raise SpecError(f"update: got {ids.shape[0]} indices but {lead[0]} rows of values")
-        local, rows = check_routed(self._link, None, ids, "raise")
+        num = self._link.num_shards
+        routed, rows = split_by_shard(ids, num)
         parts = {
-            s: (loc, {k: v[torch.from_numpy(rows[s])] for k, v in flat.items()}) for s, loc in local.items()
+            s: (routed[r] // num, {k: v[torch.from_numpy(r)] for k, v in flat.items()})
+            for s, r in enumerate(rows)
+            if r.size
         }
-        self._raise_down(self._link.call_each({s: ("update", part) for s, part in parts.items()}), "update")
+        checks = self._link.call_each({s: ("check_update", part) for s, part in parts.items()})
+        for s, problem in self._raise_down(checks, "update").items():
+            error = None if problem is None else id_problem(s, problem, num, "raise")
+            if error is not None:
+                raise error
+        writes = {s: ("update", (*part, True)) for s, part in parts.items()}
+        self._raise_down(self._link.call_each(writes), "update")
 
     @staticmethod
     def _raise_down(answers: dict[int, Any], what: str) -> dict[int, Any]:
@@ -286,6 +302,7 @@ class LocalApi:
         buffer loads a ``ReplayBuffer``'s) with ``"ray"`` (the client's generator) and
         ``"offset"`` added. More shards: ``{"version", "num_shards", "shards": [...],
         "ray"}``. For checkpoints that survive a crash use :meth:`checkpoint` (banks).
+        Threads/processes: per shard (each part one state of its shard).
         """
         self._writer.flush()
         calls = {s: ("state_dict", ()) for s in range(self._link.num_shards)}
@@ -304,6 +321,7 @@ class LocalApi:
         """Restore a :meth:`state_dict` of a buffer with as many shards (one shard: also a
         ``ReplayBuffer``'s). Each shard checks its part as ``ReplayBuffer.load_state_dict``
         does; if one refuses, the shards already loaded are put back as they were.
+        Threads/processes: per shard.
 
         Raises:
             CapacityError: another number of shards, or another capacity.

@@ -42,8 +42,10 @@ import torch
 
 from xpbank.bank import bank_metadata, load, save
 from xpbank.bank.format import MANIFEST
-from xpbank.errors import CorruptBankError
+from xpbank.errors import CorruptBankError, SpecError
 from xpbank.replay.buffer import ReplayBuffer
+from xpbank.replay.writing import keep_last
+from xpbank.ring.episode_update import check_episode_update
 from xpbank.sampler import make_sampler
 from xpbank.spec.spec import Spec
 
@@ -286,10 +288,46 @@ class Shard:
         with self.rb.lock:
             return torch.randperm(n, generator=self.rb.generator)
 
-    def update(self, ids: Any, flat: dict[Any, torch.Tensor]) -> None:
-        """``ReplayBuffer.update`` by this shard's ids (it checks ids and values first)."""
+    def check_update(self, ids: np.ndarray, flat: dict[Any, torch.Tensor]) -> dict[str, Any] | None:
+        """What ``update(ids, flat)`` would refuse, writing nothing: :meth:`check_ids`'s
+        answer, or a :class:`~xpbank.SpecError` where a row changes an indexed item's env
+        id or episode-end flag (``flat``: values already conformed to the spec)."""
         with self.rb.lock:
-            self.rb.update(np.asarray(ids, dtype=np.int64) - self.offset, flat)
+            problem = self.check_ids(ids)
+            if problem is not None or self.rb.spec is None or self.rb.episodes is None:
+                return problem
+            slots = self.rb._ring.slots_of_ids(np.asarray(ids, dtype=np.int64) - self.offset)
+            if slots.shape[0] and torch.unique(slots).numel() != slots.shape[0]:
+                slots, flat = keep_last(slots, flat)
+            try:
+                check_episode_update(self.rb._ring, self.rb.spec, slots, flat)
+            except SpecError as exc:
+                raise SpecError(
+                    f"shard {self.index}: {exc} (an id of this shard's ring: its global id is "
+                    f"(id + {self.offset}) * {self.num_shards} + {self.index}); nothing was updated"
+                ) from None
+            return None
+
+    def update(self, ids: Any, flat: dict[Any, torch.Tensor], checked: bool = False) -> int:
+        """``ReplayBuffer.update`` by this shard's ids (it checks ids and values first);
+        returns how many rows were written.
+
+        ``checked``: the ids were found live by :meth:`check_update` (a multi-shard
+        update's first round); those overwritten since are dropped, not raised: the
+        update took effect at the check, before the write that overwrote them.
+        """
+        with self.rb.lock:
+            ring_ids = np.asarray(ids, dtype=np.int64) - self.offset
+            if checked:
+                ring = self.rb._ring
+                live = (ring_ids >= ring.first_id) & (ring_ids < ring.next_id)
+                if not live.all():
+                    keep = torch.from_numpy(np.flatnonzero(live))
+                    ring_ids, flat = ring_ids[live], {k: v.index_select(0, keep) for k, v in flat.items()}
+                if not ring_ids.size:
+                    return 0
+            self.rb.update(ring_ids, flat)
+            return int(ring_ids.size)
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer's ``state_dict`` plus this shard's id ``offset``."""
