@@ -36,6 +36,7 @@ from xpbank.errors import (
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.her import HerSampler
 from xpbank.integrations.minari import export_minari, import_minari
 from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
@@ -73,6 +74,7 @@ __all__ = [
     "UniformSampler",
     "PrioritizedSampler",
     "SequenceSampler",
+    "HerSampler",
     "ReplayBuffer",
     "RolloutBuffer",
     "RolloutKeys",
