@@ -44,10 +44,7 @@ class Stream:
 
     def write(self, steps: int) -> None:
         e = self.envs
-        if self.lockstep:
-            env = np.tile(np.arange(e), steps)
-        else:
-            env = self.rng.integers(0, e, steps * e)
+        env = np.tile(np.arange(e), steps) if self.lockstep else self.rng.integers(0, e, steps * e)
         n = env.shape[0]
         term = self.rng.random(n) < 0.07
         trunc = (self.rng.random(n) < 0.05) & ~term
@@ -110,7 +107,8 @@ def test_goals_come_from_the_items_own_written_episode(strategy: str, lockstep: 
             assert desired[:m].tolist() == [g + 0.5 for g in goal[:m]]
             assert batch["next_desired_goal"][:m, 0].tolist() == desired[:m].tolist()
             assert (desired[m:] == -7.0).all() and (batch["reward"][m:] == -3.0).all()
-            assert batch["reward"][:m].tolist() == [float(g - i) for g, i in zip(goal[:m], idx[:m])]
+            gaps = [float(g - i) for g, i in zip(goal[:m], idx[:m], strict=True)]
+            assert batch["reward"][:m].tolist() == gaps
             assert batch["terminated"].tolist() == [s.term[i] for i in idx]  # kept as stored
 
 
@@ -139,10 +137,12 @@ def test_episode_ends_follow_truncate_newest_clear_and_a_loaded_state() -> None:
         s.end[i] = True
     s.write(2)
     batch = s.rb.sample(256)
-    for t, g in zip(batch["index"].tolist(), batch["her_goal"].tolist()):
+    for t, g in zip(batch["index"].tolist(), batch["her_goal"].tolist(), strict=True):
         assert g == s.episode(t)[-1]
     state = s.rb.state_dict()
-    other = ReplayBuffer(40, sampler=HerSampler(compute_reward=goal_gap, strategy="final", relabel_fraction=1.0), num_envs=2)
+    other = ReplayBuffer(
+        40, sampler=HerSampler(compute_reward=goal_gap, strategy="final", relabel_fraction=1.0), num_envs=2
+    )
     other.load_state_dict(state)
     a, b = s.rb.sample(128), other.sample(128)
     assert torch.equal(a["her_goal"], b["her_goal"]) and torch.equal(a["desired_goal"], b["desired_goal"])
@@ -154,7 +154,7 @@ def test_episode_ends_follow_truncate_newest_clear_and_a_loaded_state() -> None:
     s.term += [False] * pad
     s.write(4)
     batch = s.rb.sample(64)
-    for t, g in zip(batch["index"].tolist(), batch["her_goal"].tolist()):
+    for t, g in zip(batch["index"].tolist(), batch["her_goal"].tolist(), strict=True):
         assert g == s.episode(t)[-1]
 
 
@@ -239,7 +239,7 @@ def test_prioritized_base_keeps_priorities_per_stored_item() -> None:
                "reward": torch.zeros(8), "terminated": torch.arange(8) % 4 == 3})  # fmt: skip
     rb.update_priority(torch.arange(8), torch.tensor([0.0, 0, 0, 0, 0, 0, 0, 1.0]))
     batch = rb.sample(64)
-    assert (batch["index"] == 7).all() and "weight" in batch.keys()
+    assert (batch["index"] == 7).all() and "weight" in batch
     assert (batch["her_goal"][:32] == 7).all()  # 7 ends its episode: future gives 7 only
     with pytest.raises(PriorityError, match="wrap a PrioritizedSampler"):
         plain = ReplayBuffer(8, sampler=HerSampler(compute_reward=goal_gap), num_envs=1)
@@ -276,12 +276,22 @@ def test_nested_gymnasium_keys_and_configured_names() -> None:
         ("next", "reward"): -torch.ones(4),
         ("next", "terminated"): torch.tensor([False, False, False, True]),
     }
-    rb = ReplayBuffer(10, num_envs=1, seed=0, sampler=HerSampler(strategy="final", relabel_fraction=1.0, compute_reward=goal_gap))
+    rb = ReplayBuffer(
+        10,
+        num_envs=1,
+        seed=0,
+        sampler=HerSampler(strategy="final", relabel_fraction=1.0, compute_reward=goal_gap),
+    )
     rb.extend(spec_batch)
     batch = rb.sample(4)
     assert (batch["obs", "desired_goal"] == 4.0).all() and (batch["next", "obs", "desired_goal"] == 4.0).all()
     keys = GoalKeys(desired="goal", next_achieved="reached")
-    rb2 = ReplayBuffer(10, num_envs=1, seed=0, sampler=HerSampler(keys=keys, strategy="final", relabel_fraction=1.0, compute_reward=goal_gap))
+    rb2 = ReplayBuffer(
+        10,
+        num_envs=1,
+        seed=0,
+        sampler=HerSampler(keys=keys, strategy="final", relabel_fraction=1.0, compute_reward=goal_gap),
+    )
     rb2.extend({"goal": torch.zeros(4, 1), "reached": torch.arange(4.0)[:, None], "reward": torch.zeros(4)})
     assert (rb2.sample(4)["goal"] == 3.0).all()
     rb3 = ReplayBuffer(10, num_envs=1, sampler=HerSampler(compute_reward=goal_gap))
@@ -300,11 +310,15 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="n_sampled_goal"):
         HerSampler(n_sampled_goal=0)
     rb = ReplayBuffer(10, num_envs=1, sampler=HerSampler(compute_reward=lambda a, d, i: np.zeros(3)))
-    rb.extend({"desired_goal": torch.zeros(4, 1), "next_achieved_goal": torch.zeros(4, 1), "reward": torch.zeros(4)})
+    rb.extend(
+        {"desired_goal": torch.zeros(4, 1), "next_achieved_goal": torch.zeros(4, 1), "reward": torch.zeros(4)}
+    )
     with pytest.raises(SpecError, match="one value per item"):
         rb.sample(8)
     batch = ReplayBuffer(10, num_envs=1, sampler=HerSampler(compute_reward=goal_gap))
-    batch.extend({"desired_goal": torch.zeros(4, 1), "next_achieved_goal": torch.zeros(4, 1), "reward": torch.zeros(4)})
+    batch.extend(
+        {"desired_goal": torch.zeros(4, 1), "next_achieved_goal": torch.zeros(4, 1), "reward": torch.zeros(4)}
+    )
     sampled = batch.sample(4)
     with pytest.raises(SpecError):
         batch.update(sampled["index"], sampled)  # relabelled goals are not the stored ones

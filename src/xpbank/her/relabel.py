@@ -121,12 +121,14 @@ class GoalKeys:
                     f"GoalKeys({role}=...); known: {names}"
                 )
             out[role] = found[0] if found else None
+        achieved = out["next_achieved"]
+        achieved_key = achieved if achieved is not None else ""
         for role in ("desired", "next_desired"):
-            key = out[role]
-            if key is not None and spec[key] != spec[out["next_achieved"]]:  # type: ignore[index]
+            goal_key = out[role]
+            if goal_key is not None and spec[goal_key] != spec[achieved_key]:
                 raise SpecError(
-                    f"her: {role} field {key_str(key)!r} is {spec[key]}, but the achieved goal "
-                    f"{key_str(out['next_achieved'])!r} is {spec[out['next_achieved']]}: a goal must fit"  # type: ignore[index]
+                    f"her: {role} field {key_str(goal_key)!r} is {spec[goal_key]}, but the achieved goal "
+                    f"{key_str(achieved_key)!r} is {spec[achieved_key]}: a goal must fit"
                 )
         return out
 
@@ -189,7 +191,7 @@ def relabel(
         window, steps = (item_ids % c)[None], np.ones(m, dtype=np.int64)
     else:
         window, steps = episodes.walk_slots(item_ids, n)  # [n, m] slots, step-major
-    achieved_key = keys["next_achieved"]
+    achieved_key: NestedKey = keys["next_achieved"] or ""  # resolve() found it
     fields = [achieved_key, *(k for k in info_keys if k != "index")]
     read = storage.gather(torch.from_numpy(np.concatenate([window.reshape(-1), goal_ids % c])), fields)
     achieved_all = _numpy(read[achieved_key])
@@ -214,7 +216,7 @@ def relabel(
             term_last = episodes.terminated_of_slots(window[steps - 1, np.arange(m)])
         past = np.arange(1, n)[:, None] >= new_steps
         powers = float(nstep.gamma) ** np.arange(n + 1, dtype=np.float64)
-        ret, disc = nstep_sum(reward.astype(np.float64), past, new_steps, term_last, powers)
+        ret, disc = nstep_sum(reward.astype(np.float64), past, new_steps, np.asarray(term_last), powers)
         _put(flat, "nstep_return", rows_t, ret)
         _put(flat, "nstep_discount", rows_t, disc)
         _put(flat, "nstep_steps", rows_t, new_steps)

@@ -100,9 +100,8 @@ class HerSampler:
         keys: GoalKeys | Mapping[str, Any] | None = None,
         info_keys: Sequence[Any] = (),
     ):
-        if isinstance(base, Mapping):
-            base = make_sampler(base)
-        self.base: Sampler = base if base is not None else UniformSampler()
+        made: Sampler | None = make_sampler(base) if isinstance(base, Mapping) else base
+        self.base: Sampler = made if made is not None else UniformSampler()
         if isinstance(self.base, HerSampler):
             raise SpecError("base: a HerSampler cannot wrap another HerSampler")
         if strategy not in STRATEGIES:
@@ -110,7 +109,8 @@ class HerSampler:
         self.strategy = strategy
         if n_sampled_goal is not None and relabel_fraction is not None:
             raise SpecError(
-                f"give n_sampled_goal or relabel_fraction, not both (got {n_sampled_goal!r} and {relabel_fraction!r})"
+                "give n_sampled_goal or relabel_fraction, not both "
+                f"(got {n_sampled_goal!r} and {relabel_fraction!r})"
             )
         if relabel_fraction is None:
             k = 4 if n_sampled_goal is None else check_positive_int("n_sampled_goal", n_sampled_goal)
@@ -125,7 +125,8 @@ class HerSampler:
         self.compute_terminated = compute_terminated
         self.keys = GoalKeys(**keys) if isinstance(keys, Mapping) else (keys or GoalKeys())
         self.info_keys: tuple[NestedKey, ...] = tuple(
-            "index" if k == "index" else normalize_key(tuple(k) if isinstance(k, list) else k) for k in info_keys
+            "index" if k == "index" else normalize_key(tuple(k) if isinstance(k, list) else k)
+            for k in info_keys
         )
         self._resolved: tuple[Any, dict[str, NestedKey | None]] | None = None
 
@@ -146,7 +147,10 @@ class HerSampler:
             )
         slots, info = self.base.sample(ring, batch_size, generator, replace)
         if slots.ndim != 1:
-            raise SpecError(f"HerSampler: the wrapped sampler gave {tuple(slots.shape)} slots; it relabels items, not windows")
+            raise SpecError(
+                f"HerSampler: the wrapped sampler gave {tuple(slots.shape)} slots; "
+                "it relabels items, not windows"
+            )
         return slots, info
 
     def on_write(self, slots: Slots, ring: Ring) -> None:
@@ -218,6 +222,9 @@ class HerSampler:
             raise RuntimeError("HerSampler.relabel needs the buffer's spec and episode index")
         if self._resolved is None or self._resolved[0] is not spec:
             self._resolved = (spec, self.keys.resolve(spec))
+        reward = self.compute_reward
+        if reward is None:  # sample() checked; a sampler changed in between
+            raise SpecError("HerSampler: no compute_reward")
         if flat is None:
             flat = storage.gather(slots, keys)
         b = slots.shape[0]
@@ -230,7 +237,7 @@ class HerSampler:
             goals = choose_goals(episodes, ring, item_ids, self.strategy, uniform, stride)
             relabel(
                 storage, ring, self._resolved[1], flat, np.arange(m, dtype=np.int64), item_ids, goals,
-                self.compute_reward, self.compute_terminated, self.info_keys, nstep,
+                reward, self.compute_terminated, self.info_keys, nstep,
             )  # fmt: skip
             goal_index[:m] = goals
         info["her_goal"] = torch.from_numpy(goal_index)
