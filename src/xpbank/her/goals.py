@@ -100,6 +100,15 @@ def _ends_table(episodes: EpisodeIndex, ring: Ring, stride: int) -> EpisodeEnds:
     return table
 
 
+def _lockstep_end(episodes: EpisodeIndex, ring: Ring, ids: np.ndarray, stride: int) -> np.ndarray:
+    """The last written step of each item's episode (lockstep: from the ends table)."""
+    end = _ends_table(episodes, ring, stride).end[ids % ring.capacity]
+    open_ = end < 0
+    if open_.any():  # the env's open episode: its newest item
+        end[open_] = ids[open_] + stride * ((ring.next_id - 1 - ids[open_]) // stride)
+    return end
+
+
 def episode_bounds(
     episodes: EpisodeIndex, ring: Ring, ids: np.ndarray, stride: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -110,9 +119,7 @@ def episode_bounds(
     c, first_id = ring.capacity, ring.first_id
     links = episodes.links()
     if stride is not None:
-        end = _ends_table(episodes, ring, stride).end[ids % c]
-        open_ = end < 0
-        end[open_] = ids[open_] + stride * ((ring.next_id - 1 - ids[open_]) // stride)
+        end = _lockstep_end(episodes, ring, ids, stride)
         start = links.start[ids % c]
         first = np.where(start >= first_id, start, ids - stride * ((ids - first_id) // stride))
         return first, end, None
@@ -161,7 +168,10 @@ def choose_goals(
         uniform: one float64 in ``[0, 1)`` per item (the draw; ignored by ``"final"``).
         stride: :func:`stride_of` the index (``None``: walk the links).
     """
-    first, end, walked = episode_bounds(episodes, ring, ids, stride)
+    if stride is not None and strategy != "episode":  # the first step is not needed
+        first, end, walked = ids, _lockstep_end(episodes, ring, ids, stride), None
+    else:
+        first, end, walked = episode_bounds(episodes, ring, ids, stride)
     if strategy == "final":
         return end
     step = 1 if stride is None else stride

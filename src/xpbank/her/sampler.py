@@ -128,7 +128,8 @@ class HerSampler:
             "index" if k == "index" else normalize_key(tuple(k) if isinstance(k, list) else k)
             for k in info_keys
         )
-        self._resolved: tuple[Any, dict[str, NestedKey | None]] | None = None
+        # (spec, its keys, the index's stride) for the spec last seen
+        self._resolved: tuple[Any, dict[str, NestedKey | None], int | None] | None = None
 
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
@@ -221,7 +222,7 @@ class HerSampler:
         if spec is None or episodes is None:
             raise RuntimeError("HerSampler.relabel needs the buffer's spec and episode index")
         if self._resolved is None or self._resolved[0] is not spec:
-            self._resolved = (spec, self.keys.resolve(spec))
+            self._resolved = (spec, self.keys.resolve(spec), stride_of(episodes, spec))
         reward = self.compute_reward
         if reward is None:  # sample() checked; a sampler changed in between
             raise SpecError("HerSampler: no compute_reward")
@@ -232,11 +233,10 @@ class HerSampler:
         uniform = torch.rand(m, generator=generator, dtype=torch.float64).numpy()
         goal_index = np.full(b, -1, dtype=np.int64)
         if m:
-            item_ids = ids[:m].cpu().numpy()
-            stride = stride_of(episodes, spec)
-            goals = choose_goals(episodes, ring, item_ids, self.strategy, uniform, stride)
+            item_ids = ids[:m].numpy() if ids.device.type == "cpu" else ids[:m].cpu().numpy()
+            goals = choose_goals(episodes, ring, item_ids, self.strategy, uniform, self._resolved[2])
             relabel(
-                storage, ring, self._resolved[1], flat, np.arange(m, dtype=np.int64), item_ids, goals,
+                storage, ring, self._resolved[1], flat, item_ids, goals,
                 reward, self.compute_terminated, self.info_keys, nstep,
             )  # fmt: skip
             goal_index[:m] = goals
