@@ -285,6 +285,9 @@ def test_nested_gymnasium_keys_and_configured_names() -> None:
     rb.extend(spec_batch)
     batch = rb.sample(4)
     assert (batch["obs", "desired_goal"] == 4.0).all() and (batch["next", "obs", "desired_goal"] == 4.0).all()
+    some = rb.sample(4, fields=[("obs", "desired_goal"), ("next", "reward")])  # goals read from storage
+    assert (some["obs", "desired_goal"] == 4.0).all()
+    assert some["next", "reward"].tolist() == (3.0 - some["index"]).tolist()  # 4 - next achieved
     keys = GoalKeys(desired="goal", next_achieved="reached")
     rb2 = ReplayBuffer(
         10,
@@ -322,3 +325,52 @@ def test_bad_arguments_are_refused() -> None:
     sampled = batch.sample(4)
     with pytest.raises(SpecError):
         batch.update(sampled["index"], sampled)  # relabelled goals are not the stored ones
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_frame_storage_images_and_goals(lockstep: bool) -> None:
+    """Image observations stored once per step (FrameStorage) next to the goal fields:
+    the frames come back as stored, the goals relabelled as with any storage."""
+    rng = np.random.default_rng(0)
+    n, e = 60, 2
+    extra: dict[str, object] = {"num_envs": e} if lockstep else {}
+    rb = ReplayBuffer(
+        40, storage=xpbank.FrameStorage(40, stacked=False), seed=0, **extra,  # type: ignore[arg-type]
+        sampler=HerSampler(compute_reward=goal_gap, strategy="future", relabel_fraction=0.5),
+    )  # fmt: skip
+    frames = torch.from_numpy(rng.integers(0, 255, (n + e, 3, 3), dtype=np.uint8))
+    ends = torch.from_numpy(rng.random(n) < 0.1)
+    ids = torch.arange(n, dtype=torch.float32)
+    env = torch.arange(n) % e
+    for t in range(0, n, e):  # one step of both envs at a time
+        rows = slice(t, t + e)
+        nxt = frames[t + e : t + 2 * e]
+        batch = {
+            "obs": frames[rows], ("next", "obs"): nxt, "achieved_goal": ids[rows, None],
+            "next_achieved_goal": ids[rows, None] + 0.5, "desired_goal": torch.full((e, 1), -7.0),
+            "reward": torch.zeros(e), "terminated": ends[rows],
+        }  # fmt: skip
+        if not lockstep:
+            batch["env_id"] = env[rows]
+        rb.extend(batch)
+    sample = rb.sample(64)
+    idx = sample["index"]
+    assert torch.equal(sample["obs"], frames[idx])
+    goal = sample["her_goal"][:32]
+    assert (goal >= idx[:32]).all() and (rb.episodes.env(goal) == rb.episodes.env(idx[:32])).all()
+    assert torch.equal(sample["desired_goal"][:32, 0], goal.float() + 0.5)
+
+
+def test_a_prioritized_base_in_a_bank_resumes_with_its_priorities(tmp_path: object) -> None:
+    her = HerSampler(PrioritizedSampler(), compute_reward=goal_gap)
+    rb = ReplayBuffer(50, seed=0, sampler=her)  # one stream, no num_envs
+    ids = torch.arange(30.0)[:, None]
+    rb.extend({"desired_goal": ids, "next_achieved_goal": ids + 0.5, "reward": torch.zeros(30),
+               "terminated": torch.arange(30) % 7 == 6})  # fmt: skip
+    rb.update_priority(torch.arange(30), torch.rand(30, generator=torch.Generator().manual_seed(1)))
+    loaded = xpbank.load(xpbank.save(rb, tmp_path / "bank"))  # type: ignore[operator]
+    loaded.sampler.compute_reward = goal_gap  # type: ignore[attr-defined]
+    for _ in range(3):
+        a, b = rb.sample(16), loaded.sample(16)
+        for key in ("index", "her_goal", "weight", "desired_goal", "reward"):
+            assert torch.equal(a[key], b[key]), key
