@@ -37,6 +37,7 @@ from xpbank.errors import (
     XpbankError,
     XpbankIndexError,
 )
+from xpbank.her import HerSampler
 from xpbank.integrations.minari import export_minari, import_minari
 from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
@@ -74,6 +75,7 @@ __all__ = [
     "UniformSampler",
     "PrioritizedSampler",
     "SequenceSampler",
+    "HerSampler",
     "ReplayBuffer",
     "RolloutBuffer",
     "RolloutKeys",

@@ -84,9 +84,13 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
     slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
     ids = rb._ring.ids_of_slots(slots)
+    flat = None
     if rb._nstep is not None:  # the items' fields and their n-step entries in one read
-        return gather(rb, slots, ids, keys, info, rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys))
-    return gather(rb, slots, ids, keys, info)
+        flat = rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys)
+    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
+    if relabel is not None:
+        flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
+    return gather(rb, slots, ids, keys, info, flat)
 
 
 def sample_by_index(rb: BufferParts, indices: Any, fields: Sequence[Any] | None) -> TensorDict:
