@@ -74,13 +74,13 @@ class SlotPool:
         self._np[entries] = values if isinstance(values, np.ndarray) else to_numpy(values.detach().cpu())
 
     def drop(self, slots: np.ndarray) -> None:
-        """Forget the tensors of ``slots`` (slots without one are skipped)."""
+        """Forget the tensors of distinct ``slots`` (slots without one are skipped)."""
         if slots.shape[0] == 0:
             return
         entries = self.index[slots]
-        had = entries[entries >= 0]
+        had = entries[entries >= 0]  # distinct, as the slots are
         if had.shape[0]:
-            self._free = np.concatenate([self._free, np.unique(had)])
+            self._free = np.concatenate([self._free, had])
             self.index[slots] = -1
 
     def clear(self) -> None:

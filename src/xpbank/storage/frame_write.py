@@ -18,6 +18,7 @@ or raises.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -241,9 +242,13 @@ def plan_step(
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=64)
 def _steps_back(n: int, s: int) -> np.ndarray:
-    """``[[(s - 1) n, ..., n, 0]]``: how far back each column of a lockstep stack is."""
-    return (n * np.arange(s - 1, -1, -1, dtype=np.int64))[None, :]
+    """``[[(s - 1) n, ..., n, 0]]``: how far back each column of a lockstep stack is
+    (read-only: cached)."""
+    out = (n * np.arange(s - 1, -1, -1, dtype=np.int64))[None, :]
+    out.flags.writeable = False
+    return out
 
 
 def _rescue(st: FrameSource, ring: Ring, n: int, new_first: int, first_new: int) -> np.ndarray:
@@ -255,6 +260,6 @@ def _rescue(st: FrameSource, ring: Ring, n: int, new_first: int, first_new: int)
         return dying[:0]
     after = dying + _steps_back(n, st.stack)[0, -2::-1, None]  # [s - 1, dying]: 1 .. s - 1 steps on
     c = st.capacity
-    links = ring.episodes.links()  # type: ignore[union-attr]
-    after = after[(links.start[after % c] <= dying) & (after < first_new)]
+    starts = ring.episodes.links().start  # type: ignore[union-attr]
+    after = after[(starts.take(after % c) <= dying) & (after < first_new)]
     return after[st._stacks.index[after % c] < 0]
