@@ -55,13 +55,15 @@ class SlotPool:
         """:meth:`get` as a NumPy array (dtypes NumPy lacks as same-width ints)."""
         return self._np.take(self.index[slots], axis=0)
 
-    def put(self, slots: np.ndarray, values: torch.Tensor | np.ndarray) -> None:
-        """Store ``values`` for distinct ``slots`` (replacing what they had); an array is
-        taken as :func:`~xpbank.storage.dtypes.to_numpy` gives the tensor."""
+    def put(self, slots: np.ndarray, values: torch.Tensor | np.ndarray, fresh: bool = False) -> None:
+        """Store ``values`` for distinct ``slots`` (replacing what they had; ``fresh``: the
+        caller dropped them already); an array is taken as
+        :func:`~xpbank.storage.dtypes.to_numpy` gives the tensor."""
         k = slots.shape[0]
         if k == 0:
             return
-        self.drop(slots)
+        if not fresh:
+            self.drop(slots)
         if self._free.shape[0] < k:
             old = self.data.shape[0]
             grow = max(k - self._free.shape[0], old // 2, 8)

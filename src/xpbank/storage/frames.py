@@ -197,24 +197,24 @@ class FrameStorage(StorageBase):
         todo = plan_step(self, ring, obs, nxt, plan, n)  # checks; nothing changed yet
         if todo is None:  # not one lockstep step, or a check failed (plan_frames raises)
             todo = plan_frames(self, ring, obs, nxt, plan, n)
-        c = self.capacity
+        c, new = self.capacity, todo.overwritten  # the slots written: those of the kept rows
         table = self._frame_table()
         if todo.rescue_old.size:  # stacks whose older frames this write overwrites (rows
             old = todo.rescue_old % c  # not marked yet: their frames are all in the array)
             self._stacks.put(old, self._np_frames.take(table.src[old, : self.stack], axis=0))
             table.mark_kept(old)
-        self._last.drop(np.concatenate((todo.overwritten, todo.resolved % c)))  # distinct slots
-        self._stacks.drop(todo.overwritten)
-        rows = todo.last_rows
-        if nxt is not None:
-            last = nxt if rows.shape[0] == n else nxt.index_select(0, torch.from_numpy(rows))
-            self._last.put(todo.ids[rows] % c, last[:, -1])
-        if todo.rescue_rows.size:
-            rows = todo.rescue_rows
-            self._stacks.put(todo.ids[rows] % c, obs.index_select(0, torch.from_numpy(rows)))
-        table.set_rows(todo.ids[todo.kept_rows] % c, todo.stack_ids, todo.pad)
+        self._last.drop(np.concatenate((new, todo.resolved % c)))  # distinct slots
+        self._stacks.drop(new)
+        if nxt is not None:  # every row in a vector step
+            rows, every = todo.last_rows, todo.last_rows.shape[0] == n
+            last = nxt if every else nxt.index_select(0, torch.from_numpy(rows))
+            self._last.put(new if every else todo.ids[rows] % c, last[:, -1], fresh=True)
+        table.set_rows(new, todo.stack_ids, todo.pad)
         table.link(todo.linked, todo.successors)
-        table.mark_kept(todo.ids[todo.rescue_rows] % c)
+        if todo.rescue_rows.size:
+            kept = todo.ids[todo.rescue_rows] % c
+            self._stacks.put(kept, obs.index_select(0, torch.from_numpy(todo.rescue_rows)), fresh=True)
+            table.mark_kept(kept)
 
     def write(self, slots: Slots, batch: Mapping[NestedKey, torch.Tensor]) -> None:
         if self._spec is None:
