@@ -118,7 +118,9 @@ def build(n: int) -> tuple[dict[str, Callable[[int], object]], dict[str, str]]:
     return fns, skipped
 
 
-def timed(fns: dict[str, Callable[[int], object]], calls: int, rounds: int) -> dict[str, dict[str, list[float]]]:
+def timed(
+    fns: dict[str, Callable[[int], object]], calls: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
     """µs per call of every block of each function (CPU and wall), in interleaved rounds."""
     out: dict[str, dict[str, list[float]]] = {k: {"cpu_us": [], "wall_us": []} for k in fns}
     for fn in fns.values():
@@ -163,7 +165,7 @@ def table(t: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "title": f"Prioritized small calls, CPU µs per call: median (range of {len(x)} blocks)",
         "headers": ["call", "xpbank", "cpprb", "raw NumPy", "xpbank / cpprb", "xpbank / raw"],
         "rows": rows,
-        "notes": "Lower is better; the ratio columns are xpbank's time over the other's (0.5x: twice as fast).",
+        "notes": "Lower is better; a ratio is xpbank's time over the other's (0.5x: twice as fast).",
     }
 
 
