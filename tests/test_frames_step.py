@@ -136,3 +136,28 @@ def test_a_bad_first_stack_is_refused() -> None:
             refused += 1
         rb.extend(step)
     assert refused > 5
+
+
+def test_verify_false_skips_the_checks_and_stores_the_same() -> None:
+    """``verify=False``: a good stream is stored exactly as with the checks; a bad batch
+    is taken (what it breaks comes back as the frames stored, not as passed)."""
+    envs = StackedEnvs(4, 4, seed=9, lengths=(3, 12))
+    checked = ReplayBuffer(40, storage=FrameStorage(40), num_envs=4, seed=0)
+    trusting = ReplayBuffer(40, storage=FrameStorage(40, verify=False), num_envs=4, seed=0)
+    ref: dict = {}
+    for t in range(40):
+        parts = [envs.step(range(4)) for _ in range(1 if t % 6 else 2)]  # some two-step writes
+        batch = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        ids = checked.extend(batch)
+        assert trusting.extend(batch) == ids
+        _record(ref, ids, batch)
+        _assert_same_bytes(checked, trusting)
+    _assert_same(ref, trusting.sample_all())
+    bad = envs.step(range(4))
+    bad["obs"] = bad["obs"].clone()
+    bad["obs"][1, 0] += 1
+    with pytest.raises(SpecError):
+        checked.extend(bad)
+    trusting.extend(bad)  # no error: not checked
+    got = trusting.sample_by_index([-3])["obs"][0]  # env 1's newest item
+    assert not torch.equal(got, bad["obs"][1])  # its stack is rebuilt from the frames stored

@@ -50,6 +50,7 @@ class FrameSource(Protocol):
     _stacks: SlotPool
     _last: SlotPool
     _np_frames: np.ndarray
+    verify: bool
 
     def _frame_table(self) -> FrameTable: ...
 
@@ -96,21 +97,18 @@ def _fail(st: FrameSource, key: NestedKey | None, row: int, env: int, what: str)
     )
 
 
-def plan_frames(
+def check_frames(
     st: FrameSource, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
-) -> FrameWrite:
-    """Check the batch (``obs``/``nxt`` as ``[n, stack, *frame]``) and plan the write.
+) -> None:
+    """The frame-stack rules of a batch (``obs``/``nxt`` as ``[n, stack, *frame]``):
+    what :func:`plan_frames` checks when the storage verifies its writes.
 
     Raises:
-        SpecError: the batch breaks a frame-stack rule (nothing has been changed).
+        SpecError: the first rule broken, naming the batch row and its env.
     """
-    links = ring.episodes.links()  # type: ignore[union-attr]
     c, s = st.capacity, st.stack
     first_new = ring.next_id
-    new_first = first_new + n - min(ring.size + n, c)  # oldest live id after the write
-    ids = plan.ids
-    rows = np.arange(n)
-    start = plan.start == ids
+    start = plan.start == plan.ids
 
     if nxt is not None and s > 1:  # next obs = obs shifted by one frame
         bad = _differs(nxt[:, :-1], obs[:, 1:])
@@ -159,6 +157,26 @@ def plan_frames(
             st, st.obs_key, r, int(plan.env[r]), "is not the next observation of its env's previous step"
         )
 
+
+def plan_frames(
+    st: FrameSource, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
+) -> FrameWrite:
+    """Check the batch (``obs``/``nxt`` as ``[n, stack, *frame]``; when the storage
+    verifies its writes) and plan the write.
+
+    Raises:
+        SpecError: the batch breaks a frame-stack rule (nothing has been changed).
+    """
+    links = ring.episodes.links()  # type: ignore[union-attr]
+    c, s = st.capacity, st.stack
+    first_new = ring.next_id
+    new_first = first_new + n - min(ring.size + n, c)  # oldest live id after the write
+    ids = plan.ids
+    rows = np.arange(n)
+    start = plan.start == ids
+
+    if st.verify:
+        check_frames(st, ring, obs, nxt, plan, n)
     kept = rows >= n - min(n, c)
     ends = plan.terminated | plan.truncated
     newest = np.zeros(n, dtype=bool)
@@ -210,26 +228,11 @@ def plan_step(
     if start is None or plan.step != n or nxt is None or min(size + n, c) < max(s, 2) * n:
         return None  # stacks or predecessors could be items this write overwrites: the general plan
     ids, prev, first_new = plan.ids, plan.prev, ring.next_id
-    o, x = to_numpy(obs), to_numpy(nxt)
-    if s > 1 and not np.array_equal(x[:, :-1], o[:, 1:]):  # next obs = obs shifted by one frame
-        return None
     begins = bool(start.any())
-    if begins and s > 1:  # an episode's first stack: padding, then its first frame
-        head = o[start]
-        pad = head[:, -1:] if st.pad == "repeat" else np.zeros_like(head[:, -1:])
-        if not (head[:, :-1] == pad).all():
-            return None
-    # the previous step's next observation, as stored: the newest frame aside (each
-    # was its env's newest), the others in the frame array (all live: see above)
     follow = ~start if begins else slice(None)
-    before, slots = o[follow], prev[follow] % c
-    if slots.shape[0]:
-        if not np.array_equal(before[:, -1], st._last.get_numpy(slots)):
-            return None
-        if s > 1:
-            held = st._np_frames.take(st._frame_table().src[slots, 1:s], axis=0)
-            if not np.array_equal(before[:, :-1], held):
-                return None
+    slots = prev[follow] % c  # the predecessors (all live: see above)
+    if st.verify and not _step_obeys(st, to_numpy(obs), to_numpy(nxt), start if begins else None, slots):
+        return None
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
     walked = ids[:, None] - _steps_back(n, s)
     first = plan.start[:, None]
@@ -240,6 +243,33 @@ def plan_step(
         ids, ids % c, linked, rows, rows[:0], rescue_old, rows, np.maximum(walked, first),
         walked < first, slots, ids[follow] % c,
     )  # fmt: skip
+
+
+def _step_obeys(
+    st: FrameSource, o: np.ndarray, x: np.ndarray, start: np.ndarray | None, slots: np.ndarray
+) -> bool:
+    """Whether a lockstep step (``obs``, ``next obs`` as arrays; ``start``: the rows that
+    begin an episode, ``None``: none does; ``slots``: the other rows' predecessors)
+    obeys the frame-stack rules, one NumPy comparison per rule."""
+    s = st.stack
+    if s > 1 and not np.array_equal(x[:, :-1], o[:, 1:]):  # next obs = obs shifted by one frame
+        return False
+    if start is not None and s > 1:  # an episode's first stack: padding, then its first frame
+        head = o[start]
+        pad = head[:, -1:] if st.pad == "repeat" else np.zeros_like(head[:, -1:])
+        if not (head[:, :-1] == pad).all():
+            return False
+    # the previous step's next observation, as stored: the newest frame aside (each
+    # was its env's newest), the others in the frame array
+    before = o if start is None else o[~start]
+    if slots.shape[0]:
+        if not np.array_equal(before[:, -1], st._last.get_numpy(slots)):
+            return False
+        if s > 1:
+            held = st._np_frames.take(st._frame_table().src[slots, 1:s], axis=0)
+            if not np.array_equal(before[:, :-1], held):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=64)
