@@ -16,7 +16,8 @@ as the ring wraps). Timed per call, adding one ``[8]`` step:
 - SB3 adapter: ``XpbankReplayBuffer(optimize_memory_usage=True).add`` (whole observations
   stored once, ``FrameStorage(stacked=False)``), this tree and ``--base``;
 - ``ReplayBuffer(storage=FrameStorage(...), num_envs=8).extend`` of the ``[8]`` step
-  (each frame stored once), this tree and ``--base``;
+  (each frame stored once), this tree and ``--base``, and this tree's with
+  ``verify=False`` (the frame-stack checks skipped: their share of the time);
 - ``ReplayBuffer(num_envs=8).extend`` over the packed ``TensorStorage`` (no dedup).
 
 Then ``sample(32)`` of the FrameStorage buffers (this tree, ``--base``) against cpprb's
@@ -71,10 +72,18 @@ def adders(module: Any, label: str, capacity: int, steps: list[dict[str, np.ndar
         capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=ENVS, seed=0
     )
     batches = [as_batch(s) for s in steps]
-    return {
+    out = {
         f"SB3 adapter dedup add ({label})": (adapter, lambda b, s: b.add(*sb3_args(s))),
         f"FrameStorage extend [8] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
     }
+    if label == "this tree":  # the checks' share: the same writes, not verified
+        trusting = module.FrameStorage(capacity, verify=False)
+        unchecked = module.ReplayBuffer(capacity, spec_of(module), storage=trusting, num_envs=ENVS, seed=0)
+        out[f"FrameStorage(verify=False) extend [8] ({label})"] = (
+            unchecked,
+            out[f"FrameStorage extend [8] ({label})"][1],
+        )
+    return out
 
 
 def spec_of(module: Any) -> Any:
