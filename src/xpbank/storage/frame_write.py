@@ -236,7 +236,7 @@ def plan_step(
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
     walked = ids[:, None] - _steps_back(n, s)
     first = plan.start[:, None]
-    rescue_old = _rescue(st, ring, n, first_new + n - min(size + n, c), first_new)
+    rescue_old = _rescue(st, ring, n, first_new + n - min(size + n, c))
     linked = prev[follow]
     rows = np.arange(n)
     return FrameWrite(
@@ -281,15 +281,15 @@ def _steps_back(n: int, s: int) -> np.ndarray:
     return out
 
 
-def _rescue(st: FrameSource, ring: Ring, n: int, new_first: int, first_new: int) -> np.ndarray:
+def _rescue(st: FrameSource, ring: Ring, n: int, new_first: int) -> np.ndarray:
     """The stored items that survive a lockstep step but whose stack reaches an item it
     overwrites (ids ``[first_id, new_first)``), not kept aside yet: the items up to
-    ``stack - 1`` steps after each, in its episode (started no later), in id order."""
+    ``stack - 1`` steps after each, in its episode (started no later), in id order (all
+    written before this step: the ring holds ``stack`` steps or more)."""
     dying = np.arange(ring.first_id, new_first, dtype=np.int64)
     if st.stack == 1 or dying.shape[0] == 0:
         return dying[:0]
     after = dying + _steps_back(n, st.stack)[0, -2::-1, None]  # [s - 1, dying]: 1 .. s - 1 steps on
-    c = st.capacity
+    slots = after % st.capacity
     starts = ring.episodes.links().start  # type: ignore[union-attr]
-    after = after[(starts.take(after % c) <= dying) & (after < first_new)]
-    return after[st._stacks.index[after % c] < 0]
+    return after[(starts.take(slots) <= dying) & (st._stacks.index.take(slots) < 0)]
