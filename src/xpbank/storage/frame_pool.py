@@ -5,6 +5,8 @@ items need more: the true final observation of an episode, the next observation 
 env's newest item (its successor is not written yet), the whole stack of an item whose
 older frames were overwritten. Those go here: ``index[slot]`` is the entry of a slot
 (``-1``: none), entries are reused through a free list, and the store doubles when full.
+Entries are copied with NumPy (a vector step puts a handful of frames per call: torch's
+``index_copy_`` of 8 Atari frames costs ~7x NumPy's fancy assignment).
 
 Example:
     >>> import numpy as np, torch
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from xpbank.storage.dtypes import as_torch, to_numpy
+
 __all__ = ["SlotPool"]
 
 
@@ -34,6 +38,7 @@ class SlotPool:
         self.shape, self.dtype = shape, dtype
         self.index = np.full(capacity, -1, dtype=np.int64)
         self.data = torch.empty((0, *shape), dtype=dtype)
+        self._np = to_numpy(self.data)  # a view of data
         self._free = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -44,31 +49,40 @@ class SlotPool:
 
     def get(self, slots: np.ndarray) -> torch.Tensor:
         """The tensors of ``slots`` (each must have one)."""
-        return self.data.index_select(0, torch.from_numpy(self.index[slots]))
+        return as_torch(self.get_numpy(slots), self.dtype)
 
-    def put(self, slots: np.ndarray, values: torch.Tensor) -> None:
-        """Store ``values`` for distinct ``slots`` (replacing what they had)."""
-        self.drop(slots)
+    def get_numpy(self, slots: np.ndarray) -> np.ndarray:
+        """:meth:`get` as a NumPy array (dtypes NumPy lacks as same-width ints)."""
+        return self._np.take(self.index[slots], axis=0)
+
+    def put(self, slots: np.ndarray, values: torch.Tensor | np.ndarray, fresh: bool = False) -> None:
+        """Store ``values`` for distinct ``slots`` (replacing what they had; ``fresh``: the
+        caller dropped them already); an array is taken as
+        :func:`~xpbank.storage.dtypes.to_numpy` gives the tensor."""
         k = slots.shape[0]
         if k == 0:
             return
+        if not fresh:
+            self.drop(slots)
         if self._free.shape[0] < k:
             old = self.data.shape[0]
             grow = max(k - self._free.shape[0], old // 2, 8)
             data = torch.empty((old + grow, *self.shape), dtype=self.dtype)
             data[:old] = self.data
-            self.data = data
+            self.data, self._np = data, to_numpy(data)
             self._free = np.concatenate([self._free, np.arange(old, old + grow, dtype=np.int64)])
         entries, self._free = self._free[-k:], self._free[:-k]
         self.index[slots] = entries
-        self.data[torch.from_numpy(entries)] = values
+        self._np[entries] = values if isinstance(values, np.ndarray) else to_numpy(values.detach().cpu())
 
     def drop(self, slots: np.ndarray) -> None:
-        """Forget the tensors of ``slots`` (slots without one are skipped)."""
+        """Forget the tensors of distinct ``slots`` (slots without one are skipped)."""
+        if slots.shape[0] == 0:
+            return
         entries = self.index[slots]
-        had = entries >= 0
-        if had.any():
-            self._free = np.concatenate([self._free, np.unique(entries[had])])
+        had = entries[entries >= 0]  # distinct, as the slots are
+        if had.shape[0]:
+            self._free = np.concatenate([self._free, had])
             self.index[slots] = -1
 
     def clear(self) -> None:

@@ -1,0 +1,211 @@
+"""Prioritized replay in small calls: ``sample(32)`` and an update of 32 priorities.
+
+Run from the repository root::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/ab_small_prioritized.py --threads 1 [--quick] [--json out.json]
+
+One process, a buffer of 100k items (obs float32[4], reward: CartPole-sized; 20k with
+``--quick``), ``alpha=0.6, beta=0.4``, batch 32, the loop of a prioritized DQN:
+
+- xpbank: ``ReplayBuffer(sampler=PrioritizedSampler(...))``: ``sample(32)`` (a TensorDict
+  with ``"index"`` and ``"weight"``) and ``update_priority`` of 32 sampled ids;
+- cpprb: ``PrioritizedReplayBuffer``: ``sample(32, beta=0.4)`` and ``update_priorities``;
+- raw NumPy: a sum-tree and a min-tree in flat arrays (:class:`RawTree`), the least a
+  Python sampler does: a vectorized descent, weights, a gather of the two fields, and
+  an update that rewrites each changed leaf's ancestors level by level.
+
+Each timed function runs ``--calls`` calls per block; ``--rounds`` rounds, each timing
+one block of every function in turn (the order reversed every other round), so all share
+the machine's load of the same moments. Reported per call: the median and the range
+(min-max) of the blocks, in this thread's CPU time (steadier than wall time on a shared
+machine) and wall time. No timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import xpbank
+from _common import environment, log, markdown_table, report
+
+BATCH = 32
+OBS = 4
+ALPHA, BETA = 0.6, 0.4
+
+
+class RawTree:
+    """A sum-tree and a min-tree over ``capacity`` leaves in flat NumPy arrays (leaves at
+    ``size - 1 ...``), with the data in two arrays: the raw baseline."""
+
+    def __init__(self, obs: np.ndarray, reward: np.ndarray, seed: int):
+        n = obs.shape[0]
+        self.size = 1 << int(np.ceil(np.log2(n)))
+        self.n, self.obs, self.reward = n, obs, reward
+        self.sum = np.zeros(2 * self.size - 1)
+        self.min = np.full(2 * self.size - 1, np.inf)
+        self.rng = np.random.default_rng(seed)
+        self.update(np.arange(n), np.ones(n))
+
+    def update(self, idx: np.ndarray, prio: np.ndarray) -> None:
+        p = prio**ALPHA
+        node = idx + self.size - 1
+        self.sum[node], self.min[node] = p, p
+        while node[0] > 0:
+            node = np.unique((node - 1) // 2)
+            left = 2 * node + 1
+            self.sum[node] = self.sum[left] + self.sum[left + 1]
+            self.min[node] = np.minimum(self.min[left], self.min[left + 1])
+
+    def sample(self, b: int) -> dict[str, np.ndarray]:
+        total = self.sum[0]
+        u = (np.arange(b) + self.rng.random(b)) * (total / b)
+        node = np.zeros(b, dtype=np.int64)
+        while node[0] < self.size - 1:
+            left = 2 * node + 1
+            go_right = u >= self.sum[left]
+            u = np.where(go_right, u - self.sum[left], u)
+            node = left + go_right
+        idx = np.minimum(node - (self.size - 1), self.n - 1)
+        p = self.sum[node] / total
+        w = (p * self.n) ** -BETA / (self.min[0] / total * self.n) ** -BETA
+        return {"obs": self.obs[idx], "reward": self.reward[idx], "index": idx, "weight": w}
+
+
+def data(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.standard_normal((n, OBS), dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+
+
+def prios(k: int = 16) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.exponential(size=BATCH) + 1e-3 for _ in range(k)]
+
+
+def build(n: int) -> tuple[dict[str, Callable[[int], object]], dict[str, str]]:
+    obs, reward = data(n)
+    ps = prios()
+    tps = [torch.from_numpy(p) for p in ps]
+    rb = xpbank.ReplayBuffer(n, sampler=xpbank.PrioritizedSampler(alpha=ALPHA, beta=BETA), seed=0)
+    rb.extend({"obs": torch.from_numpy(obs), "reward": torch.from_numpy(reward)})
+    ids = [rb.sample(BATCH)["index"] for _ in range(64)]
+    fns: dict[str, Callable[[int], object]] = {
+        "xpbank sample(32)": lambda i: rb.sample(BATCH),
+        "xpbank update_priority(32)": lambda i: rb.update_priority(ids[i % 64], tps[i % 16]),
+    }
+    raw = RawTree(obs, reward, 0)
+    raw_ids = [raw.sample(BATCH)["index"] for _ in range(64)]
+    fns["raw NumPy sample(32)"] = lambda i: raw.sample(BATCH)
+    fns["raw NumPy update(32)"] = lambda i: raw.update(raw_ids[i % 64], ps[i % 16])
+    skipped: dict[str, str] = {}
+    try:
+        from cpprb import PrioritizedReplayBuffer
+
+        crb = PrioritizedReplayBuffer(n, {"obs": {"shape": OBS}, "rew": {}}, alpha=ALPHA)
+        crb.add(obs=obs, rew=reward)
+        c_ids = [crb.sample(BATCH, beta=BETA)["indexes"] for _ in range(64)]
+        fns["cpprb sample(32)"] = lambda i: crb.sample(BATCH, beta=BETA)
+        fns["cpprb update_priorities(32)"] = lambda i: crb.update_priorities(c_ids[i % 64], ps[i % 16])
+    except ImportError as exc:
+        skipped["cpprb"] = f"not installed ({exc})"
+    return fns, skipped
+
+
+def timed(
+    fns: dict[str, Callable[[int], object]], calls: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """µs per call of every block of each function (CPU and wall), in interleaved rounds."""
+    out: dict[str, dict[str, list[float]]] = {k: {"cpu_us": [], "wall_us": []} for k in fns}
+    for fn in fns.values():
+        for i in range(min(calls, 20)):
+            fn(i)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn = fns[name]
+            w, c = time.perf_counter(), time.thread_time()
+            for i in range(calls):
+                fn(i)
+            out[name]["cpu_us"].append((time.thread_time() - c) / calls * 1e6)
+            out[name]["wall_us"].append((time.perf_counter() - w) / calls * 1e6)
+    return out
+
+
+def _cell(v: list[float]) -> str:
+    return f"{np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+
+
+def table(t: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    rows = []
+    for op, ours, peer in (
+        ("sample(32)", "xpbank sample(32)", "cpprb sample(32)"),
+        ("update of 32", "xpbank update_priority(32)", "cpprb update_priorities(32)"),
+    ):
+        raw = "raw NumPy sample(32)" if op == "sample(32)" else "raw NumPy update(32)"
+        c = t.get(peer, {}).get("cpu_us")
+        x = t[ours]["cpu_us"]
+        rows.append(
+            [
+                op,
+                _cell(x),
+                _cell(c) if c else "n/a",
+                _cell(t[raw]["cpu_us"]),
+                f"{np.median(x) / np.median(c):.2f}x" if c else "n/a",
+                f"{np.median(x) / np.median(t[raw]['cpu_us']):.2f}x",
+            ]
+        )
+    return {
+        "title": f"Prioritized small calls, CPU µs per call: median (range of {len(x)} blocks)",
+        "headers": ["call", "xpbank", "cpprb", "raw NumPy", "xpbank / cpprb", "xpbank / raw"],
+        "rows": rows,
+        "notes": "Lower is better; a ratio is xpbank's time over the other's (0.5x: twice as fast).",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="20k items, few rounds (seconds)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--size", type=int, default=None, help="items in each buffer (default 100,000)")
+    p.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 15; quick 3)")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n = args.size or (20_000 if args.quick else 100_000)
+    rounds = args.rounds or (3 if args.quick else 15)
+    fns, skipped = build(n)
+    log(f"built {n:,} items; timing {rounds} rounds x {args.calls} calls")
+    t = timed(fns, args.calls, rounds)
+    tab = table(t)
+    versions = {"xpbank": xpbank.__version__}
+    try:
+        import cpprb
+
+        versions["cpprb"] = getattr(cpprb, "__version__", "installed")
+    except ImportError:
+        pass
+    lines = [f"# {tab['title']}", "", f"{n:,} items, obs float32[{OBS}]; skipped: {skipped or 'none'}", ""]
+    lines += [markdown_table(tab["headers"], tab["rows"]), "", tab["notes"]]
+    result = {
+        "benchmark": "ab_small_prioritized",
+        "command": " ".join(["python", "benchmarks/ab_small_prioritized.py", *(argv or sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment(versions),
+        "tables": [tab],
+        "timings": t,
+        "size": n,
+    }
+    return report(lines, result, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
