@@ -134,10 +134,9 @@ def test_dedup_cut_warning_replaced_by_a_log_line(caplog):
         "MlpPolicy", "CartPole-v1", learning_starts=10, seed=0, optimize_memory_usage=True, device="cpu"
     )
     model.learn(60)
-    with caplog.at_level(logging.INFO, logger="xpbank.integrations.sb3.views"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # SB3's "last trajectory ... truncated" would raise here
-            model.learn(40)  # reset_num_timesteps=True: SB3 cuts the newest row
+    with caplog.at_level(logging.INFO, logger="xpbank.integrations.sb3.views"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # SB3's "last trajectory ... truncated" would raise here
+        model.learn(40)  # reset_num_timesteps=True: SB3 cuts the newest row
     assert any("as truncations, which bootstrap" in r.getMessage() for r in caplog.records)
     # the cut step is stored truncated (not terminated) and the run went on
     assert bool(model.replay_buffer.xp.episodes.truncated([59]).all())

@@ -28,18 +28,16 @@ Where they differ, and why:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError
+from xpbank.integrations.sb3.views import SB3Layout
 from xpbank.nstep.option import NStep
 from xpbank.replay import reading
-
-if TYPE_CHECKING:
-    from xpbank.integrations.sb3.buffer import XpbankReplayBuffer
 
 __all__ = ["make_nstep", "nstep_targets", "read_slots"]
 
@@ -63,7 +61,7 @@ def make_nstep(n_steps: Any, gamma: Any) -> NStep | None:
     return NStep(int(n_steps), float(gamma), reward_key="reward", next_keys=_NEXT_KEYS)
 
 
-def read_slots(buffer: XpbankReplayBuffer, slots: np.ndarray) -> TensorDict:
+def read_slots(buffer: SB3Layout, slots: np.ndarray) -> TensorDict:
     """The items in ``slots`` as :meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`
     gives them (with the n-step entries when the buffer has ``NStep``): SB3's
     ``_get_samples`` of given rows.

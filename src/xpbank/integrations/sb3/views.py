@@ -32,24 +32,41 @@ in the copies, as in SB3 only rows ``[0, size())`` (all rows once ``full``) are 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from xpbank.errors import SpecError
+from xpbank.replay.buffer import ReplayBuffer
 from xpbank.ring.episodes import EpisodeIndex
 from xpbank.spec.spec import NestedKey
 
-if TYPE_CHECKING:
-    from xpbank.integrations.sb3.buffer import XpbankReplayBuffer
+__all__ = ["Dones", "SB3Layout", "field_copy", "field_view", "sb3_array"]
 
-__all__ = ["Dones", "field_copy", "field_view", "sb3_array"]
+
+class SB3Layout(Protocol):
+    """What these functions read of an :class:`~xpbank.integrations.sb3.XpbankReplayBuffer`
+    (typed by this protocol so that this module need not import the buffer's)."""
+
+    xp: ReplayBuffer
+    buffer_size: int
+    n_envs: int
+    handle_timeout_termination: bool
+
+    @property
+    def pos(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def size(self) -> int: ...
+
 
 _log = logging.getLogger(__name__)
 
 
-def field_view(buffer: XpbankReplayBuffer, key: NestedKey) -> np.ndarray | None:
+def field_view(buffer: SB3Layout, key: NestedKey) -> np.ndarray | None:
     """Field ``key`` of every slot as a ``(buffer_size, n_envs, *shape)`` NumPy view, or
     ``None`` where the storage has no host view of it (``FrameStorage``, CUDA)."""
     host = getattr(buffer.xp.storage, "host_view", None)
@@ -61,7 +78,7 @@ def field_view(buffer: XpbankReplayBuffer, key: NestedKey) -> np.ndarray | None:
     return out
 
 
-def field_copy(buffer: XpbankReplayBuffer, key: NestedKey) -> np.ndarray:
+def field_copy(buffer: SB3Layout, key: NestedKey) -> np.ndarray:
     """Field ``key`` as a fresh ``(buffer_size, n_envs, *shape)`` array: the stored rows
     gathered from the buffer, zeros elsewhere."""
     spec = buffer.xp.spec
@@ -75,13 +92,13 @@ def field_copy(buffer: XpbankReplayBuffer, key: NestedKey) -> np.ndarray:
     return out.numpy().reshape(buffer.buffer_size, buffer.n_envs, *field.shape)
 
 
-def sb3_array(buffer: XpbankReplayBuffer, key: NestedKey) -> np.ndarray:
+def sb3_array(buffer: SB3Layout, key: NestedKey) -> np.ndarray:
     """:func:`field_view` where the layout allows, else :func:`field_copy`."""
     view = field_view(buffer, key)
     return view if view is not None else field_copy(buffer, key)
 
 
-def _flags(buffer: XpbankReplayBuffer, key: str) -> np.ndarray:
+def _flags(buffer: SB3Layout, key: str) -> np.ndarray:
     """A stored bool flag as ``(buffer_size, n_envs)``, zeros in rows not written yet."""
     flags = np.array(sb3_array(buffer, key), dtype=bool)  # a copy: rows are zeroed below
     if not buffer.full:
@@ -89,7 +106,7 @@ def _flags(buffer: XpbankReplayBuffer, key: str) -> np.ndarray:
     return flags
 
 
-def timeouts(buffer: XpbankReplayBuffer) -> np.ndarray:
+def timeouts(buffer: SB3Layout) -> np.ndarray:
     """SB3's ``timeouts``: ``truncated`` as float32 (zeros without ``handle_timeout_termination``)."""
     if not buffer.handle_timeout_termination:
         return np.zeros((buffer.buffer_size, buffer.n_envs), np.float32)
@@ -114,7 +131,7 @@ class Dones:
     ``warnings.filterwarnings("ignore", message="The last trajectory in the replay buffer")``.
     """
 
-    def __init__(self, buffer: XpbankReplayBuffer):
+    def __init__(self, buffer: SB3Layout):
         self._buffer = buffer
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
