@@ -201,6 +201,11 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         return (self._next_id // self.n_envs) % self.buffer_size
 
     @property
+    def next_id(self) -> int:
+        """The id the next transition written gets (``buffer.xp``'s ids)."""
+        return self._next_id
+
+    @property
     def full(self) -> bool:  # type: ignore[override]
         """Whether every row holds a transition (SB3's ``full``)."""
         return self.xp.is_full

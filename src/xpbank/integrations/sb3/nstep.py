@@ -72,17 +72,14 @@ def read_slots(buffer: SB3Layout, slots: np.ndarray) -> TensorDict:
     xp = buffer.xp
     index = torch.as_tensor(np.asarray(slots, dtype=np.int64))
     with xp.lock:
-        ring = xp._ring  # what ReplayBuffer.sample reads after its sampler: slots -> ids
-        first_slot = (ring.next_id - len(xp)) % xp.capacity
+        # the live ids are [next - len, next), each in slot id % capacity
+        first_slot = (buffer.next_id - len(xp)) % xp.capacity
         if len(index) and bool(((index - first_slot) % xp.capacity >= len(xp)).any()):
             raise SpecError(
                 f"batch_inds: rows must hold transitions ({buffer.size()} rows stored), got slots "
                 f"{index.tolist()}"
             )
-        ids = ring.ids_of_slots(index)
-        nstep = xp._nstep
-        flat = nstep.gather(xp.storage, ring, index, ids, None) if nstep is not None else None
-        return reading.gather(xp, index, ids, None, None, flat)
+        return reading.sample_slots(xp, index)
 
 
 def nstep_targets(batch: TensorDict, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
