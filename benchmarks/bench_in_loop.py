@@ -381,6 +381,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def summarize(name: str, original: str, runs: dict[str, list[tuple[float, float]]]) -> list[str]:
     o, x = runs["original"], runs["xpbank"]
     ratios = [xt / ot for (ot, _), (xt, _) in zip(o, x, strict=True)]
+    buffer_ratios = [xb / ob for (_, ob), (_, xb) in zip(o, x, strict=True)]
     share = [b / t for t, b in o], [b / t for t, b in x]
     med = statistics.median
     return [
@@ -388,10 +389,27 @@ def summarize(name: str, original: str, runs: dict[str, list[tuple[float, float]
         original,
         f"{med(t for t, _ in o):.2f}",
         f"{med(t for t, _ in x):.2f}",
-        fmt_ratio(med(ratios)) + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""),
+        _ratio(ratios),
         f"{100 * med(share[0]):.1f}%",
         f"{100 * med(share[1]):.1f}%",
+        _ratio(buffer_ratios),
     ]
+
+
+def _ratio(ratios: list[float]) -> str:
+    """The median ratio, with the range of the per-round ratios when there are several."""
+    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return fmt_ratio(statistics.median(ratios)) + spread
+
+
+def notes_for(rounds: int, threads: int) -> str:
+    return (
+        f"{rounds} round(s), interleaved (the order alternates per round); seconds: median of the "
+        "rounds; ratios: median of the per-round ratios (range in brackets); buffer share: time inside "
+        "the buffer's calls / the loop's time; buffer time: the seconds inside the buffer's calls, "
+        "xpbank's over the original's (the rest of the loop is the same work, so this is the ratio the "
+        f"buffer decides; the whole-loop ratio also carries the machine's load). torch threads: {threads}."
+    )
 
 
 HEADERS = [
@@ -402,6 +420,7 @@ HEADERS = [
     "xpbank / original (range)",
     "buffer share, original",
     "buffer share, xpbank",
+    "buffer time, xpbank / original (range)",
 ]
 
 
@@ -427,11 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 who = "xpbank" if xp else "original"
                 log(f"round {r} {name} {who}: {total:.2f} s, buffer {buffer:.2f} s")
     rows = [summarize(name, chosen[name][0], runs[name]) for name in chosen]
-    notes = (
-        f"{args.rounds} round(s), interleaved (the order alternates per round); seconds: median of the "
-        "rounds; ratio: median of the per-round ratios (range in brackets); buffer share: time inside the "
-        f"buffer's calls / the loop's time. torch threads: {args.threads}."
-    )
+    notes = notes_for(args.rounds, args.threads)
     print("## Whole training loops: the peer's own buffer vs xpbank's\n")
     print(markdown_table(HEADERS, rows) + "\n\n" + notes)
     if args.json:
