@@ -14,7 +14,7 @@ from xpbank.compat.torchrl import ReplayBufferTrainer
 torchrl = pytest.importorskip("torchrl", reason="pip install 'xpbank[torchrl]'")
 pytest.importorskip("gymnasium", reason="pip install 'xpbank[gym]'")
 from torchrl.collectors import Collector  # noqa: E402
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer  # noqa: E402
+from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer  # noqa: E402
 from torchrl.envs import GymEnv  # noqa: E402
 from torchrl.modules import MLP, QValueActor  # noqa: E402
 from torchrl.objectives import DQNLoss  # noqa: E402
@@ -244,3 +244,129 @@ def test_update_priority_skips_items_overwritten_since_the_sample():
     # slots 0, 1 keep the new items' initial priority (the largest seen before: 1.0);
     # slots 2, 3 got 5 and 7 from the loss (plus the sampler's eps, 1e-6)
     assert pri[:4].tolist() == pytest.approx([1.0, 1.0, 5.0, 7.0], abs=1e-5)
+
+
+# -- items with batch dims of their own (flatten_tensordicts=False, TorchRL's default) ------
+def _trajectories(seed: int = 0) -> tuple[TensorDict, QValueActor]:
+    """A real [2, 10] collection: a SerialEnv of two CartPoles, a random-weight Q actor."""
+    from torchrl.envs import SerialEnv
+
+    torch.manual_seed(seed)
+    env = SerialEnv(2, lambda: GymEnv("CartPole-v1"))
+    env.set_seed(seed)
+    actor = QValueActor(
+        MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"], spec=env.action_spec
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = next(iter(Collector(env, actor, frames_per_batch=20, total_frames=20)))
+    return data, actor
+
+
+def _td_lambda_loss(actor: QValueActor, batch: TensorDict) -> torch.Tensor:
+    from torchrl.objectives import ValueEstimators
+
+    loss = DQNLoss(actor, action_space="one-hot", delay_value=False)
+    loss.make_value_estimator(ValueEstimators.TDLambda, gamma=0.9, lmbda=0.8)
+    return loss(batch.clone())["loss"].detach()
+
+
+def test_trajectory_items_keep_their_batch_dims_and_give_torchrls_td_lambda_loss():
+    data, actor = _trajectories()
+    assert data.batch_size == torch.Size([2, 10])
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(100), sampler=RandomSampler(), batch_size=4)
+    TorchRLReplayBufferTrainer(theirs, batch_size=4).extend(data.clone())
+    rb = xpbank.ReplayBuffer(100, seed=0)
+    hook = ReplayBufferTrainer(rb, batch_size=4)
+    hook.extend(data.clone())
+    assert len(rb) == len(theirs) == 2  # two trajectories, as TorchRL stores them
+    ours = hook.sample(None)
+    assert ours.batch_size == theirs.sample().batch_size == torch.Size([4, 10])
+    items = ours["index"][:, 0]
+    assert torch.equal(ours["index"], items[:, None].expand(4, 10))  # expanded like TorchRL's
+    same = theirs[items]  # TorchRL's copy of the very items xpbank drew
+    assert same.batch_size == ours.batch_size
+    assert torch.equal(ours["observation"], same["observation"])
+    assert torch.equal(ours["next", "reward"], same["next", "reward"])
+    got, want = _td_lambda_loss(actor, ours.exclude("index")), _td_lambda_loss(actor, same.exclude("index"))
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the [B] batch xpbank gave before (fields still [B, T, ...]) is another loss: the bug
+    old = TensorDict(ours.exclude("index").to_dict(), batch_size=[4])
+    assert not torch.allclose(_td_lambda_loss(actor, old), want, rtol=1e-3)
+
+
+def test_trajectory_items_with_priorities_and_state():
+    data, _ = _trajectories()
+    rb = xpbank.ReplayBuffer(100, sampler=xpbank.PrioritizedSampler(alpha=1.0), seed=0)
+    hook = ReplayBufferTrainer(rb, batch_size=6)
+    hook.extend(data)
+    batch = hook.sample(None)
+    assert batch.batch_size == torch.Size([6, 10]) and batch["weight"].shape == (6, 10)
+    td_error = torch.full((6, 10), 1e-3)
+    td_error[batch["index"][:, 0] == 1, 7] = 5.0  # one step of item 1: the item's priority is the max
+    batch["td_error"] = td_error
+    hook.update_priority(batch)
+    pri = rb.sampler.state_dict()["priorities"][:2]
+    assert (batch["index"][:, 0] == 1).any()  # seed 0 draws item 1
+    assert pri[1].item() == pytest.approx(5.0, abs=1e-5)
+    other = ReplayBufferTrainer(xpbank.ReplayBuffer(100, sampler=xpbank.PrioritizedSampler()), batch_size=6)
+    other.load_state_dict(hook.state_dict())
+    assert other.item_dims == [10] and other.sample(None).batch_size == torch.Size([6, 10])
+    with pytest.raises(xpbank.SpecError, match=r"holds items of batch dims \[10\], got a collection"):
+        hook.extend(data[:, :5])
+    assert len(rb) == 2
+
+
+def test_replay_buffer_refuses_items_with_batch_dims_and_says_what_to_do():
+    rb = xpbank.ReplayBuffer(100)
+    td = TensorDict({"obs": torch.zeros(2, 5, 4)}, [2, 5])
+    with pytest.raises(xpbank.SpecError, match=r"batch dims \[5\] of their own.*batch.reshape\(-1\)"):
+        rb.extend(td)
+    with pytest.raises(xpbank.SpecError, match=r"add: a TensorDict of batch_size \[5\]"):
+        rb.add(td[0])
+    assert len(rb) == 0 and rb.spec is None
+    assert rb.extend(td.reshape(-1)) == range(10)  # steps as items
+    whole = xpbank.ReplayBuffer(10)
+    whole.extend(td.to_dict())  # trajectories as fields: [B] batches of [B, 5, 4]
+    assert whole.sample(3)["obs"].shape == (3, 5, 4)
+
+
+# -- the priority stage: OptimizationStepper's post_optim where TorchRL has it ---------------
+def test_register_uses_post_optim_without_warnings_and_priorities_come_back():
+    from xpbank.compat import torchrl as compat
+
+    trainer, _ = _trainer()
+    rb = xpbank.ReplayBuffer(1000, sampler=xpbank.PrioritizedSampler(alpha=0.7), seed=0)
+    hook = ReplayBufferTrainer(rb, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # TorchRL's FutureWarning for 'post_loss' would raise
+        hook.register(trainer)
+    assert compat._has_optimization_stepper()  # torchrl 0.14 has it: the new path is taken
+    assert len(trainer._post_optim_ops) == 1 and not trainer._post_loss_ops
+    _train(trainer)
+    assert rb.sampler.state_dict()["priorities"][:FRAMES].unique().numel() > 1
+
+
+def test_priorities_come_back_with_an_optimization_stepper():
+    from torchrl.trainers import DefaultOptimizationStepper
+
+    trainer, _ = _trainer()
+    trainer.optimization_stepper = DefaultOptimizationStepper()  # post_loss never runs then
+    rb = xpbank.ReplayBuffer(1000, sampler=xpbank.PrioritizedSampler(alpha=0.7), seed=0)
+    ReplayBufferTrainer(rb, batch_size=8).register(trainer)
+    _train(trainer)
+    assert rb.sampler.state_dict()["priorities"][:FRAMES].unique().numel() > 1
+
+
+def test_register_falls_back_to_post_loss_on_an_older_torchrl(monkeypatch):
+    from xpbank.compat import torchrl as compat
+
+    monkeypatch.setattr(compat, "_has_optimization_stepper", lambda: False)
+    trainer, _ = _trainer()
+    rb = xpbank.ReplayBuffer(1000, sampler=xpbank.PrioritizedSampler(alpha=0.7), seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # this TorchRL warns about post_loss; an older one does not
+        ReplayBufferTrainer(rb, batch_size=8).register(trainer)
+    assert len(trainer._post_loss_ops) == 1 and not trainer._post_optim_ops
+    _train(trainer)
+    assert rb.sampler.state_dict()["priorities"][:FRAMES].unique().numel() > 1

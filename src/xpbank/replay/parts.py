@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+from tensordict import TensorDictBase
 
 from xpbank.errors import CapacityError, SpecError
 from xpbank.nstep.option import NStep
@@ -23,7 +24,7 @@ from xpbank.spec.spec import Spec, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_device
 
-__all__ = ["RESERVED_KEYS", "BufferParts", "check_reserved", "locked", "make_storage"]
+__all__ = ["RESERVED_KEYS", "BufferParts", "check_item_dims", "check_reserved", "locked", "make_storage"]
 
 RESERVED_KEYS = frozenset({"index"})
 
@@ -66,6 +67,28 @@ def check_reserved(spec: Spec) -> Spec:
     """Reject a spec with a key that sampled batches use for their own entries."""
     why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
     return reject_reserved(spec, RESERVED_KEYS, why)
+
+
+def check_item_dims(batch: Any, batch_ndim: int) -> Any:
+    """Refuse a TensorDict whose items have batch dims of their own; returns ``batch``.
+
+    A ``[N, T]`` TensorDict given to ``extend`` (or a ``[T]`` one to ``add``) holds items
+    that are trajectories: TorchRL's buffers give them back with ``batch_size [B, T]``.
+    A :class:`~xpbank.ReplayBuffer` item has no batch dims, so storing it would give
+    ``[B]`` batches with ``[B, T, ...]`` fields, and a loss that reads the time dim
+    from the batch size (TD(lambda), GAE) would compute something else without an error.
+    """
+    if isinstance(batch, TensorDictBase) and batch.batch_dims > batch_ndim:
+        call, shape = ("extend", "[N]") if batch_ndim else ("add", "[]")
+        size, own = list(batch.batch_size), list(batch.batch_size[batch_ndim:])
+        raise SpecError(
+            f"{call}: a TensorDict of batch_size {size} holds items with batch dims {own} of "
+            f"their own; a ReplayBuffer stores items of batch_size {shape} and would give them "
+            f"back without those dims. Store steps with batch.reshape(-1), or whole trajectories "
+            f"as fields with batch.to_dict() (samples are then [B] with [B, {own[0]}, ...] "
+            f"fields); TorchRL's trainer hook (xpbank.compat.torchrl) keeps the dims for you"
+        )
+    return batch
 
 
 class BufferParts(Protocol):

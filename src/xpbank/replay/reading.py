@@ -24,7 +24,16 @@ from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
 
-__all__ = ["epochs", "gather", "read_keys", "require_items", "sample", "sample_all", "sample_by_index"]
+__all__ = [
+    "epochs",
+    "gather",
+    "read_keys",
+    "require_items",
+    "sample",
+    "sample_all",
+    "sample_by_index",
+    "sample_slots",
+]
 
 # past this many items sample() first checks that they fit in the device's memory
 _LARGE_SAMPLE = 1 << 20
@@ -91,6 +100,18 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
     if relabel is not None:
         flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
     return gather(rb, slots, ids, keys, info, flat)
+
+
+def sample_slots(rb: BufferParts, slots: torch.Tensor, fields: Sequence[Any] | None = None) -> TensorDict:
+    """The live items in ``slots`` as :func:`sample` gives them (n-step entries included),
+    for a front-end that picks the slots itself (SB3's ``_get_samples``). The caller holds
+    the lock and has checked that every slot holds a live item."""
+    require_items(rb, "sample_slots")
+    keys = read_keys(rb, fields)
+    ids = rb._ring.ids_of_slots(slots)
+    if rb._nstep is not None:
+        return gather(rb, slots, ids, keys, None, rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys))
+    return gather(rb, slots, ids, keys)
 
 
 def sample_by_index(rb: BufferParts, indices: Any, fields: Sequence[Any] | None) -> TensorDict:

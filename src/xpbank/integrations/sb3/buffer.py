@@ -19,6 +19,11 @@ With ``optimize_memory_usage=True`` the data lives in a ``FrameStorage(stacked=F
 (each observation stored once), and SB3's ``dones[pos - 1] = True`` between ``learn()``
 calls cuts each env's episode as a truncation
 (:meth:`EpisodeIndex.truncate_newest <xpbank.EpisodeIndex.truncate_newest>`).
+
+SB3's arrays (``observations``, ``rewards``, ``dones`` ...) are views of the stored
+fields where the layout allows (:mod:`xpbank.integrations.sb3.views`); SB3's n-step
+arguments (``n_steps``, ``gamma``) give ``NStepReplayBuffer``'s targets
+(:mod:`xpbank.integrations.sb3.nstep`).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError, require
+from xpbank.integrations.sb3 import nstep as _nstep
+from xpbank.integrations.sb3 import views as _views
 from xpbank.replay.buffer import ReplayBuffer
-from xpbank.ring.episodes import EpisodeIndex
 from xpbank.sampler import Sampler
 from xpbank.spec.spaces import field_from_space
 from xpbank.spec.spec import Field, Spec
@@ -108,6 +114,17 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
             :class:`~xpbank.integrations.sb3.PrioritizedDQN`); default uniform.
         seed: seeds the xpbank buffer's generator; default: drawn from torch's global
             generator, so SB3's ``seed=`` makes the samples reproducible.
+        n_steps: n-step returns as SB3's ``NStepReplayBuffer`` (``replay_buffer_kwargs=
+            {"n_steps": 3, "gamma": 0.99}``): samples carry the window's return as
+            ``rewards``, ``gamma ** k`` as ``discounts`` and the window's last step's
+            ``next_observations`` and ``dones`` (see :mod:`xpbank.integrations.sb3.nstep`
+            for where it differs). ``1``: one-step samples (``discounts`` ``None``).
+        gamma: the n-step discount (SB3's argument; used with ``n_steps > 1``).
+
+    SB3's arrays ``observations``, ``next_observations``, ``actions``, ``rewards``,
+    ``dones``, ``timeouts`` are there with SB3's shapes ``(buffer_size, n_envs, ...)``
+    and dtypes: views of the stored fields where the layout allows, copies with
+    ``optimize_memory_usage`` and for the flags (:mod:`xpbank.integrations.sb3.views`).
 
     What is copied: ``add`` copies; a sample is a fresh batch (modifying it changes
     nothing stored). ``buffer.xp`` is the xpbank buffer itself (e.g. for
@@ -137,6 +154,8 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         storage: str = "memory",
         sampler: Sampler | None = None,
         seed: int | None = None,
+        n_steps: int = 1,
+        gamma: float = 0.99,
         _xp: ReplayBuffer | None = None,
     ):
         if optimize_memory_usage and (storage != "memory" or _xp is not None):
@@ -156,6 +175,8 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
+        nstep = _nstep.make_nstep(n_steps, gamma)
+        self.n_steps, self.gamma = int(n_steps), float(gamma)
         if _xp is None:
             if seed is None:
                 seed = int(torch.randint(2**62, (), dtype=torch.int64))
@@ -163,6 +184,7 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
             store: Any = FrameStorage(capacity, spec, stacked=False) if optimize_memory_usage else storage
             _xp = ReplayBuffer(
                 capacity, spec, storage=store, sampler=sampler, seed=seed, num_envs=self.n_envs,
+                nstep=nstep,
             )  # fmt: skip
         elif _xp.spec != spec or _xp.capacity != self.buffer_size * self.n_envs:
             raise SpecError(
@@ -179,6 +201,11 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         return (self._next_id // self.n_envs) % self.buffer_size
 
     @property
+    def next_id(self) -> int:
+        """The id the next transition written gets (``buffer.xp``'s ids)."""
+        return self._next_id
+
+    @property
     def full(self) -> bool:  # type: ignore[override]
         """Whether every row holds a transition (SB3's ``full``)."""
         return self.xp.is_full
@@ -193,19 +220,38 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
 
     @property
-    def dones(self) -> _Dones:  # type: ignore[override]
-        """SB3's ``dones[row]``: read (``terminated or truncated`` of each env, a NumPy
-        row) and the one write SB3 makes, ``dones[pos - 1] = True``.
+    def dones(self) -> _views.Dones:  # type: ignore[override]
+        """SB3's ``dones`` (``terminated or truncated``, float32 ``(buffer_size, n_envs)``),
+        read like an array; ``dones[pos - 1] = True`` is SB3's cut between ``learn()``
+        calls, a truncation here (see :class:`~xpbank.integrations.sb3.views.Dones`)."""
+        return _views.Dones(self)
 
-        With ``optimize_memory_usage``, SB3's ``learn(reset_num_timesteps=True)`` resets
-        the envs and marks the newest row done, so the chain of observations may break
-        there. Here that write ends each env's open episode at its newest step as a
-        **truncation** (``truncated`` stored, the episode index told): the next
-        ``add``'s reset observation starts a new episode, and the cut step keeps its
-        true ``next_obs``, so with ``handle_timeout_termination=True`` it bootstraps
-        (SB3's own buffer makes it a termination instead).
-        """
-        return _Dones(self)
+    @property
+    def timeouts(self) -> np.ndarray:  # type: ignore[override]
+        """SB3's ``timeouts`` (``truncated``), a float32 copy ``(buffer_size, n_envs)``."""
+        return _views.timeouts(self)
+
+    @property
+    def observations(self) -> np.ndarray:  # type: ignore[override]
+        """SB3's ``observations`` ``(buffer_size, n_envs, *obs_shape)``: a view (a copy
+        with ``optimize_memory_usage``)."""
+        return _views.sb3_array(self, "obs")
+
+    @property
+    def next_observations(self) -> np.ndarray:  # type: ignore[override]
+        """SB3's ``next_observations`` (the true next observations): a view (a copy with
+        ``optimize_memory_usage``, where SB3's is ``None``)."""
+        return _views.sb3_array(self, _NEXT_OBS)
+
+    @property
+    def actions(self) -> np.ndarray:  # type: ignore[override]
+        """SB3's ``actions`` ``(buffer_size, n_envs, action_dim)``: a view."""
+        return _views.sb3_array(self, "action")
+
+    @property
+    def rewards(self) -> np.ndarray:  # type: ignore[override]
+        """SB3's ``rewards`` ``(buffer_size, n_envs)`` float32: a view."""
+        return _views.sb3_array(self, "reward")
 
     # -- writing -------------------------------------------------------------------
     def add(
@@ -274,10 +320,13 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
 
     def samples_of(self, batch: TensorDict, env: Any = None) -> Any:
         """SB3's ``ReplayBufferSamples`` of an xpbank batch of this buffer's spec."""
-        dones = batch["terminated"]
+        dones = batch["terminated"]  # with n-step: the window's last step's flags
         if not self.handle_timeout_termination:
             dones = dones | batch["truncated"]
-        obs, next_obs, reward = batch["obs"], batch[_NEXT_OBS], batch["reward"]
+        obs, next_obs, reward = batch["obs"], batch[_NEXT_OBS], batch["reward"].reshape(-1, 1)
+        discounts = None
+        if "nstep_return" in batch.keys():  # noqa: SIM118 (a TensorDict has no __contains__)
+            reward, discounts = _nstep.nstep_targets(batch, self.gamma)
         if env is not None:  # VecNormalize works on NumPy
             obs = torch.from_numpy(np.asarray(self._normalize_obs(obs.numpy(), env)))
             next_obs = torch.from_numpy(np.asarray(self._normalize_obs(next_obs.numpy(), env)))
@@ -288,8 +337,20 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
             actions=batch["action"].to(to),
             next_observations=next_obs.to(to),
             dones=dones.to(device=to, dtype=torch.float32).reshape(-1, 1),
-            rewards=reward.to(to).reshape(-1, 1),
+            rewards=reward.to(to),
+            discounts=None if discounts is None else discounts.to(to),
         )
+
+    def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> Any:
+        """SB3's ``_get_samples``: rows ``batch_inds``, each of an env drawn from NumPy's
+        global generator as SB3 does (n-step targets with ``n_steps > 1``).
+
+        Raises:
+            SpecError: a row that holds no transition yet.
+        """
+        rows = np.asarray(batch_inds, dtype=np.int64).reshape(-1)
+        envs = np.random.randint(0, high=self.n_envs, size=(len(rows),))
+        return self.samples_of(_nstep.read_slots(self, rows * self.n_envs + envs), env)
 
     # -- banks ---------------------------------------------------------------------
     def save_bank(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
@@ -319,46 +380,9 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         from xpbank.bank import load
 
         xp = load(path)
-        n_envs = int(xp.config().get("num_envs", 1))
+        config = xp.config()
+        n_steps, gamma = (config["nstep"]["n"], config["nstep"]["gamma"]) if "nstep" in config else (1, 0.99)
         return cls(
-            xp.capacity, observation_space, action_space, device, n_envs,
-            handle_timeout_termination=handle_timeout_termination, _xp=xp,
+            xp.capacity, observation_space, action_space, device, int(config.get("num_envs", 1)),
+            handle_timeout_termination=handle_timeout_termination, n_steps=n_steps, gamma=gamma, _xp=xp,
         )  # fmt: skip
-
-
-class _Dones:
-    """The ``dones`` SB3's off-policy algorithms touch: rows read, the newest row cut."""
-
-    def __init__(self, buffer: XpbankReplayBuffer):
-        self._buffer = buffer
-
-    def _ids(self, row: Any) -> np.ndarray:
-        b = self._buffer
-        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < b.buffer_size:
-            raise SpecError(f"dones: expected a row index in [0, {b.buffer_size}), got {row!r}")
-        if row >= b.size():
-            raise SpecError(f"dones: row {row} holds no transition yet ({b.size()} rows stored)")
-        newest = b._next_id - b.n_envs * (1 + (b.pos - 1 - int(row)) % b.buffer_size)
-        return np.arange(newest, newest + b.n_envs, dtype=np.int64)
-
-    def _episodes(self) -> EpisodeIndex:
-        eps = self._buffer.xp.episodes
-        if eps is None:  # never: the buffer is built with num_envs
-            raise RuntimeError("XpbankReplayBuffer: its xpbank buffer keeps no episode index")
-        return eps
-
-    def __getitem__(self, row: Any) -> np.ndarray:
-        return self._episodes().is_end(self._ids(row)).astype(np.float32)
-
-    def __setitem__(self, row: Any, value: Any) -> None:
-        b = self._buffer
-        self._ids(row)  # checks the row
-        if not bool(np.all(np.asarray(value))):
-            raise SpecError(f"dones: only True can be written (an episode cut), got {value!r}")
-        if int(row) != (b.pos - 1) % b.buffer_size:
-            raise SpecError(
-                f"dones: only the newest row ({(b.pos - 1) % b.buffer_size}) can be cut, got row {row}"
-            )
-        cut = self._episodes().truncate_newest()
-        if cut.size:
-            b.xp.update(torch.from_numpy(cut), {"truncated": torch.ones(cut.size, dtype=torch.bool)})

@@ -5,10 +5,19 @@ Each item's Huber loss is multiplied by its importance weight (the batch's ``"we
 from :class:`~xpbank.PrioritizedSampler`) before the mean, and the absolute TD errors
 go back to the buffer with ``update_priority``. Everything else (target network,
 exploration, gradient clipping, ``learn``, ``save``/``load``) is SB3's.
+
+``PrioritizedDQN(n_steps=3)`` gives the buffer SB3's n-step arguments (``n_steps``,
+``gamma``) itself, so n-step is on, without SB3's warning that ``n_steps`` is ignored
+for a custom ``replay_buffer_class``. With ``optimize_memory_usage=True``, SB3's warning
+that "the last trajectory in the replay buffer will be truncated" at each
+``learn(reset_num_timesteps=True)`` is replaced by a log line saying what xpbank does:
+each env's newest step is a truncation, which bootstraps from its true next observation
+(SB3's buffer makes it a termination), so the warning's advice is not needed.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,6 +29,8 @@ from xpbank.integrations.sb3.buffer import XpbankReplayBuffer
 from xpbank.sampler import PrioritizedSampler
 
 __all__ = ["PrioritizedDQN", "weighted_td_loss"]
+
+_SB3_CUT_WARNING = "The last trajectory in the replay buffer will be truncated"
 
 require("stable_baselines3", "sb3")  # a MissingExtraError naming the extra, before the import below
 
@@ -53,7 +64,9 @@ class PrioritizedDQN(DQN):
     Takes exactly DQN's arguments. Without ``replay_buffer_class`` it uses an
     :class:`XpbankReplayBuffer` with ``PrioritizedSampler()`` (alpha 0.6, beta 0.4);
     choose the sampler with ``replay_buffer_kwargs={"sampler": PrioritizedSampler(alpha=...,
-    beta=..., beta_steps=...)}``.
+    beta=..., beta_steps=...)}``. ``n_steps > 1`` is passed to an
+    :class:`XpbankReplayBuffer` (unless ``replay_buffer_kwargs`` names ``n_steps``):
+    n-step targets, ``gamma ** k`` as the bootstrap discount, as SB3's n-step DQN.
 
     Raises:
         PriorityError: the buffer is not an :class:`XpbankReplayBuffer` whose sampler
@@ -70,7 +83,15 @@ class PrioritizedDQN(DQN):
         if self.replay_buffer_class is None:
             self.replay_buffer_class = XpbankReplayBuffer
             self.replay_buffer_kwargs = {"sampler": PrioritizedSampler(), **self.replay_buffer_kwargs}
-        super()._setup_model()
+        n_steps = self.n_steps
+        if n_steps > 1 and issubclass(self.replay_buffer_class, XpbankReplayBuffer):
+            # the buffer takes SB3's n-step arguments itself: SB3 would warn they are ignored
+            self.replay_buffer_kwargs = {"n_steps": n_steps, "gamma": self.gamma, **self.replay_buffer_kwargs}
+            self.n_steps = 1
+        try:
+            super()._setup_model()
+        finally:
+            self.n_steps = n_steps
         buffer = self.replay_buffer
         if not isinstance(buffer, XpbankReplayBuffer) or not hasattr(buffer.xp.sampler, "update_priority"):
             what = type(buffer.xp.sampler).__name__ if isinstance(buffer, XpbankReplayBuffer) else None
@@ -79,6 +100,13 @@ class PrioritizedDQN(DQN):
                 f"{type(buffer).__name__}{f' with {what}' if what else ''}; PrioritizedDQN needs "
                 "per-item weights and update_priority"
             )
+
+    def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        """SB3's ``_setup_learn`` without its cut warning for an xpbank buffer (above)."""
+        with warnings.catch_warnings():
+            if isinstance(self.replay_buffer, XpbankReplayBuffer):  # the cut is logged instead
+                warnings.filterwarnings("ignore", message=_SB3_CUT_WARNING)
+            return super()._setup_learn(*args, **kwargs)
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         """SB3's DQN update with importance weights in the loss and priority updates."""
@@ -90,7 +118,8 @@ class PrioritizedDQN(DQN):
             replay_data, batch = buffer.sample_batch(batch_size, env=self._vec_normalize_env)
             with torch.no_grad():
                 next_q, _ = self.q_net_target(replay_data.next_observations).max(dim=1)
-                target = replay_data.rewards + (1 - replay_data.dones) * self.gamma * next_q.reshape(-1, 1)
+                discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
+                target = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q.reshape(-1, 1)
             current = torch.gather(
                 self.q_net(replay_data.observations), dim=1, index=replay_data.actions.long()
             )
