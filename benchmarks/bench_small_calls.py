@@ -256,7 +256,7 @@ def torchrl_sample(size: int, rng: np.random.Generator) -> Callable[[int], objec
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
-    except Exception as exc:  # noqa: BLE001 - any import failure means "skipped"
+    except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(size), sampler=RandomSampler())
     step = np_steps(rng, 1, size)[0]
@@ -397,7 +397,10 @@ def build(quick: bool) -> tuple[dict[str, dict[str, Call]], dict[str, str], list
     def cp_per(p: np.ndarray) -> None:
         pcp.update_priorities(pcp.sample(32, beta=0.4)["indexes"], p)
 
-    rows["prioritized: sample(32) + update(32)"] = {"xpbank": cycle(tprios, xp_per), "cpprb": cycle(prios, cp_per)}
+    rows["prioritized: sample(32) + update(32)"] = {
+        "xpbank": cycle(tprios, xp_per),
+        "cpprb": cycle(prios, cp_per),
+    }
     targets["prioritized: sample(32) + update(32)"] = "<= 0.5x cpprb"
     return rows, targets, skipped
 
@@ -533,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "environment": environment(versions),
         "tables": out,
-        "times_us": {row: {lib: [t * 1e6 for t in ts] for lib, ts in libs.items()} for row, libs in times.items()},
+        "times_us": {
+            row: {lib: [t * 1e6 for t in ts] for lib, ts in libs.items()} for row, libs in times.items()
+        },
     }
     for t in out:
         print(f"\n### {t['title']}\n\n{markdown_table(t['headers'], t['rows'])}\n\n{t['notes']}")
