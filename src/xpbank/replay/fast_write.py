@@ -43,6 +43,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import XpbankError
+from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
 
@@ -86,9 +87,12 @@ class Signature:
     """
 
     def __init__(
-        self, storage: Any, block: Any, spec: Spec, n: int, mapping: type, entries: list[tuple[Any, ...]]
+        self, rb: Any, block: Any, spec: Spec, n: int, mapping: type, entries: list[tuple[Any, ...]]
     ):
-        self.storage, self.block, self.spec = storage, block, spec
+        self.storage, self.block, self.spec = rb._storage, block, spec
+        self.episodes = episodes = rb._ring.episodes
+        # one lockstep env step: the index's upkeep in one compiled call (episode_step.py)
+        self.step = None if episodes is None else lockstep_step(episodes, spec, n or 1)
         self.n = n  # rows per call; 0: an add (no batch dim)
         self.mapping = mapping  # dict or TensorDict
         self.entries = entries
@@ -183,7 +187,7 @@ def signature_of(rb: Any, batch: Any, n: int) -> Signature | None:
             return None
         entries.append((order[key], entry))
     entries.sort(key=lambda e: e[0])
-    return Signature(storage, block, spec, n, type(batch), [e for _, e in entries])
+    return Signature(rb, block, spec, n, type(batch), [e for _, e in entries])
 
 
 def _entry(
@@ -271,12 +275,16 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     if slot + rows > ring.capacity:  # the wrap: the full path splits it
         return None
     episodes = ring.episodes
-    plan = None
+    if episodes is not sig.episodes:
+        return None
+    plan = by_key = None
     if episodes is not None:
-        try:  # value checks (env ids, whole env steps): a refusal is the full path's to raise
-            plan = episodes.plan(dict(zip(sig.keys, values, strict=True)), rows, sig.spec)
-        except XpbankError:
-            return None
+        by_key = dict(zip(sig.keys, values, strict=True))
+        if sig.step is None:
+            try:  # value checks (env ids, whole env steps): a refusal is the full path's to raise
+                plan = episodes.plan(by_key, rows, sig.spec)
+            except XpbankError:
+                return None
     if n == 0:
         sig.records[slot] = tuple(values)
     else:
@@ -289,4 +297,6 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         ring.size = min(ring.size + rows, ring.capacity)
     if plan is not None:
         episodes.apply(plan)
+    elif by_key is not None:  # one lockstep step: nothing to refuse, recorded after the write
+        record_step(episodes, sig.step, by_key, first)
     return first
