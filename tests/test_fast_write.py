@@ -167,6 +167,9 @@ def _bad_items():
     yield "meta device", t, {**t, "obs": torch.zeros(3, device="meta")}
     yield "meta device 0-d", t, {**t, "reward": torch.zeros((), device="meta")}
     yield "sparse", t, {**t, "obs": torch.zeros(3).to_sparse()}
+    yield "sparse 0-d", t, {**t, "reward": torch.tensor(1.0).to_sparse()}
+    yield "mkldnn", t, {**t, "obs": torch.zeros(3).to_mkldnn()}
+    yield "conj bit", t, {**t, "obs": torch.zeros(3, dtype=torch.complex64).conj()}
     yield "nested", t, {**t, "obs": torch.nested.nested_tensor([torch.zeros(3)])}
     yield "torch overflow", t, {**t, "reward": torch.tensor(1e300, dtype=torch.float64)}
     td = item(rng, "td")

@@ -130,13 +130,13 @@ class Signature:
                 if type(v) is not want or not -bound <= v <= bound:
                     return None
             elif kind == _TENSOR:
-                if type(v) is not torch.Tensor or v.dtype is not want or v.layout is not _STRIDED:
+                if type(v) is not torch.Tensor or v.dtype is not want:
                     return None
-                try:
-                    if v.shape != shape:
-                        return None
-                    v = v.numpy()  # a CPU tensor without grad: a view (raises otherwise)
+                try:  # a dense CPU tensor without grad: a view (raises for any other)
+                    v = v.numpy()
                 except (RuntimeError, TypeError):
+                    return None
+                if v.shape != shape:
                     return None
             elif kind == _TENSOR0:
                 if type(v) is not torch.Tensor or v.dtype is not want or v.layout is not _STRIDED:
