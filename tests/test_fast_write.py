@@ -91,6 +91,11 @@ def call(rb: ReplayBuffer, method: str, batch) -> tuple[str, object]:
         return type(exc).__name__, str(exc)
 
 
+def _bytes(x: torch.Tensor) -> bytes:
+    dense = torch.empty(x.shape, dtype=x.dtype).copy_(x)  # canonical strides, any dtype
+    return dense.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def assert_same(fast: ReplayBuffer, slow: ReplayBuffer) -> None:
     """Same ring, same stored bytes of every live item, same episode index and sampler."""
     assert (fast._ring.next_id, fast._ring.size) == (slow._ring.next_id, slow._ring.size)
@@ -101,7 +106,7 @@ def assert_same(fast: ReplayBuffer, slow: ReplayBuffer) -> None:
         x, y = a[key], b[key]
         assert x.dtype == y.dtype
         # the raw bytes, so NaN and -0.0 compare too
-        assert x.numpy().tobytes() == y.numpy().tobytes(), key
+        assert _bytes(x) == _bytes(y), key
     assert torch.equal(a["index"], b["index"])
     if slow.episodes is not None:
         sa, sb = fast.episodes.state_dict(), slow.episodes.state_dict()
@@ -351,3 +356,34 @@ def test_random_streams_give_the_full_paths_results(option, seed, monkeypatch):
         assert a.keys() == b.keys()
         for key in b.keys(include_nested=True, leaves_only=True):
             assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_other_dtypes_and_empty_fields_match_the_full_path(odd):
+    """uint8, int8/16/32, float16 and float64 fields take the fast path with their own
+    dtypes; a spec with a bfloat16, complex or empty field is left to the full path."""
+    fields = {
+        "img": Field((2, 2), torch.uint8), "small": Field((), torch.int8),
+        "mid": Field((2,), torch.int16), "i32": Field((), torch.int32),
+        "half": Field((2,), torch.float16), "f64": Field((), torch.float64),
+    }  # fmt: skip
+    if odd:
+        fields.update(
+            {"bf": Field((2,), torch.bfloat16), "cx": Field((), torch.complex64), "empty": Field((0,))}
+        )
+    fast, slow = pair(8, Spec(fields))
+    rng = np.random.default_rng(7)
+    for i in range(20):
+        batch = {
+            "img": rng.integers(0, 256, (2, 2), dtype=np.uint8), "small": np.int8(i),
+            "mid": np.arange(2, dtype=np.int16), "i32": np.int32(-i),
+            "half": rng.standard_normal(2).astype(np.float16), "f64": np.float64(i / 3),
+        }  # fmt: skip
+        if odd:
+            batch.update({"bf": torch.randn(2, dtype=torch.bfloat16), "cx": np.complex64(1j * i)})
+            batch["empty"] = np.zeros(0, np.float32)
+        if i >= 10:
+            batch = {k: torch.as_tensor(v) for k, v in batch.items()}
+        assert call(fast, "add", batch) == call(slow, "add", batch)
+        assert (fast.__dict__.get("_signature") is None) == odd
+    assert_same(fast, slow)

@@ -195,7 +195,7 @@ def _entry(
 ) -> tuple[Any, ...] | None:
     """How field ``key`` of this kind of value is taken (``None``: the full path's)."""
     np_dtype = _PLAIN.get(dtype)
-    if np_dtype is None:
+    if np_dtype is None or 0 in shape:  # an empty field: left to the full path
         return None
     full = (n, *shape) if n else shape
     if type(v) is np.ndarray:
