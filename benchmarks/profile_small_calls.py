@@ -12,8 +12,9 @@ is the call's own glue: the lock, argument passing). Phases of a write:
   episode index's plan (``EpisodeIndex.plan``), the storage write, the sampler and ring
   upkeep (``on_write``, ``Ring.advance``), the index's upkeep (``EpisodeIndex.apply``);
 - fast path (:mod:`xpbank.replay.fast_write`): the signature match (per-field checks
-  and conversion), the index's plan (``EpisodeIndex.plan`` of the NumPy values), the
-  row store, the sampler and ring upkeep, the index's upkeep.
+  and conversion), the row store, the sampler and ring upkeep, and the index's upkeep:
+  for one lockstep env step one compiled call (``episode_step.record_step``), else
+  ``EpisodeIndex.plan`` of the values and ``apply``.
 
 A sample: the sampler's draw, ids from slots, the storage gather, the TensorDict's
 construction. The same items as ``bench_small_calls.py`` (CartPole transitions).
@@ -36,6 +37,7 @@ from _common import environment, log, markdown_table
 from bench_small_calls import SPEC, fill, np_items, np_steps, torch_item, torch_step
 from xpbank import NStep, ReplayBuffer
 from xpbank.replay import fast_write, writing
+from xpbank.ring.episode_step import record_step
 from xpbank.spec.batch import flatten, to_tensordict
 
 
@@ -104,7 +106,18 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
         out.append(("fast path: not taken (signature differs)", float("nan")))
         return out
     out.append(("fast: signature match + conversion", best(lambda: sig.values(batch), calls, rounds)))
-    if eps is not None:
+    step = sig.step
+    first = ring.next_id
+    if eps is not None and step is not None:  # one lockstep step: one compiled call after the store
+        term = None if step[0] < 0 else values[step[0]]
+        trunc = None if step[1] < 0 else values[step[1]]
+        out.append(
+            (
+                "fast: episode upkeep (record_step)",
+                best(lambda: record_step(eps, term, trunc, first), calls, rounds),
+            )
+        )
+    elif eps is not None:
         by_key = dict(zip(sig.keys, values, strict=True))
         hplan = eps.plan(by_key, n, spec)
         out.append(
@@ -123,7 +136,7 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
 
     out.append(("fast: row store", best(store, calls, rounds)))
     out.append(("fast: sampler.on_write", best(lambda: rb._sampler.on_write(slots, ring), calls, rounds)))
-    if eps is not None:
+    if eps is not None and step is None:
         out.append(("fast: episode apply", best(lambda: eps.apply(hplan), calls, rounds)))
     out.append(
         (

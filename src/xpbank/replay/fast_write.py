@@ -92,7 +92,10 @@ class Signature:
         self.storage, self.block, self.spec = rb._storage, block, spec
         self.episodes = episodes = rb._ring.episodes
         # one lockstep env step: the index's upkeep in one compiled call (episode_step.py)
-        self.step = None if episodes is None else lockstep_step(episodes, spec, n or 1)
+        step = None if episodes is None else lockstep_step(episodes, spec, n or 1)
+        # where the step's terminated / truncated values are (-1: no such field)
+        keys = [e[0] for e in entries]
+        self.step = None if step is None else tuple(-1 if k is None else keys.index(k) for k in step)
         self.n = n  # rows per call; 0: an add (no batch dim)
         self.mapping = mapping  # dict or TensorDict
         self.entries = entries
@@ -277,14 +280,13 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     episodes = ring.episodes
     if episodes is not sig.episodes:
         return None
-    plan = by_key = None
-    if episodes is not None:
-        by_key = dict(zip(sig.keys, values, strict=True))
-        if sig.step is None:
-            try:  # value checks (env ids, whole env steps): a refusal is the full path's to raise
-                plan = episodes.plan(by_key, rows, sig.spec)
-            except XpbankError:
-                return None
+    plan = None
+    step = sig.step
+    if episodes is not None and step is None:
+        try:  # value checks (env ids, whole env steps): a refusal is the full path's to raise
+            plan = episodes.plan(dict(zip(sig.keys, values, strict=True)), rows, sig.spec)
+        except XpbankError:
+            return None
     if n == 0:
         sig.records[slot] = tuple(values)
     else:
@@ -297,6 +299,7 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         ring.size = min(ring.size + rows, ring.capacity)
     if plan is not None:
         episodes.apply(plan)
-    elif by_key is not None:  # one lockstep step: nothing to refuse, recorded after the write
-        record_step(episodes, sig.step, by_key, first)
+    elif step is not None:  # one lockstep step: nothing to refuse, recorded after the write
+        t, u = step
+        record_step(episodes, None if t < 0 else values[t], None if u < 0 else values[u], first)
     return first

@@ -23,13 +23,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from xpbank import _jit
-from xpbank.ring.episode_keys import read_flag
 from xpbank.spec.spec import NestedKey, Spec
 
 if TYPE_CHECKING:
@@ -94,19 +92,28 @@ def lockstep_step(
     return term_key, trunc_key
 
 
-def record_step(
-    index: EpisodeIndex,
-    keys: tuple[NestedKey | None, NestedKey | None],
-    flat: Mapping[NestedKey, Any],
-    first: int,
-) -> None:
+def record_step(index: EpisodeIndex, terminated: Any, truncated: Any, first: int) -> None:
     """Record one lockstep step (see :func:`lockstep_step`) written at ids ``first ..``,
-    after the ring advanced past it. The per-env state arrays are written in place: no
-    plan holds them between two calls of this fast path."""
+    after the ring advanced past it, from its ``terminated`` / ``truncated`` values
+    (NumPy arrays, or one item's numbers; ``None``: no such field). The per-env state
+    arrays are written in place: no plan holds them between two calls of this path."""
     n = index._last_id.shape[0]
-    term, trunc = read_flag(flat, keys[0], n), read_flag(flat, keys[1], n)
     a = index._arrays
     _compiled[0](  # type: ignore[index]
         a.env, a.prev, a.next, a.start, a.flags, index._last_id, index._last_end, index._cur_start,
-        index._fresh, term, trunc, first, index._ring.first_id,
+        index._fresh, _flags(terminated, n), _flags(truncated, n), first, index._ring.first_id,
     )  # fmt: skip
+
+
+_ONE = (np.zeros(1, dtype=bool), np.ones(1, dtype=bool))
+
+
+def _flags(value: Any, n: int) -> np.ndarray:
+    """``n`` episode-end flags as bool (the sizes were checked when the batch's signature
+    was: :func:`~xpbank.ring.episode_keys.read_flag`'s rules)."""
+    if value is None:
+        return np.zeros(n, dtype=bool)
+    if type(value) is not np.ndarray:  # one item's number
+        return _ONE[bool(value != 0)]
+    arr = value.reshape(n) if value.ndim != 1 else value
+    return arr if arr.dtype == np.bool_ else arr != 0
