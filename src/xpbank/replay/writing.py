@@ -5,7 +5,10 @@
 Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
 buffer's public methods call them holding its lock.
 
-Every input is checked before the first byte is written. :func:`update` of a reward
+Every input is checked before the first byte is written. A batch whose signature (type,
+keys, dtypes, shapes, devices) is the last good batch's goes through
+:mod:`xpbank.replay.fast_write`, which stores it without the checks that depend on the
+signature alone and hands anything else back to the full path here. :func:`update` of a reward
 tells ``NStep.rewritten``, which drops the window results that read it. A buffer that
 keeps an :class:`~xpbank.EpisodeIndex` plans each write with it (checked, computed)
 before storing and applies the plan after the ring advances; a storage that declares
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import EmptyBufferError, SpecError
+from xpbank.replay.fast_write import remember, try_write
 from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_reserved
 from xpbank.ring.episode_update import check_episode_update
 from xpbank.ring.episodes import EpisodeIndex, wants_episodes
@@ -33,18 +37,29 @@ __all__ = ["add", "conform", "extend", "keep_last", "update", "write"]
 
 def add(rb: BufferParts, item: Any) -> int:
     """Store one item (no batch dim); returns its id."""
+    first = try_write(rb, item, True)  # shaped like the last good item: no full checks needed
+    if first is not None:
+        return first
     flat = flatten(item)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=0))
     _, flat = conform(rb, spec, flat, 0)
-    return int(write(rb, {k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
+    first = int(write(rb, {k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
+    remember(rb, item, 0)
+    return first
 
 
 def extend(rb: BufferParts, batch: Any) -> range:
     """Store a batch of items, all checked before any is written; returns their ids."""
+    first = try_write(rb, batch, False)
+    if first is not None:
+        return range(first, rb._ring.next_id)
     flat = flatten(batch)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
     (n,), flat = conform(rb, spec, flat, 1)
-    return write(rb, flat, n, spec)
+    ids = write(rb, flat, n, spec)
+    if n:
+        remember(rb, batch, n)
+    return ids
 
 
 def conform(

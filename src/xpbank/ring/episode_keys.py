@@ -97,8 +97,16 @@ def wants_episodes(spec: Spec | None, keys: EpisodeKeys, num_envs: int | None, n
     return needed or num_envs is not None or (spec is not None and normalize_key(keys.env) in spec)
 
 
-def read_flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int) -> np.ndarray:
+_ONE_FLAG = (np.zeros(1, dtype=bool), np.ones(1, dtype=bool))
+for _flag in _ONE_FLAG:
+    _flag.flags.writeable = False  # shared by every one-item write: never changed
+
+
+def read_flag(flat: Mapping[NestedKey, Any], key: NestedKey | None, n: int) -> np.ndarray:
     """Each item's episode-end flag from field ``key`` as bool (all False without one).
+
+    The field is a tensor, a NumPy array, or one item's number (NumPy or Python); the
+    array returned may be a view of it, or shared and read-only.
 
     Raises:
         SpecError: not one flag per item.
@@ -106,10 +114,17 @@ def read_flag(flat: dict[NestedKey, torch.Tensor], key: NestedKey | None, n: int
     if key is None:
         return np.zeros(n, dtype=bool)
     value = flat[key]
-    try:
-        arr = value.numpy()  # the common case, a plain CPU tensor: no copy (the write copies)
-    except (RuntimeError, TypeError):  # requires grad, or not on the CPU
-        arr = value.detach().cpu().numpy()
+    if type(value) is np.ndarray:
+        arr = value
+    elif not isinstance(value, torch.Tensor):  # a number: one item
+        if n != 1:
+            raise SpecError(f"field {key_str(key)!r}: expected one episode-end flag per item, got one number")
+        return _ONE_FLAG[bool(value != 0)]
+    else:
+        try:
+            arr = value.numpy()  # the common case, a plain CPU tensor: no copy (the write copies)
+        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
+            arr = value.detach().cpu().numpy()
     if arr.size != n:
         raise SpecError(
             f"field {key_str(key)!r}: expected one episode-end flag per item, got {tuple(value.shape)}"

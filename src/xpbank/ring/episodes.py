@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -104,10 +105,12 @@ class EpisodeIndex:
         self._fresh = np.ones(n, dtype=bool)  # lockstep: the env's next item starts an episode
 
     # -- writing ---------------------------------------------------------------
-    def plan(self, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> _Plan:
+    def plan(self, flat: Mapping[NestedKey, Any], n: int, spec: Spec) -> _Plan:
         """Check a validated batch of ``n`` items and compute its index entries.
 
         Nothing changes until :meth:`apply`, so a bad batch leaves the buffer as it was.
+        The fields are tensors, or NumPy arrays and numbers of the spec's dtypes (the
+        write fast path's, :mod:`xpbank.replay.fast_write`).
 
         Raises:
             SpecError: a batch that is not whole env steps (lockstep), or a bad env id.
@@ -199,7 +202,7 @@ class EpisodeIndex:
         key = normalize_key(self.keys.env)
         return key if key in spec else None
 
-    def _env_ids(self, flat: dict[NestedKey, torch.Tensor], n: int, key: NestedKey | None) -> np.ndarray:
+    def _env_ids(self, flat: Mapping[NestedKey, Any], n: int, key: NestedKey | None) -> np.ndarray:
         if key is None:
             if self.num_envs is None:
                 return np.zeros(n, dtype=np.int64)
@@ -214,7 +217,9 @@ class EpisodeIndex:
                 self._tiled = np.tile(self._envs, n // self.num_envs)
             return self._tiled
         limit = self.num_envs if self.num_envs is not None else MAX_ENV_ID
-        return read_env_ids(flat[key], key, n, limit)
+        value = flat[key]
+        value = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+        return read_env_ids(value, key, n, limit)
 
     # -- queries -----------------------------------------------------------------
     def _slots(self, ids: Any, check: bool = True) -> np.ndarray:

@@ -257,6 +257,16 @@ class TensorStorage(StorageBase):
             found = block.pairs[cache] = block_pair_rows(block, keys, second)
         return found
 
+    @property
+    def host_block(self) -> Block | None:
+        """The one packed CPU block every field lives in, or ``None`` (CUDA,
+        ``pack=False``, not laid out yet). The front-end's write fast path
+        (:mod:`xpbank.replay.fast_write`) stores checked rows straight into its NumPy
+        views; a new layout (:meth:`initialize`, unpickling) makes a new block, which
+        tells it that what it kept is stale."""
+        blocks = self._blocks
+        return blocks[0] if len(blocks) == 1 and blocks[0].np_data is not None else None
+
     def view(self, key: NestedKey) -> torch.Tensor:
         """Field ``key`` of every slot, ``[capacity, *shape]``, as a view of the storage.
 

@@ -1,0 +1,232 @@
+"""Where the time of one small call goes: a per-phase profile of ``add``, ``extend`` of
+one ``[8]`` step and ``sample(32)`` (issue 21).
+
+    .venv/bin/python benchmarks/profile_small_calls.py --threads 1 [--quick] [--json out.json]
+
+Each phase is the library's own function for that step, timed on its own over many
+calls (best of ``--rounds`` blocks) with the input it gets inside the real call; the
+whole call is timed the same way, so the phases' sum can be compared with it (the rest
+is the call's own glue: the lock, argument passing). Phases of a write:
+
+- full path: input conversion (``flatten``), checks and cast (``Spec.conform``), the
+  episode index's plan (``EpisodeIndex.plan``), the storage write, the sampler and ring
+  upkeep (``on_write``, ``Ring.advance``), the index's upkeep (``EpisodeIndex.apply``);
+- fast path (:mod:`xpbank.replay.fast_write`): the signature match (per-field checks
+  and conversion), the row store, the sampler and ring upkeep, and the index's upkeep:
+  for one lockstep env step one compiled call (``episode_step.record_step``), else
+  ``EpisodeIndex.plan`` of the values and ``apply``.
+
+A sample: the sampler's draw, ids from slots, the storage gather, the TensorDict's
+construction. The same items as ``bench_small_calls.py`` (CartPole transitions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import torch
+
+from _common import environment, log, markdown_table
+from bench_small_calls import SPEC, fill, np_items, np_steps, torch_item, torch_step
+from xpbank import NStep, ReplayBuffer
+from xpbank.replay import fast_write, writing
+from xpbank.ring.episode_step import record_step
+from xpbank.spec.batch import flatten, to_tensordict
+
+
+def best(fn: Callable[[], object], calls: int, rounds: int) -> float:
+    """µs per call: the fastest of ``rounds`` blocks of ``calls`` calls."""
+    for _ in range(min(calls, 50)):
+        fn()
+    out = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out = min(out, (time.perf_counter() - start) / calls)
+    return out * 1e6
+
+
+def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: int) -> list[tuple[str, float]]:
+    """The phases of one write of ``batch`` into ``rb``, full path and fast path."""
+    ring, storage, spec = rb._ring, rb._storage, rb.spec
+    assert spec is not None
+    n = 1 if add else next(iter(flatten(batch).values())).shape[0]
+    bdim = 0 if add else 1
+    flat = flatten(batch)
+    _, conformed = writing.conform(rb, spec, flat, bdim)
+    rows = {k: v.unsqueeze(0) for k, v in conformed.items()} if add else conformed
+    slot = ring.next_id % ring.capacity
+    slots = slice(slot, slot + n)
+    eps = ring.episodes
+    out = [
+        ("full: input conversion (flatten)", best(lambda: flatten(batch), calls, rounds)),
+        (
+            "full: checks + cast (Spec.conform)",
+            best(lambda: writing.conform(rb, spec, flat, bdim), calls, rounds),
+        ),
+    ]
+    if add:
+        out.append(
+            (
+                "full: add's unsqueeze per field",
+                best(lambda: {k: v.unsqueeze(0) for k, v in conformed.items()}, calls, rounds),
+            )
+        )
+    if eps is not None:
+        plan = eps.plan(rows, n, spec)
+        out.append(("full: episode plan", best(lambda: eps.plan(rows, n, spec), calls, rounds)))
+    out.append(("full: storage write", best(lambda: storage.write(slots, rows), calls, rounds)))
+    out.append(
+        (
+            "full: ring segments + sampler.on_write",
+            best(lambda: (ring.segments(n), rb._sampler.on_write(slots, ring)), calls, rounds),
+        )
+    )
+    if eps is not None:
+        out.append(("full: episode apply", best(lambda: eps.apply(plan), calls, rounds)))
+    rb._fast_write = False
+    method = rb.add if add else rb.extend
+    out.append(("full: whole call", best(lambda: method(batch), calls, rounds)))
+    rb._fast_write = True
+    method(batch)  # keys the signature on this batch
+    sig = rb.__dict__.get("_signature")
+    if sig is None:
+        out.append(("fast path: not taken (no signature)", float("nan")))
+        return out
+    values = sig.values(batch)
+    if values is None:
+        out.append(("fast path: not taken (signature differs)", float("nan")))
+        return out
+    out.append(("fast: signature match + conversion", best(lambda: sig.values(batch), calls, rounds)))
+    step = sig.step
+    first = ring.next_id
+    if eps is not None and step is not None:  # one lockstep step: one compiled call after the store
+        term = None if step[0] < 0 else values[step[0]]
+        trunc = None if step[1] < 0 else values[step[1]]
+        out.append(
+            (
+                "fast: episode upkeep (record_step)",
+                best(lambda: record_step(eps, term, trunc, first), calls, rounds),
+            )
+        )
+    elif eps is not None:
+        by_key = dict(zip(sig.keys, values, strict=True))
+        hplan = eps.plan(by_key, n, spec)
+        out.append(
+            ("fast: episode plan (of the values)", best(lambda: eps.plan(by_key, n, spec), calls, rounds))
+        )
+    if add:
+        rec, tup = sig.records, tuple(values)
+
+        def store() -> None:
+            rec[slot] = tup
+    else:
+
+        def store() -> None:
+            for view, v in zip(sig.views, values, strict=True):
+                view[slot : slot + n] = v
+
+    out.append(("fast: row store", best(store, calls, rounds)))
+    out.append(("fast: sampler.on_write", best(lambda: rb._sampler.on_write(slots, ring), calls, rounds)))
+    if eps is not None and step is None:
+        out.append(("fast: episode apply", best(lambda: eps.apply(hplan), calls, rounds)))
+    out.append(
+        (
+            "fast: try_write (all of the above)",
+            best(lambda: fast_write.try_write(rb, batch, add), calls, rounds),
+        )
+    )
+    out.append(("fast: whole call", best(lambda: method(batch), calls, rounds)))
+    return out
+
+
+def sample_phases(rb: ReplayBuffer, b: int, calls: int, rounds: int) -> list[tuple[str, float]]:
+    ring, gen = rb._ring, rb._generator
+    slots, _ = rb._sampler.sample(ring, b, gen)
+    ids = ring.ids_of_slots(slots)
+    flat = rb._storage.gather(slots, None)
+
+    def build() -> object:
+        return to_tensordict({**flat, "index": ids}, (b,), rb._storage.device)
+
+    return [
+        ("sampler.sample", best(lambda: rb._sampler.sample(ring, b, gen), calls, rounds)),
+        ("ids of slots", best(lambda: ring.ids_of_slots(slots), calls, rounds)),
+        ("storage gather", best(lambda: rb._storage.gather(slots, None), calls, rounds)),
+        ("TensorDict construction", best(build, calls, rounds)),
+        ("whole call", best(lambda: rb.sample(b), calls, rounds)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer calls")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    calls = 300 if args.quick else 3000
+    rng = np.random.default_rng(0)
+    cap = 100_000
+    item = np_items(rng, 1)[0]
+    step = np_steps(rng, 1, 8)[0]
+    cases: list[tuple[str, Any, bool, dict[str, Any]]] = [
+        ("add: NumPy + Python numbers", item, True, {}),
+        ("add: torch 0-d / 1-d", torch_item(item), True, {}),
+        ("extend [8]: NumPy", step, False, {}),
+        ("extend [8]: torch", torch_step(step), False, {}),
+        ("extend [8]: NumPy, num_envs=8", step, False, {"num_envs": 8}),
+        ("extend [8]: NumPy, num_envs=8, nstep", step, False, {"num_envs": 8, "nstep": NStep(3, 0.99)}),
+    ]
+    tables = []
+    for title, batch, add, kw in cases:
+        log(title)
+        rb = fill(ReplayBuffer(cap, SPEC, seed=0, **kw), cap // 2, rng, kw.get("num_envs") or 1)
+        rows = write_phases(rb, batch, add, calls, args.rounds)
+        tables.append(
+            {
+                "title": title,
+                "headers": ["phase", "µs"],
+                "rows": [[k, f"{v:.2f}"] for k, v in rows],
+                "notes": "",
+            }
+        )
+    rb = fill(ReplayBuffer(cap, SPEC, seed=0), cap, rng)
+    for b in (32, 256):
+        log(f"sample({b})")
+        rows = sample_phases(rb, b, calls, args.rounds)
+        tables.append(
+            {
+                "title": f"sample({b}) of 100k",
+                "headers": ["phase", "µs"],
+                "rows": [[k, f"{v:.2f}"] for k, v in rows],
+                "notes": "",
+            }
+        )
+    for t in tables:
+        print(f"\n### {t['title']}\n\n{markdown_table(t['headers'], t['rows'])}")
+    if args.json:
+        result = {
+            "benchmark": "profile_small_calls",
+            "command": "python " + " ".join(["benchmarks/profile_small_calls.py", *(argv or sys.argv[1:])]),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": environment({}),
+            "tables": tables,
+        }
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
