@@ -5,7 +5,6 @@ as one CorruptBankError naming the file (list_banks and ``xpbank ls`` go on)."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
@@ -23,6 +22,7 @@ import torch
 from typer.testing import CliRunner
 
 import xpbank
+from bank_cases import edit_manifest
 from helpers import make_batch, transition_spec
 from xpbank import BankError, CorruptBankError, ReplayBuffer
 from xpbank.spec.spec import Spec
@@ -39,20 +39,6 @@ READERS: dict[str, Callable[[Path], Any]] = {
     "open_bank_rw": lambda p: xpbank.open_bank(p, "r+"),
     "merge": lambda p: xpbank.merge(p, p),
 }
-
-
-@pytest.fixture
-def bank(tmp_path: Path) -> Path:
-    spec = transition_spec()
-    rb = ReplayBuffer(8, spec, seed=0)
-    rb.extend(make_batch(spec, 11))
-    return xpbank.save(rb, tmp_path / "bank")
-
-
-def _edit(bank: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    manifest = json.loads((bank / "manifest.json").read_text())
-    edit(manifest)
-    (bank / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _within(fn: Callable[[], Any], seconds: float = 30) -> BaseException | None:
@@ -193,7 +179,7 @@ def _zero_byte_bank(tmp_path: Path, capacity: int) -> Path:
         m["data"][0].update(nbytes=data.stat().st_size)
         m["data"][0]["shape"][0] = capacity
 
-    _edit(path, claim)
+    edit_manifest(path, claim)
     return path
 
 
@@ -227,7 +213,7 @@ def test_an_unreferenced_state_file_is_not_read(bank: Path) -> None:
     def extra(m: dict[str, Any]) -> None:  # a listed state file nothing refers to
         m["state_files"].append({**m["state_files"][0], "path": "state/g0_99.npy", "checksum": None})
 
-    _edit(bank, extra)
+    edit_manifest(bank, extra)
     with open(state, "rb") as src, open(bank / "state" / "g0_99.npy", "wb") as dst:
         dst.write(src.read())
     from xpbank.bank import snapshot as snap_module
@@ -344,7 +330,7 @@ def _malform(bank: Path, name: str) -> None:
         (bank / "manifest.json").write_text(_DEEP)
     else:
         assert callable(edit)
-        _edit(bank, edit)
+        edit_manifest(bank, edit)
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
@@ -378,7 +364,7 @@ def test_list_banks_and_ls_report_each_bad_bank_and_go_on(tmp_path: Path) -> Non
 
 
 def test_ls_output_is_bounded_by_the_number_of_banks(bank: Path) -> None:
-    _edit(bank, lambda m: m.update(session_id="[bold]x\n" * 5_000))
+    edit_manifest(bank, lambda m: m.update(session_id="[bold]x\n" * 5_000))
     result = CliRunner().invoke(build_app(), ["ls", str(bank.parent)])
     assert result.exit_code == 0
     assert len(result.stdout) < 5_000 and "[bold]x" in result.stdout
@@ -439,7 +425,7 @@ def test_a_symlink_loop_is_a_corrupt_bank_error(bank: Path, reader: str) -> None
 
 def test_a_malformed_state_reference_names_the_manifest(bank: Path) -> None:
     """Found by tests/adversarial: the codec's errors name the entry; the reader adds the file."""
-    _edit(bank, lambda m: m["state"]["generator"].pop("kind"))
+    edit_manifest(bank, lambda m: m["state"]["generator"].pop("kind"))
     for reader in (xpbank.load, xpbank.open_bank):
         with pytest.raises(CorruptBankError, match=r"bank/manifest.json: state.generator: malformed array"):
             reader(bank)
