@@ -25,6 +25,7 @@ import xpbank
 from bank_cases import edit_manifest
 from helpers import make_batch, transition_spec
 from xpbank import BankError, CorruptBankError, ReplayBuffer
+from xpbank.sampler.sumtree import level_sizes
 from xpbank.spec.spec import Spec
 from xpbank.tools.cli import build_app
 from xpbank.tools.import_bank import merge_banks
@@ -347,6 +348,7 @@ def test_list_banks_and_ls_report_each_bad_bank_and_go_on(tmp_path: Path) -> Non
     rb.extend(make_batch(spec, 11))
     xpbank.save(rb, tmp_path / "banks" / "good")
     parse_level = ["huge int", "deep nesting", "bad dtype", "qint8", "huge shape", "spec null"]
+    parse_level += ["alpha", "num_envs", "nstep"]  # options out of range: checked without the data
     for name in parse_level:
         _malform(xpbank.save(rb, tmp_path / "banks" / name.replace(" ", "_")), name)
     summaries = xpbank.list_banks(tmp_path / "banks")
@@ -444,3 +446,76 @@ def test_a_npy_header_with_an_unclosed_bracket_is_corrupt(tmp_path: Path) -> Non
     path.write_bytes(bytes(raw))
     with open(path, "rb") as f, pytest.raises(CorruptBankError, match=r"action.npy: not a valid .npy file"):
         read_npy_header(f, "action.npy")
+
+
+# -- a prioritized sampler's trees against the manifest's ring ----------------------------
+def _prioritized(capacity: int, items: int) -> ReplayBuffer:
+    spec = transition_spec()
+    rb = ReplayBuffer(capacity, spec, sampler=xpbank.PrioritizedSampler(), seed=1)
+    if items:
+        rb.extend(make_batch(spec, items))
+        live = rb.sample_all()["index"]
+        rb.update_priority(live, torch.linspace(0.5, 3.0, len(live)))
+    return rb
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 16, 17, 40, 100, 257, 5000])
+@pytest.mark.parametrize("fill", ["empty", "part", "wrapped"])
+def test_honest_prioritized_banks_of_any_capacity_load(tmp_path: Path, capacity: int, fill: str) -> None:
+    """The sampler state's capacity is the padded leaf count (48 for 40 slots, 0 before the
+    first write), not the ring's capacity: every honest bank still loads and samples the same."""
+    items = {"empty": 0, "part": max(1, capacity // 2), "wrapped": capacity + capacity // 3 + 1}[fill]
+    rb = _prioritized(capacity, items)
+    path = xpbank.save(rb, tmp_path / "prio")
+    saved = rb.state_dict(data=False)["sampler"]["capacity"]
+    assert saved == (0 if fill == "empty" else level_sizes(capacity)[0])
+    for reader in (xpbank.load, xpbank.open_bank):
+        back = reader(path)
+        assert len(back) == len(rb)
+        if len(rb):
+            assert torch.equal(back.sample(7)["index"], _prioritized(capacity, items).sample(7)["index"])
+
+
+@pytest.mark.parametrize(
+    ("capacity", "claimed"),
+    [(40, 40), (40, 64), (40, 16), (40, 49), (100, 100), (100, 128), (17, 17), (17, 16), (5, 1 << 16)],
+)
+def test_a_tree_capacity_that_does_not_fit_the_ring_is_corrupt(
+    tmp_path: Path, capacity: int, claimed: int
+) -> None:
+    """Only the padded leaf count of the ring (48 for 40 slots) or 0 is a tree capacity an
+    honest bank holds; the raw ring capacity (40) is not one of them."""
+    path = xpbank.save(_prioritized(capacity, capacity), tmp_path / "prio")
+    edit_manifest(path, lambda m: m["state"]["sampler"].update(capacity=claimed))
+    leaves = level_sizes(capacity)[0]
+    for reader in (xpbank.load, xpbank.open_bank, lambda p: xpbank.open_bank(p, "r+")):
+        with pytest.raises(
+            CorruptBankError,
+            match=rf"prio/manifest.json: 'state.sampler': 'capacity' {claimed} does not fit the ring "
+            rf"of {capacity} slots: its tree has {leaves} leaves .* in .*prio/state/g0_\d+.npy",
+        ):
+            reader(path)
+
+
+def test_a_tree_saved_for_another_capacity_is_corrupt(tmp_path: Path) -> None:
+    rb = _prioritized(5, 5)
+    rb.sampler._allocate(1 << 16)  # an honest save of an impossible state: checksums are valid
+    path = xpbank.save(rb, tmp_path / "prio")
+    with pytest.raises(CorruptBankError, match=r"'capacity' 65536 does not fit the ring of 5 slots"):
+        xpbank.load(path)
+
+
+def test_more_priorities_than_slots_is_corrupt(tmp_path: Path) -> None:
+    rb = _prioritized(40, 40)
+    rb.sampler._filled = 48  # the 48-leaf tree's padding saved as priorities (valid checksums)
+    path = xpbank.save(rb, tmp_path / "prio")
+    with pytest.raises(CorruptBankError, match=r"prio/state/g0_\d+.npy: \[48\] priorities for a ring of 40"):
+        xpbank.load(path)
+
+
+def test_a_huge_tree_capacity_in_the_manifest_is_refused_before_allocating(tmp_path: Path) -> None:
+    path = xpbank.save(_prioritized(40, 10), tmp_path / "prio")
+    edit_manifest(path, lambda m: m["state"]["sampler"].update(capacity=1 << 40))
+    for reader in (xpbank.load, xpbank.open_bank):
+        with pytest.raises(CorruptBankError, match=r"'capacity' 1099511627776 does not fit the ring of 40"):
+            reader(path)
