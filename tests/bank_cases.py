@@ -3,21 +3,30 @@
 :func:`small_bank` saves a small transition bank (the ``bank`` fixture of
 ``conftest.py``: capacity 8, 11 items, so it has wrapped); :func:`edit_manifest`
 rewrites a bank's ``manifest.json`` through a function, keeping the JSON valid (the
-checksums of the data files are left as they were).
+checksums of the data files are left as they were). :func:`kill_at_random_moments` is
+the machinery of the SIGKILL tests (save, checkpoint, merge).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import torch
 
 import xpbank
 from helpers import make_batch, transition_spec
 from xpbank import ReplayBuffer
 
-__all__ = ["edit_manifest", "small_bank"]
+__all__ = ["edit_manifest", "fork_child", "kill_at_random_moments", "small_bank"]
+
+T = TypeVar("T")
 
 
 def small_bank(path: Path, capacity: int = 8, items: int = 11, **options: Any) -> Path:
@@ -33,3 +42,40 @@ def edit_manifest(bank: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     manifest = json.loads((bank / "manifest.json").read_text())
     edit(manifest)
     (bank / "manifest.json").write_text(json.dumps(manifest))
+
+
+def fork_child(target: Callable[[], None]) -> int:
+    """Run ``target`` in a forked child (one torch thread) that never returns into pytest."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)  # OpenMP's pool does not survive fork: a parallel op would hang
+            target()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def kill_at_random_moments(
+    work: Callable[[], None],
+    outcome: Callable[[], T],
+    *,
+    step_s: float,
+    seed: int,
+    done: Callable[[list[T]], bool],
+    kills: int = 24,
+    most: int = 80,
+) -> list[T]:
+    """SIGKILL a child running ``work`` after a random delay in ``[0, 3 * step_s)`` (seeded),
+    ``kills`` times and more (up to ``most``) until ``done(outcomes)``: kills must land on
+    both sides of a commit even when a loaded machine slows the child down. After each
+    kill, ``outcome()`` checks what was left and says which side it was; returns them all."""
+    rng = random.Random(seed)
+    seen: list[T] = []
+    while len(seen) < kills or (not done(seen) and len(seen) < most):
+        pid = fork_child(work)
+        time.sleep(rng.uniform(0, 3 * step_s))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        seen.append(outcome())
+    return seen

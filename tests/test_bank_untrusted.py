@@ -395,9 +395,13 @@ def test_a_killed_merge_leaves_nothing_behind_for_long(tmp_path: Path) -> None:
     rb = ReplayBuffer(4)
     rb.extend({"x": torch.zeros(2)})
     a = xpbank.save(rb, tmp_path / "a")
-    leftover = tmp_path / f".out.import-{_dead_pid()}-0000"
+    dead = _dead_pid()
+    leftover = tmp_path / f".out.import-{dead}-0000"
     leftover.mkdir()
     (leftover / "manifest.json").write_text("{}")
+    # a merge killed while saving its empty bank leaves that save's own temporary (found
+    # by test_bank_crash's merge kill test)
+    (tmp_path / f"..out.import-{dead}-0000.tmp-{dead}-0000").mkdir()
     merge_banks(a, a, tmp_path / "out")
     assert not leftover.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "out"]

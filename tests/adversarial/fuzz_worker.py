@@ -32,15 +32,20 @@ from xpbank.errors import XpbankError
 
 def _digest(buffer: Any) -> dict[str, Any]:
     """What a loaded buffer holds: enough to tell two buffers apart, and it must be usable."""
-    items = buffer.sample_all()
     fields = {}
-    for key in sorted(items.keys(include_nested=True, leaves_only=True), key=str):
-        tensor = items[key].detach().cpu().contiguous()
-        fields[str(key)] = hashlib.sha256(tensor.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-    if len(buffer):
-        buffer.sample(4)  # a bank that loads must sample
+    if len(buffer):  # a bank that loads must sample (an empty buffer refuses to)
+        items = buffer.sample_all()
+        for key in sorted(items.keys(include_nested=True, leaves_only=True), key=str):
+            tensor = items[key].detach().cpu().contiguous()
+            fields[str(key)] = hashlib.sha256(tensor.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        buffer.sample(4)
     ring = buffer.state_dict(data=False)["ring"]
-    return {"len": len(buffer), "capacity": buffer.capacity, "next_id": int(ring["next_id"]), "fields": fields}
+    return {
+        "len": len(buffer),
+        "capacity": buffer.capacity,
+        "next_id": int(ring["next_id"]),
+        "fields": fields,
+    }
 
 
 def _listing(directory: Path) -> dict[str, Any]:

@@ -19,7 +19,16 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["N_VALUES", "BYTE_KINDS", "FILE_KINDS", "JSON_KINDS", "PRESERVING_KINDS", "apply", "entries", "real_bytes"]
+__all__ = [
+    "N_VALUES",
+    "BYTE_KINDS",
+    "FILE_KINDS",
+    "JSON_KINDS",
+    "PRESERVING_KINDS",
+    "apply",
+    "entries",
+    "real_bytes",
+]
 
 BYTE_KINDS = ("flip", "truncate", "extend", "sparse")  # the content of a regular file
 FILE_KINDS = ("fifo", "directory", "missing", "link_inside", "link_outside", "link_zero", "link_loop")
