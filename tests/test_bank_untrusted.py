@@ -523,3 +523,16 @@ def test_a_huge_tree_capacity_in_the_manifest_is_refused_before_allocating(tmp_p
     for reader in (xpbank.load, xpbank.open_bank):
         with pytest.raises(CorruptBankError, match=r"'capacity' 1099511627776 does not fit the ring of 40"):
             reader(path)
+
+
+@pytest.mark.parametrize("value", [None, 3, "x", [], [1, 2]])
+@pytest.mark.parametrize("node", ["storage", "ring", "sampler"])
+def test_a_state_node_of_another_type_is_corrupt(tmp_path: Path, bank: Path, node: str, value: Any) -> None:
+    """Found by tests/adversarial: ``state.storage: null`` escaped as AttributeError. (A
+    uniform sampler keeps no state: the prioritized one's is replaced.)"""
+    if node == "sampler":
+        bank = xpbank.save(_prioritized(40, 10), tmp_path / "prio")
+    edit_manifest(bank, lambda m: m["state"].update({node: value}))
+    for reader in (xpbank.load, xpbank.open_bank):
+        with pytest.raises(CorruptBankError, match=rf"{bank.name}/manifest.json: 'state"):
+            reader(bank)

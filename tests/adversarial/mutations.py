@@ -144,10 +144,12 @@ def _bytes(path: Path, rel: str, mutation: tuple[Any, ...]) -> str:
         return f"extend {rel} +{mutation[2]}"
     if size == 0:
         return f"skip: {rel} is empty"
-    data = bytearray(_read(path))
     at = min(int(size * mutation[2]), size - 1)
-    data[at] ^= mutation[3]
-    _write(path, bytes(data))
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)  # one byte: a huge sparse file too
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ mutation[3]]), at)
+    finally:
+        os.close(fd)
     return f"flip {rel} @{at} ^{mutation[3]:#x}"
 
 

@@ -24,6 +24,10 @@ __all__ = ["new_buffer", "check_options", "restore"]
 # config() keys a bank never passes on: where the data lives is the bank's choice
 _NOT_OPTIONS = frozenset({"capacity", "sampler", "spec", "storage", "storing_device", "device", "seed"})
 
+# what the buffer's parts raise for a state node of the wrong type or value (``None`` where
+# a dict is expected: AttributeError, a list too short: IndexError ...)
+_MALFORMED = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, ArithmeticError)
+
 # the ring :func:`check_options` builds (options do not depend on the capacity)
 _PROBE_SLOTS = 16
 
@@ -68,7 +72,7 @@ def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path, manifest: M
         _check_trees(state.get("sampler"), root, manifest)
     try:
         buffer.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+    except _MALFORMED as exc:
         raise CorruptBankError(f"{root / MANIFEST}: 'state' cannot be restored ({exc!r})") from exc
 
 
