@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -536,3 +537,31 @@ def test_a_state_node_of_another_type_is_corrupt(tmp_path: Path, bank: Path, nod
     for reader in (xpbank.load, xpbank.open_bank):
         with pytest.raises(CorruptBankError, match=rf"{bank.name}/manifest.json: 'state"):
             reader(bank)
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode", "device"),
+    [("character device", stat.S_IFCHR, (1, 5)), ("block device", stat.S_IFBLK, (7, 0))],
+)
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_device_node_in_place_of_a_file_is_refused(
+    bank: Path, reader: str, kind: str, mode: int, device: tuple[int, int]
+) -> None:
+    """A device node itself (not a link to one): refused from its lstat, never opened."""
+    path = bank / "data" / "reward.npy"
+    path.unlink()
+    try:
+        os.mknod(path, mode | 0o600, os.makedev(*device))
+    except (PermissionError, OSError):
+        pytest.skip("cannot create a device node here")
+    exc = _within(lambda: READERS[reader](bank))
+    with pytest.raises(CorruptBankError, match=rf"data/reward.npy: is a {kind}, not a regular file"):
+        raise exc or AssertionError("no error")
+
+
+def test_verify_refuses_spec_null_with_items(bank: Path) -> None:
+    """``spec: null`` while claiming items: ``xpbank verify`` fails too (it said OK)."""
+    edit_manifest(bank, lambda m: m.update(spec=None, data=[]))
+    result = CliRunner().invoke(build_app(), ["verify", str(bank)])
+    assert result.exit_code == 1
+    assert "manifest.json: 'spec' is null (no fields) but the bank claims size 8" in result.stderr
