@@ -367,7 +367,7 @@ def test_every_reader_survives_mutated_banks(fuzz: Fuzz, case: tuple[str, list[t
 
 @pytest.mark.slow
 @seed(1818)
-@_fuzz(examples=300)
+@_fuzz(examples=150)
 @given(case=PLANS)
 def test_every_reader_survives_mutated_banks_long(
     fuzz: Fuzz, case: tuple[str, list[tuple[Any, ...]]]
