@@ -68,13 +68,15 @@ def kill_at_random_moments(
 ) -> list[T]:
     """SIGKILL a child running ``work`` after a random delay in ``[0, 3 * step_s)`` (seeded),
     ``kills`` times and more (up to ``most``) until ``done(outcomes)``: kills must land on
-    both sides of a commit even when a loaded machine slows the child down. After each
-    kill, ``outcome()`` checks what was left and says which side it was; returns them all."""
+    both sides of a commit even when a loaded machine slows the child down (past
+    ``kills``, the delays stretch by 1.2x a kill, up to 8x). After each kill,
+    ``outcome()`` checks what was left and says which side it was; returns them all."""
     rng = random.Random(seed)
     seen: list[T] = []
     while len(seen) < kills or (not done(seen) and len(seen) < most):
+        stretch = min(8.0, 1.2 ** max(0, len(seen) - kills))
         pid = fork_child(work)
-        time.sleep(rng.uniform(0, 3 * step_s))
+        time.sleep(rng.uniform(0, 3 * step_s * stretch))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         seen.append(outcome())
