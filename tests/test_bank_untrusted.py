@@ -316,6 +316,15 @@ MALFORMED: dict[str, tuple[Callable[[dict[str, Any]], None] | str, str]] = {
     ),
     "num_envs": (lambda m: m["buffer"].update(num_envs=-3), r"'buffer' cannot be rebuilt: .*num_envs"),
     "nstep": (lambda m: m["buffer"].update(nstep={"n": 0}), r"'buffer' cannot be rebuilt: .*n"),
+    # sizes of per-env and per-step arrays: refused before allocating exabytes
+    "huge num_envs": (
+        lambda m: m["buffer"].update(num_envs=10**18),
+        r"'buffer.num_envs' 1,000,000,000,000,000,000 is larger than the bank can hold \(16,777,216",
+    ),
+    "huge nstep": (
+        lambda m: m["buffer"].update(nstep={"n": 10**12, "gamma": 0.9}),
+        r"'buffer.nstep.n' 1,000,000,000,000 is larger than the bank can hold",
+    ),
     "spec null": (
         lambda m: m.update(spec=None, data=[]),
         r"'spec' is null \(no fields\) but the bank claims size 8",
@@ -349,7 +358,7 @@ def test_list_banks_and_ls_report_each_bad_bank_and_go_on(tmp_path: Path) -> Non
     rb.extend(make_batch(spec, 11))
     xpbank.save(rb, tmp_path / "banks" / "good")
     parse_level = ["huge int", "deep nesting", "bad dtype", "qint8", "huge shape", "spec null"]
-    parse_level += ["alpha", "num_envs", "nstep"]  # options out of range: checked without the data
+    parse_level += ["alpha", "num_envs", "nstep", "huge num_envs", "huge nstep"]  # options: no data read
     for name in parse_level:
         _malform(xpbank.save(rb, tmp_path / "banks" / name.replace(" ", "_")), name)
     summaries = xpbank.list_banks(tmp_path / "banks")
@@ -565,3 +574,17 @@ def test_verify_refuses_spec_null_with_items(bank: Path) -> None:
     result = CliRunner().invoke(build_app(), ["verify", str(bank)])
     assert result.exit_code == 1
     assert "manifest.json: 'spec' is null (no fields) but the bank claims size 8" in result.stderr
+
+
+@pytest.mark.parametrize(("num_envs", "n"), [(1, 1), (4, 3), (16, 5), (40, 10), (100_000, 50_000)])
+def test_honest_num_envs_and_nstep_past_the_probe_ring_still_list_and_load(
+    tmp_path: Path, num_envs: int, n: int
+) -> None:
+    """list_banks checks options on a 16-slot ring: options past it (but within what the
+    bank can hold) are not reported, and the bank loads with them."""
+    rb = ReplayBuffer(8, transition_spec(), num_envs=num_envs, nstep={"n": n, "gamma": 0.9})
+    path = xpbank.save(rb, tmp_path / "banks" / "b")
+    [summary] = xpbank.list_banks(tmp_path / "banks")
+    assert summary.error is None
+    back = xpbank.load(path)
+    assert back.config()["num_envs"] == num_envs and back.config()["nstep"]["n"] == n

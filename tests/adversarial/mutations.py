@@ -36,7 +36,7 @@ JSON_KINDS = ("json_set", "json_remove", "json_deep", "digit")
 PRESERVING_KINDS = ("reformat", "session", "metadata")  # a bank that means the same
 
 _VALUES: list[Any] = [
-    None, True, False, 0, -1, 1.5, -(2**63), 2**64, float("nan"), float("inf"), 1e308,
+    None, True, False, 0, -1, 1.5, -(2**63), 2**64, 10**12, float("nan"), float("inf"), 1e308,
     "", "x", "NaN", "Infinity", "-1e309", "1" * 400, [], {}, [1, 2], {"a": 1}, ["x"], [[0]],
 ]  # fmt: skip
 N_VALUES = len(_VALUES)  # json_set draws 0..N_VALUES: N_VALUES is a huge integer

@@ -8,12 +8,14 @@ cannot: a prioritized sampler's trees must span the manifest's ring.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 from xpbank.bank.format import MANIFEST
 from xpbank.bank.manifest import Manifest
+from xpbank.bank.snapshot import FREE_SLOTS
 from xpbank.errors import CorruptBankError, SpecError
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler, make_sampler
@@ -31,6 +33,10 @@ _MALFORMED = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, Ind
 # the ring :func:`check_options` builds (options do not depend on the capacity)
 _PROBE_SLOTS = 16
 
+# options that size arrays of the buffer (per env, per n-step window): at most as large
+# as the per-slot ones a bank may claim (its capacity, or FREE_SLOTS without bytes)
+_SIZED = (("num_envs",), ("nstep", "n"))
+
 
 def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
     """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
@@ -41,6 +47,7 @@ def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
         CorruptBankError: an option the constructor refuses (out of range, unknown).
     """
     config = manifest.buffer
+    _check_sized(config, max(FREE_SLOTS, manifest.capacity), root)
     options = {k: v for k, v in config.items() if k not in _NOT_OPTIONS}
     try:
         sampler = make_sampler(config.get("sampler", {}))
@@ -57,8 +64,32 @@ def check_options(manifest: Manifest, root: Path) -> None:
     Raises:
         CorruptBankError: an option out of range or unknown, naming ``manifest.json``.
     """
-    probe = dataclasses.replace(manifest, capacity=min(manifest.capacity, _PROBE_SLOTS), spec=None)
+    _check_sized(manifest.buffer, max(FREE_SLOTS, manifest.capacity), root)
+    config = copy.deepcopy(manifest.buffer)
+    for path in _SIZED:  # checked: as small as the probe's ring, same validity
+        parent = _node(config, path[:-1])
+        if isinstance(parent, dict) and type(parent.get(path[-1])) is int:
+            parent[path[-1]] = min(parent[path[-1]], _PROBE_SLOTS)
+    probe = dataclasses.replace(manifest, capacity=_PROBE_SLOTS, spec=None, buffer=config)
     new_buffer(probe, root, "memory")
+
+
+def _node(tree: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _check_sized(config: dict[str, Any], limit: int, root: Path) -> None:
+    """``num_envs`` and the n-step ``n`` size arrays: refuse them above ``limit`` before any
+    is allocated (``num_envs: 10**18`` would ask for exabytes)."""
+    for path in _SIZED:
+        value = _node(config, path)
+        if type(value) is int and value > limit:
+            raise CorruptBankError(
+                f"{root / MANIFEST}: 'buffer.{'.'.join(path)}' {value:,} is larger than the bank "
+                f"can hold ({limit:,}: its capacity, or {FREE_SLOTS:,})"
+            )
 
 
 def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path, manifest: Manifest) -> None:
