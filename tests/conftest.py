@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from bank_cases import small_bank
 from helpers import transition_spec
 from xpbank import Field, MemmapStorage, ReplayBuffer, Spec, Storage, TensorStorage
 
@@ -177,3 +178,10 @@ def ray_session() -> Iterator[Any]:
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture
+def bank(tmp_path: Path) -> Path:
+    """A saved transition bank at ``tmp_path / "bank"`` that has wrapped (capacity 8,
+    items 3..10 live): :func:`bank_cases.small_bank`."""
+    return small_bank(tmp_path / "bank")

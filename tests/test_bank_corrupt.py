@@ -3,7 +3,6 @@ what is wrong; nothing on the load path unpickles or follows a path out of the b
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from collections.abc import Callable
@@ -15,27 +14,13 @@ import pytest
 import torch
 
 import xpbank
-from helpers import make_batch, transition_spec
-from xpbank import BankError, CorruptBankError, ReplayBuffer
+from bank_cases import edit_manifest
+from xpbank import BankError, CorruptBankError
 
 OPENERS: dict[str, Callable[[Path], Any]] = {
     "load": lambda p: xpbank.load(p),
     "open_bank": lambda p: xpbank.open_bank(p, "r"),
 }
-
-
-@pytest.fixture
-def bank(tmp_path: Path) -> Path:
-    spec = transition_spec()
-    rb = ReplayBuffer(8, spec, seed=0)
-    rb.extend(make_batch(spec, 11))
-    return xpbank.save(rb, tmp_path / "bank")
-
-
-def _edit_manifest(bank: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    manifest = json.loads((bank / "manifest.json").read_text())
-    edit(manifest)
-    (bank / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _entry(manifest: dict[str, Any], key: str) -> dict[str, Any]:
@@ -99,7 +84,7 @@ def test_manifest_not_json_or_unknown_version(
 def test_manifest_entries_are_checked_field_by_field(
     bank: Path, opener: Callable[[Path], Any], edit: Callable[[dict[str, Any]], None], match: str
 ) -> None:
-    _edit_manifest(bank, edit)
+    edit_manifest(bank, edit)
     with pytest.raises(CorruptBankError, match=match):
         opener(bank)
 
@@ -193,13 +178,13 @@ def test_nothing_on_the_load_path_unpickles(bank: Path, monkeypatch: pytest.Monk
 def test_field_paths_that_escape_the_bank(
     bank: Path, opener: Callable[[Path], Any], key: list[str], path: str
 ) -> None:
-    _edit_manifest(bank, lambda m: _entry(m, "obs").update(key=key, path=path))
+    edit_manifest(bank, lambda m: _entry(m, "obs").update(key=key, path=path))
     with pytest.raises(CorruptBankError, match=r"escape|must be stored at"):
         opener(bank)
 
 
 def test_state_paths_that_escape_the_bank(bank: Path, opener: Callable[[Path], Any]) -> None:
-    _edit_manifest(bank, lambda m: m["state_files"][0].update(path="state/../../g0_0.npy"))
+    edit_manifest(bank, lambda m: m["state_files"][0].update(path="state/../../g0_0.npy"))
     with pytest.raises(
         CorruptBankError, match=r"state file 'state/../../g0_0.npy' is not named state/g<N>_<i>"
     ):
@@ -229,6 +214,6 @@ def test_symlink_inside_the_bank_is_refused_too(bank: Path, opener: Callable[[Pa
 def test_unknown_buffer_option_is_corrupt_not_passed_blindly(
     bank: Path, opener: Callable[[Path], Any]
 ) -> None:
-    _edit_manifest(bank, lambda m: m["buffer"].update(no_such_option=3))
+    edit_manifest(bank, lambda m: m["buffer"].update(no_such_option=3))
     with pytest.raises(CorruptBankError, match=r"'buffer' cannot be rebuilt: .*no_such_option"):
         opener(bank)

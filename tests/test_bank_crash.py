@@ -4,8 +4,9 @@ opening a bank while another process saves over it."""
 from __future__ import annotations
 
 import errno
+import json
 import os
-import random
+import shutil
 import signal
 import subprocess
 import time
@@ -18,8 +19,11 @@ import torch
 
 import xpbank
 import xpbank.bank.bank as bank_module
+from bank_cases import fork_child, kill_at_random_moments
 from helpers import item_numbers, make_batch, transition_spec
 from xpbank import BankError, ReplayBuffer
+from xpbank.tools.commands import verify_bank
+from xpbank.tools.import_bank import merge_banks
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -45,17 +49,6 @@ def _which(path: Path, versions: dict[int, ReplayBuffer], reader: Any = xpbank.l
     raise AssertionError(f"bank holds neither version: {len(got)} items, first {numbers[:3].tolist()}")
 
 
-def _fork(target: Any) -> int:
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        try:
-            torch.set_num_threads(1)  # OpenMP's pool does not survive fork: a parallel op would hang
-            target()
-        finally:
-            os._exit(0)
-    return pid
-
-
 def _save_forever(versions: dict[int, ReplayBuffer], path: Path) -> None:
     tags = sorted(versions)
     i = 0
@@ -71,17 +64,18 @@ def test_sigkill_at_random_moments_leaves_old_or_new_bank(tmp_path: Path) -> Non
     start = time.perf_counter()
     xpbank.save(versions[2], path)
     one_save = time.perf_counter() - start
-    rng = random.Random(1234)
-    seen: list[int] = []
-    # at least 24 kills; more (up to 80) until both versions were seen, so that kills
-    # landed before and after commits even when a loaded machine slows the child down
-    while len(seen) < 24 or (len(set(seen)) < 2 and len(seen) < 80):
-        pid = _fork(lambda: _save_forever(versions, path))
-        time.sleep(rng.uniform(0, 3 * one_save))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+
+    def outcome() -> int:
         assert path.is_dir()  # never nothing
-        seen.append(_which(path, versions))
+        return _which(path, versions)
+
+    seen = kill_at_random_moments(
+        lambda: _save_forever(versions, path),
+        outcome,
+        step_s=one_save,
+        seed=1234,
+        done=lambda seen: len(set(seen)) == 2,  # kills landed before and after commits
+    )
     assert set(seen) == {1, 2}, seen
     xpbank.save(versions[1], path)  # the next save clears what killed saves left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]
@@ -91,7 +85,7 @@ def test_open_bank_during_a_concurrent_save_sees_old_or_new(tmp_path: Path) -> N
     versions = {1: _version(1, rows=5000), 2: _version(2, rows=5000)}
     path = tmp_path / "bank"
     xpbank.save(versions[1], path)
-    pid = _fork(lambda: _save_forever(versions, path))
+    pid = fork_child(lambda: _save_forever(versions, path))
     try:
         seen: list[int] = []
         start = time.perf_counter()
@@ -209,3 +203,106 @@ def test_read_only_file_system(small_fs: Path) -> None:
     with pytest.raises(BankError, match="read-only"):
         xpbank.open_bank(path, "r+")
     assert len(xpbank.open_bank(path, "r")) == len(old)
+
+
+# -- SIGKILL during checkpoint and merge -------------------------------------------------
+_STEP = 500  # items appended between two checkpoints
+
+
+def _checkpoint_forever(path: Path) -> None:
+    bank = xpbank.open_bank(path, "r+")
+    spec = bank.spec
+    assert spec is not None
+    while True:
+        bank.extend(make_batch(spec, _STEP, start=bank.state_dict(data=False)["ring"]["next_id"]))
+        bank.checkpoint()
+
+
+def _committed_items(path: Path) -> int:
+    """The bank holds items ``0 .. n-1`` of whole checkpoints, verifies and loads; ``n``."""
+    files, _, state = verify_bank(path)  # shapes, sizes, the state files' checksums
+    assert files == 6 and state >= 1
+    got = xpbank.load(path)
+    n = len(got)
+    assert n % _STEP == 0, f"{n} items: not a whole number of checkpointed batches"
+    assert item_numbers(got.sample_all()).tolist() == list(range(n))
+    assert got.state_dict(data=False)["ring"]["next_id"] == n
+    return n
+
+
+def test_sigkill_during_checkpoints_leaves_the_last_committed_bank(tmp_path: Path) -> None:
+    spec = transition_spec(obs_shape=(16,))
+    path = xpbank.save(ReplayBuffer(200_000, spec, seed=0), tmp_path / "bank")  # no wrap: no slot rewritten
+    bank = xpbank.open_bank(path, "r+")
+    start = time.perf_counter()
+    bank.extend(make_batch(spec, _STEP))
+    bank.checkpoint()
+    one_step = time.perf_counter() - start
+    del bank
+    counts = [_STEP]
+
+    def outcome() -> int:
+        n = _committed_items(path)
+        assert n >= counts[-1]  # a commit is never undone
+        counts.append(n)
+        return n
+
+    seen = kill_at_random_moments(
+        lambda: _checkpoint_forever(path),
+        outcome,
+        step_s=one_step,
+        seed=4321,
+        done=lambda seen: len(set(seen)) >= 3,  # kills before a commit and after several
+    )
+    assert len(set(seen)) >= 3, seen
+    bank = xpbank.open_bank(path, "r+")  # the next checkpoint clears what killed ones left
+    bank.checkpoint()
+    listed = {e["path"] for e in json.loads((path / "manifest.json").read_text())["state_files"]}
+    assert sorted(p.name for p in path.iterdir()) == ["data", "manifest.json", "state"]
+    assert {f"state/{p.name}" for p in (path / "state").iterdir()} == listed
+
+
+def test_a_dead_checkpoints_manifest_temporary_is_cleared_by_the_next(tmp_path: Path) -> None:
+    """Found by the checkpoint kill test: a checkpoint killed while writing the manifest
+    leaves ``.manifest.json.tmp-<pid>``; the next checkpoint deletes it (a live one's stays)."""
+    path, _ = _small_bank(tmp_path)
+    child = subprocess.Popen(["true"])
+    child.wait()
+    dead, alive = path / f".manifest.json.tmp-{child.pid}", path / f".manifest.json.tmp-{os.getppid()}"
+    dead.write_text("{")
+    alive.write_text("{")
+    bank = xpbank.open_bank(path, "r+")
+    bank.checkpoint()
+    assert not dead.exists() and alive.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_during_merge_leaves_no_bank_or_the_whole_merged_bank(tmp_path: Path) -> None:
+    a = xpbank.save(_version(1, rows=3000), tmp_path / "a")
+    b = xpbank.save(_version(2, rows=3000), tmp_path / "b")
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    merge_banks(a, b, out)
+    one_merge = time.perf_counter() - start
+    want = item_numbers(xpbank.load(out).sample_all())
+    shutil.rmtree(out)
+
+    def outcome() -> bool:
+        merged = out.exists()
+        if merged:  # committed: the whole merged bank, checksums and all
+            verify_bank(out)
+            assert torch.equal(item_numbers(xpbank.load(out).sample_all()), want)
+            shutil.rmtree(out)
+        merge_banks(a, b, out)  # the next merge to the same name clears what the killed one left
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "out"]
+        shutil.rmtree(out)
+        return merged
+
+    seen = kill_at_random_moments(
+        lambda: merge_banks(a, b, out),
+        outcome,
+        step_s=one_merge / 2,  # kills in [0, 1.5 merges): most land inside one
+        seed=99,
+        done=lambda seen: len(set(seen)) == 2,
+    )
+    assert set(seen) == {False, True}, seen

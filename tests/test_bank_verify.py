@@ -17,6 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 import xpbank
+from bank_cases import edit_manifest
 from episode_data import filled_buffer
 from xpbank import CorruptBankError, ReplayBuffer
 from xpbank.bank import merge_into
@@ -54,12 +55,6 @@ def _flip(path: Path, at: int) -> None:
     raw = bytearray(path.read_bytes())
     raw[at] ^= 0x10
     path.write_bytes(bytes(raw))
-
-
-def _edit(bank: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    manifest = json.loads((bank / "manifest.json").read_text())
-    edit(manifest)
-    (bank / "manifest.json").write_text(json.dumps(manifest))
 
 
 DAMAGED = r"a/data/obs\.npy: checksum mismatch"
@@ -167,11 +162,11 @@ CASES: dict[str, tuple[Callable[[Path], None], bool]] = {
     "intact": (lambda p: None, True),
     "flip in the stored rows": (lambda p: _flip(p / "data/id.npy", 128 + 8 * 3), False),
     "flip past size (the sparse tail)": (lambda p: _flip(p / "data/id.npy", 128 + 8 * 14), True),
-    "checksum covering fewer rows": (lambda p: _edit(p, _rehash(p, "data/obs.npy", 12 * 5)), False),
-    "checksum covering 0 bytes": (lambda p: _edit(p, _rehash(p, "data/obs.npy", 0)), False),
-    "size lowered (ring consistent)": (lambda p: _edit(p, _lower_size), False),
-    "checksum value altered": (lambda p: _edit(p, _entry_edit("data/id.npy", value=1)), False),
-    "checksum dropped (null)": (lambda p: _edit(p, _entry_edit("data/id.npy")), True),
+    "checksum covering fewer rows": (lambda p: edit_manifest(p, _rehash(p, "data/obs.npy", 12 * 5)), False),
+    "checksum covering 0 bytes": (lambda p: edit_manifest(p, _rehash(p, "data/obs.npy", 0)), False),
+    "size lowered (ring consistent)": (lambda p: edit_manifest(p, _lower_size), False),
+    "checksum value altered": (lambda p: edit_manifest(p, _entry_edit("data/id.npy", value=1)), False),
+    "checksum dropped (null)": (lambda p: edit_manifest(p, _entry_edit("data/id.npy")), True),
     "state file flipped": (lambda p: _flip(p / "state/g0_0.npy", 200), False),
 }
 
@@ -202,7 +197,7 @@ def test_verify_and_load_agree_on_damaged_banks(tmp_path: Path, name: str) -> No
 
 def test_an_empty_bank_checks_its_checksums_of_no_bytes_too(tmp_path: Path) -> None:
     bank = xpbank.save(_empty(), tmp_path / "e")
-    _edit(bank, _entry_edit("data/id.npy", value=12345))
+    edit_manifest(bank, _entry_edit("data/id.npy", value=12345))
     with pytest.raises(CorruptBankError, match=r"e/data/id\.npy: checksum mismatch .* over 0 bytes"):
         xpbank.load(bank)
     with pytest.raises(CorruptBankError, match=r"e/data/id\.npy: checksum mismatch .* over 0 bytes"):

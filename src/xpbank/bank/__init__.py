@@ -7,7 +7,8 @@ written so that a crash at any moment leaves a whole bank.
 Modules: :mod:`~xpbank.bank.format` (bytes and files), :mod:`~xpbank.bank.manifest`
 (the manifest, checked entry by entry), :mod:`~xpbank.bank.codec` (the pickle-free
 state codec), :mod:`~xpbank.bank.snapshot` (consistent reads),
-:mod:`~xpbank.bank.bank` (save, load, open_bank, checkpoint), :mod:`~xpbank.bank.ops`
+:mod:`~xpbank.bank.bank` (save, load, open_bank, checkpoint), :mod:`~xpbank.bank.rebuild`
+(the buffer a manifest describes, its options and state checked), :mod:`~xpbank.bank.ops`
 (list_banks, merge).
 """
 

@@ -42,10 +42,10 @@ from xpbank.bank.format import (
 )
 from xpbank.bank.manifest import FileEntry, Manifest, check_metadata, new_session_id, utc_now
 from xpbank.bank.prefault import prefault
+from xpbank.bank.rebuild import new_buffer, restore
 from xpbank.bank.snapshot import Snapshot, read_state, snapshot
-from xpbank.errors import BankError, CorruptBankError, SpecError
+from xpbank.errors import BankError
 from xpbank.replay.buffer import ReplayBuffer
-from xpbank.sampler import make_sampler
 from xpbank.storage import TensorStorage
 from xpbank.storage.dtypes import numpy_dtype, to_numpy
 
@@ -280,30 +280,6 @@ def write_state(buffer: ReplayBuffer, root: Path, generation: int) -> tuple[list
     return entries, tree
 
 
-# config() keys a bank never passes on: where the data lives is the bank's choice
-_NOT_OPTIONS = frozenset({"capacity", "sampler", "spec", "storage", "storing_device", "device", "seed"})
-
-
-def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
-    """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
-    ``storage``. Every other key of the config (e.g. ``num_envs``) is passed on as a
-    keyword argument, so a new constructor option needs no change here."""
-    config = manifest.buffer
-    options = {k: v for k, v in config.items() if k not in _NOT_OPTIONS}
-    try:
-        sampler = make_sampler(config.get("sampler", {}))
-        return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
-    except (SpecError, TypeError, ValueError) as exc:  # ValueError: an option out of its range
-        raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
-
-
-def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path) -> None:
-    try:
-        buffer.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CorruptBankError(f"{root / MANIFEST}: 'state' cannot be restored ({exc!r})") from exc
-
-
 # -- load ------------------------------------------------------------------------------
 def load(
     path: str | os.PathLike[str], *, device: Any = "cpu", verify: bool = True, pack: bool = True
@@ -353,7 +329,7 @@ def load(
         finally:
             if filler is not None:
                 filler.join()
-        restore(buffer, read_state(snap), root)
+        restore(buffer, read_state(snap), root, m)
         ORIGINS[buffer] = Origin(root, "memory", m)
         return buffer
 

@@ -205,6 +205,7 @@ def write_json_atomic(root: Path, data: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, root / MANIFEST)
     fsync_dir(root)
+    _remove_dead(root, (f".{MANIFEST}.tmp-",))  # of checkpoints killed while writing it
 
 
 def fsync_dir(path: Path) -> None:
@@ -286,23 +287,34 @@ def not_open_for_writing(target: Path) -> Iterator[None]:
 
 def remove_dead_temporaries(target: Path) -> None:
     """Delete ``.<name>.tmp-<pid>-*`` (a save) and ``.<name>.import-<pid>-*`` (a merge or
-    import) left next to ``target`` by processes that are gone (killed mid-save, or after
-    the swap but before deleting the old copy). Names are compared as plain prefixes,
-    never as glob patterns (a bank may be named ``lr=1e-3**2`` or ``run[1]``)."""
+    import, and ``..<name>.import-<pid>-*``: the save of one) left next to ``target`` by
+    processes that are gone (killed mid-save, or after the swap but before deleting the
+    old copy). Names are compared as plain prefixes, never as glob patterns (a bank may
+    be named ``lr=1e-3**2`` or ``run[1]``)."""
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        return
-    prefixes = tuple(f".{target.name}.{kind}-" for kind in ("tmp", "import"))
+    if parent.is_dir():
+        kinds = (f".{target.name}.tmp-", f".{target.name}.import-", f"..{target.name}.import-")
+        _remove_dead(parent, kinds)
+
+
+def _remove_dead(parent: Path, prefixes: tuple[str, ...]) -> None:
+    """Delete the entries of ``parent`` named ``<prefix><pid>[-...]`` whose process is gone."""
     with os.scandir(parent) as entries:
         names = [e.name for e in entries if e.name.startswith(prefixes)]
     for name in names:
-        pid, dash, _ = name.removeprefix(prefixes[0]).removeprefix(prefixes[1]).partition("-")
-        if not dash or not pid.isdigit() or int(pid) == os.getpid():
+        rest = name[len(next(p for p in prefixes if name.startswith(p))) :]
+        pid = rest.partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(parent / name, ignore_errors=True)
+            path = parent / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
         except OSError:  # alive (another user's): leave it
             continue
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xpbank.bank.bank import ORIGINS, Origin, new_buffer, restore, write_state
+from xpbank.bank.bank import ORIGINS, Origin, write_state
 from xpbank.bank.checksum import covered_bytes
 from xpbank.bank.format import (
     DATA_DIR,
@@ -26,6 +26,7 @@ from xpbank.bank.format import (
     write_json_atomic,
 )
 from xpbank.bank.manifest import FileEntry, Manifest, utc_now
+from xpbank.bank.rebuild import new_buffer, restore
 from xpbank.bank.safeio import check_dir, kind_of
 from xpbank.bank.snapshot import Snapshot, read_checked, read_state, snapshot
 from xpbank.errors import BankError, CorruptBankError, ReadOnlyError
@@ -97,7 +98,7 @@ def open_bank(path: str | os.PathLike[str], mode: str = "r", *, verify: bool | N
             else:
                 storage = MemmapStorage.from_arrays(m.capacity, m.spec, arrays, root / DATA_DIR, mode)  # type: ignore[arg-type]
             buffer = new_buffer(m, root, storage)
-            restore(buffer, read_state(snap), root)
+            restore(buffer, read_state(snap), root, m)
         except BaseException:
             if lock is not None:
                 os.close(lock)

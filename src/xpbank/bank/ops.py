@@ -13,6 +13,7 @@ import numpy as np
 from xpbank.bank.format import MANIFEST, read_manifest
 from xpbank.bank.manifest import Manifest
 from xpbank.bank.opened import open_bank
+from xpbank.bank.rebuild import check_options
 from xpbank.errors import BankError, SpecError
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler, sampler_config
@@ -45,7 +46,8 @@ def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
 
     Only manifests are read. Entries that are not banks (files, directories without a
     ``manifest.json``, hidden temporaries of a save in progress) are skipped; a bank
-    whose manifest is corrupt is listed last with ``error`` set, not raised.
+    whose manifest is corrupt (malformed, or sampler and buffer options out of range)
+    is listed last with ``error`` set, not raised.
 
     Example:
         >>> import tempfile, torch, xpbank
@@ -65,6 +67,7 @@ def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
             continue
         try:
             m = Manifest.parse(read_manifest(entry), entry)
+            check_options(m, entry)  # alpha, num_envs, nstep ... in range (no data read)
         except BankError as exc:
             broken.append(BankSummary(entry, error=str(exc)))
             continue

@@ -1,0 +1,143 @@
+"""Rebuilding a buffer from a bank's manifest, and the claims checked on the way.
+
+:func:`new_buffer` builds the buffer ``manifest.buffer`` describes; :func:`check_options`
+checks those options on a tiny ring (no spec, no data: cheap enough for ``list_banks``);
+:func:`restore` loads the decoded state after checking what the buffer's own types
+cannot: a prioritized sampler's trees must span the manifest's ring.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from xpbank.bank.format import MANIFEST
+from xpbank.bank.manifest import Manifest
+from xpbank.bank.snapshot import FREE_SLOTS
+from xpbank.errors import CorruptBankError, SpecError
+from xpbank.replay.buffer import ReplayBuffer
+from xpbank.sampler import PrioritizedSampler, make_sampler
+from xpbank.sampler.sumtree import level_sizes
+
+__all__ = ["new_buffer", "check_options", "restore"]
+
+# config() keys a bank never passes on: where the data lives is the bank's choice
+_NOT_OPTIONS = frozenset({"capacity", "sampler", "spec", "storage", "storing_device", "device", "seed"})
+
+# what the buffer's parts raise for a state node of the wrong type or value (``None`` where
+# a dict is expected: AttributeError, a list too short: IndexError ...)
+_MALFORMED = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, ArithmeticError)
+
+# the ring :func:`check_options` builds (options do not depend on the capacity)
+_PROBE_SLOTS = 16
+
+# options that size arrays of the buffer (per env, per n-step window): at most as large
+# as the per-slot ones a bank may claim (its capacity, or FREE_SLOTS without bytes)
+_SIZED = (("num_envs",), ("nstep", "n"))
+
+
+def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
+    """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
+    ``storage``. Every other key of the config (e.g. ``num_envs``) is passed on as a
+    keyword argument, so a new constructor option needs no change here.
+
+    Raises:
+        CorruptBankError: an option the constructor refuses (out of range, unknown).
+    """
+    config = manifest.buffer
+    _check_sized(config, max(FREE_SLOTS, manifest.capacity), root)
+    options = {k: v for k, v in config.items() if k not in _NOT_OPTIONS}
+    try:
+        sampler = make_sampler(config.get("sampler", {}))
+        return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
+    except (SpecError, TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: out of range
+        raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
+
+
+def check_options(manifest: Manifest, root: Path) -> None:
+    """Check the sampler and buffer options of ``manifest`` (alpha, num_envs, nstep ...)
+    by building them over a ring of 16 slots with no spec: no data is read and nothing
+    the size of the bank is allocated.
+
+    Raises:
+        CorruptBankError: an option out of range or unknown, naming ``manifest.json``.
+    """
+    _check_sized(manifest.buffer, max(FREE_SLOTS, manifest.capacity), root)
+    config = copy.deepcopy(manifest.buffer)
+    for path in _SIZED:  # checked: as small as the probe's ring, same validity
+        parent = _node(config, path[:-1])
+        if isinstance(parent, dict) and type(parent.get(path[-1])) is int:
+            parent[path[-1]] = min(parent[path[-1]], _PROBE_SLOTS)
+    probe = dataclasses.replace(manifest, capacity=_PROBE_SLOTS, spec=None, buffer=config)
+    new_buffer(probe, root, "memory")
+
+
+def _node(tree: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _check_sized(config: dict[str, Any], limit: int, root: Path) -> None:
+    """``num_envs`` and the n-step ``n`` size arrays: refuse them above ``limit`` before any
+    is allocated (``num_envs: 10**18`` would ask for exabytes)."""
+    for path in _SIZED:
+        value = _node(config, path)
+        if type(value) is int and value > limit:
+            raise CorruptBankError(
+                f"{root / MANIFEST}: 'buffer.{'.'.join(path)}' {value:,} is larger than the bank "
+                f"can hold ({limit:,}: its capacity, or {FREE_SLOTS:,})"
+            )
+
+
+def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path, manifest: Manifest) -> None:
+    """``buffer.load_state_dict(state)`` for the bank at ``root``, after checking the
+    state against ``manifest``.
+
+    Raises:
+        CorruptBankError: the state does not fit the buffer or the manifest's ring.
+    """
+    if isinstance(buffer.sampler, PrioritizedSampler):
+        _check_trees(state.get("sampler"), root, manifest)
+    try:
+        buffer.load_state_dict(state)
+    except _MALFORMED as exc:
+        raise CorruptBankError(f"{root / MANIFEST}: 'state' cannot be restored ({exc!r})") from exc
+
+
+def _check_trees(sampler: Any, root: Path, manifest: Manifest) -> None:
+    """A prioritized sampler's state spans the ring: ``capacity`` is its padded leaf count
+    (``level_sizes(ring capacity)[0]``, e.g. 48 for 40 slots) or 0 (no tree built yet), and
+    it holds at most one priority a slot (the slots written so far)."""
+    if not isinstance(sampler, dict):
+        return  # load_state_dict names what is missing
+    where = f"{root / MANIFEST}: 'state.sampler'"
+    leaves = level_sizes(manifest.capacity)[0]
+    capacity, priorities = sampler.get("capacity"), sampler.get("priorities")
+    stored = getattr(priorities, "shape", None)
+    source = _state_file(manifest, ("sampler", "priorities"))
+    count = stored[0] if stored else 0
+    held = f"{count} in {root / source}" if source else "none"
+    if type(capacity) is not int or capacity not in (0, leaves):
+        raise CorruptBankError(
+            f"{where}: 'capacity' {capacity!r:.40} does not fit the ring of {manifest.capacity} slots: "
+            f"its tree has {leaves} leaves (or 0 before the first write); priorities: {held}"
+        )
+    if stored is not None and (len(stored) != 1 or stored[0] > min(capacity, manifest.capacity)):
+        raise CorruptBankError(
+            f"{root / (source or MANIFEST)}: {list(stored)} priorities for a ring of {manifest.capacity} "
+            f"slots (tree capacity {capacity}); expected at most one a slot"
+        )
+
+
+def _state_file(manifest: Manifest, path: tuple[str, ...]) -> str | None:
+    """The state file the manifest's state tree names at ``path`` (``None``: none)."""
+    node: Any = manifest.state
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    index = node.get("__array__") if isinstance(node, dict) else None
+    if type(index) is int and 0 <= index < len(manifest.state_files):
+        return manifest.state_files[index].path
+    return None
