@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xpbank import RolloutBuffer
+from xpbank import RolloutBuffer, Spec
 from xpbank.errors import CapacityError
 
 E, T = 3, 4
@@ -49,31 +49,58 @@ def test_unpacked_buffer_stores_and_reads_as_the_packed_one(segmented):
             assert all(torch.equal(x[k], y[k]) for k in x.keys())  # noqa: SIM118 (rows otherwise)
 
 
+def _direct(rb: RolloutBuffer, step: dict[str, torch.Tensor], env_ids=None) -> None:
+    """A step written as a front-end writes it: at next_slots, through the views, then advance."""
+    slots = rb.next_slots(env_ids)
+    for key, value in step.items():
+        rb.view(key).flatten(0, 1)[torch.from_numpy(slots)] = value
+    rb.advance(env_ids, [step["terminated"], None])
+
+
 @pytest.mark.parametrize("pack", [True, False])
-def test_advance_counts_a_step_written_through_the_views(pack):
+def test_steps_written_through_the_views_are_stored_as_add_stores_them(pack):
     ref, ours = RolloutBuffer(E, T, seed=0), RolloutBuffer(E, T, seed=0, pack=pack)
     steps = _steps()
     ref.add(steps[0])
     ours.add(steps[0])  # the layout
     for step in steps[1:]:
         ref.add(step)
-        t = len(ours) // E
-        for key, value in step.items():
-            ours.view(key)[t] = value
-        ours.advance()
+        _direct(ours, step)
         assert len(ours) == len(ref)
     assert ours.ready() and ref.ready()
     for key in steps[0]:
         assert torch.equal(ours.view(key), ref.view(key))
-    with pytest.raises(CapacityError, match="advance: the envs are not all at one free step"):
-        ours.advance()  # full
+    assert ours.stats()["episode_length"] == ref.stats()["episode_length"]
+    with pytest.raises(CapacityError, match="already holds horizon=4 steps"):
+        ours.next_slots()
+    with pytest.raises(CapacityError, match="already holds horizon=4 steps"):
+        ours.advance()
     assert len(ours) == E * T
-    ours.clear()
-    ours.store({k: v[:1] for k, v in steps[0].items()}, [0])
-    with pytest.raises(CapacityError, match="not all at one free step"):
-        ours.advance()  # env 0 is a step ahead
-    assert len(ours) == 1
-    seg = RolloutBuffer.segmented(E, E * T, T, T)
-    seg.store(steps[0], range(E))
-    with pytest.raises(CapacityError, match="not all at one free step"):
-        seg.advance()
+
+
+def _zeroed(rb: RolloutBuffer) -> RolloutBuffer:
+    for key in rb.spec or ():
+        rb.view(key).zero_()
+    return rb
+
+
+def test_envs_out_of_step_and_segments_advance_on_their_own():
+    ref, ours = RolloutBuffer(E, T, seed=0), RolloutBuffer(E, T, seed=0, pack=False)
+    steps = _steps(1)
+    for rb in (ref, ours):
+        rb.add(steps[0])
+    ref.store({k: v[1:] for k, v in steps[1].items()}, [1, 2])
+    _direct(ours, {k: v[1:] for k, v in steps[1].items()}, [1, 2])
+    ref.store({k: v[:1] for k, v in steps[2].items()}, slice(0, 1))
+    _direct(ours, {k: v[:1] for k, v in steps[2].items()}, slice(0, 1))
+    assert len(ours) == len(ref) == 6  # steps 0 and 1 of every env
+    assert torch.equal(ours.view("obs")[:2], ref.view("obs")[:2])
+    spec = Spec.from_batch(steps[0], batch_ndim=1)
+    seg_ref = _zeroed(RolloutBuffer.segmented(E, 2 * E * T, T, T, spec=spec, seed=0))
+    seg = _zeroed(RolloutBuffer.segmented(E, 2 * E * T, T, T, spec=spec, seed=0, pack=False))
+    for i, step in enumerate(_steps(2) * 2):
+        ids = [0, 2] if i % 3 else [0, 1, 2]  # agents out of step: each takes rows on its own
+        seg_ref.store({k: v[ids] for k, v in step.items()}, ids)
+        _direct(seg, {k: v[ids] for k, v in step.items()}, ids)
+    assert torch.equal(seg.view("obs"), seg_ref.view("obs")) and len(seg) == len(seg_ref)
+    assert seg.stats() == seg_ref.stats()

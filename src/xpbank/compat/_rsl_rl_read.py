@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from xpbank.compat._rsl_rl_types import Batch
-from xpbank.compat._rsl_rl_views import Views, host
+from xpbank.compat._rsl_rl_views import Views
 from xpbank.errors import CapacityError, check_positive_int
+from xpbank.rollout.direct import host
 from xpbank.spec.batch import to_tensordict
 
 __all__ = ["flat_batches", "recurrent_batches", "env_groups"]

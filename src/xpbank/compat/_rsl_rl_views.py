@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from xpbank.errors import NotReadyError, SpecError
 from xpbank.rollout import RolloutBuffer
+from xpbank.rollout.direct import host
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey
 
@@ -52,17 +52,6 @@ class Attribute:
         raise NotReadyError(
             f"{self.name}: no transition stored yet; the layout is fixed by the first add_transition"
         )
-
-
-def host(x: torch.Tensor) -> np.ndarray | None:
-    """``x`` as a NumPy array sharing its memory (CPU), or ``None`` where it cannot be."""
-    try:
-        return x.numpy()
-    except (RuntimeError, TypeError):  # needs grad, another device, a dtype NumPy lacks
-        try:
-            return x.detach().cpu().numpy()
-        except (RuntimeError, TypeError):
-            return None
 
 
 class Views:

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.errors import CapacityError, SpecError, StaleIndexError
+from xpbank.errors import SpecError, StaleIndexError
 from xpbank.replay.writing import keep_last as _keep_last
+from xpbank.rollout.direct import DirectWrites
 from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
 from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, count_ends, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
@@ -32,7 +33,7 @@ from xpbank.storage.base import check_device
 __all__ = ["RolloutBuffer", "RolloutKeys", "RecurrentBatch"]
 
 
-class RolloutBuffer(RolloutReader):
+class RolloutBuffer(RolloutReader, DirectWrites):
     """Time-major ``[horizon, num_envs]`` rollout storage with per-env write cursors.
 
     Args:
@@ -193,22 +194,6 @@ class RolloutBuffer(RolloutReader):
         is checked (shapes, ids, room) before anything is written.
         """
         self._write(batch, self._layout.ids(env_ids), "store")
-
-    def advance(self) -> None:
-        """Count a step of every env as stored, unwritten: for a front-end that checked it
-        and wrote it through :meth:`view` (``view(key)[len(self) // num_envs] = ...``).
-        Episodes are not counted for ``stats()``. Threads: no lock, as :meth:`add`.
-
-        Raises:
-            CapacityError: the rollout is full, or its envs are not all at one step.
-        """
-        lay = self._layout
-        if not isinstance(lay, TimeLayout) or lay.lockstep is None or lay.lockstep >= lay.length:
-            raise CapacityError(
-                f"advance: the envs are not all at one free step (filled {len(self)} of "
-                f"{self.capacity}); store the step with add() or store()"
-            )
-        lay.advance(self._all, (0, lay.num_writers))
 
     def _write(self, batch: Any, ids: np.ndarray, what: str) -> None:
         flat = flatten(batch)

@@ -87,8 +87,8 @@ def segment_sizes(
 def _env_ids(env_ids: object, n: int, what: str) -> np.ndarray:
     """``env_ids`` (slice, range, list, array, tensor, int) as distinct int64 ids in range."""
     if isinstance(env_ids, slice):
-        ids = np.arange(n)[env_ids]
-    elif isinstance(env_ids, torch.Tensor):
+        return np.arange(n)[env_ids]  # distinct and in range by construction
+    if isinstance(env_ids, torch.Tensor):
         ids = env_ids.detach().cpu().numpy().reshape(-1)
     else:
         ids = np.asarray(env_ids).reshape(-1)
