@@ -390,7 +390,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 7)
     envs = [16, 256] if args.quick else [16, 256, 4096]
-    ppo_envs = [16] if args.quick else [16, 4096]
+    ppo_runs = (
+        [(16, False), (16, True)] if args.quick else [(16, False), (4096, False), (16, True), (256, True)]
+    )
     agents = [64] if args.quick else [64, 1024]
     freeze_heap()
     from importlib.metadata import version
@@ -409,10 +411,9 @@ def main() -> None:
         log(f"rsl_rl storage: {e} envs x {T} steps")
         rows += rsl_rows(e, rounds)
     ppo: list[list[str]] = []
-    for e in ppo_envs:
-        for recurrent in (False, True):
-            log(f"rsl_rl PPO iteration: {e} envs, {'recurrent' if recurrent else 'MLP'}")
-            ppo += ppo_rows(e, recurrent, rounds)
+    for e, recurrent in ppo_runs:
+        log(f"rsl_rl PPO iteration: {e} envs, {'recurrent' if recurrent else 'MLP'}")
+        ppo += ppo_rows(e, recurrent, rounds)
     metta: list[list[str]] = []
     for a in agents:
         log(f"metta: {a} agents")

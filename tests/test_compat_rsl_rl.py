@@ -523,4 +523,4 @@ def test_clear_during_iteration_raises_at_the_next_minibatch():
             next(gen)
         for tr in _transitions(recurrent=True):
             ours.add_transition(tr)
-        ours.returns = ours.values.clone()
+        ours.advantages = ours.values.clone()

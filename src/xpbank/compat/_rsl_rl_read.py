@@ -25,14 +25,20 @@ from xpbank.spec.batch import to_tensordict
 __all__ = ["flat_batches", "recurrent_batches", "env_groups"]
 
 
-def flat_batches(views: Views, plan: Iterator[torch.Tensor], check: Callable[[], None]) -> Iterator[Batch]:
-    """rsl_rl's flat minibatches: the steps ``plan`` gives, every field gathered.
+def flat_batches(
+    views: Views,
+    plan: Iterator[torch.Tensor],
+    check: Callable[[], None],
+    returns: torch.Tensor,
+    advantages: torch.Tensor,
+) -> Iterator[Batch]:
+    """rsl_rl's flat minibatches: the steps ``plan`` gives, every field gathered
+    (``returns``/``advantages``: the storage's, ``[T, E, 1]``).
 
     ``check()`` runs before each minibatch (it raises once the storage was cleared).
     """
-    names = ("actions", "values", "advantages", "returns", "actions_log_prob")
-    flat = [views.flat(k) for k in names[:2]] + [views.advantages.flatten(0, 1), views.returns.flatten(0, 1)]
-    flat += [views.flat(names[4]), *(p.flatten(0, 1) for p in views.dist)]
+    flat = [views.flat("actions"), views.flat("values"), advantages.flatten(0, 1), returns.flatten(0, 1)]
+    flat += [views.flat("actions_log_prob"), *(p.flatten(0, 1) for p in views.dist)]
     obs = {k: v.flatten(0, 1) for k, v in views.obs.items()}
     device, n = views.rb.device, len(flat)
     if views.is_host:  # NumPy's take of contiguous rows: a fraction of torch's per-call cost
@@ -92,6 +98,8 @@ def recurrent_batches(
     groups: Iterator[torch.Tensor],
     contiguous: bool,
     check: Callable[[], None],
+    returns: torch.Tensor,
+    advantages: torch.Tensor,
 ) -> Iterator[Batch]:
     """rsl_rl's recurrent minibatches, one per group of envs ``groups`` yields.
 
@@ -125,7 +133,7 @@ def recurrent_batches(
     start_slot = torch.from_numpy((first % t_len) * e + first // t_len)  # [N]
     env_traj = torch.from_numpy(np.concatenate(([0], np.cumsum(flat_ends.reshape(e, t_len).sum(1)))))
     states = {part: [h.flatten(0, 1) for h in views.hidden[part]] for part in "ac"}
-    stored = _fields(views)
+    stored = _fields(views, returns, advantages)
     for envs in groups:
         check()
         if contiguous:
@@ -156,9 +164,9 @@ def recurrent_batches(
         )
 
 
-def _fields(views: Views) -> dict[Any, torch.Tensor]:
+def _fields(views: Views, returns: torch.Tensor, advantages: torch.Tensor) -> dict[Any, torch.Tensor]:
     out: dict[Any, torch.Tensor] = {k: views.fields[k] for k in ("actions", "values", "actions_log_prob")}
-    out.update({"advantages": views.advantages, "returns": views.returns})
+    out.update({"advantages": advantages, "returns": returns})
     out.update(enumerate(views.dist))
     return out
 

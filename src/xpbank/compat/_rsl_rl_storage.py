@@ -133,8 +133,8 @@ class RolloutStorage:
         self._t = 0  # steps stored in this rollout
         self._clears = 0  # rollouts started: a generator refuses to read the next one
         self._targets = False  # returns/advantages set (computed, or written through the views)
-        self._ret: torch.Tensor | None = None  # the returns and advantages views
-        self._adv: torch.Tensor | None = None
+        self._adv: torch.Tensor | None = None  # the advantages (the buffer's view until assigned)
+        self._adv_shape: torch.Size | None = None
 
     # -- writing ---------------------------------------------------------------
     def add_transition(self, transition: Any) -> None:
@@ -180,7 +180,8 @@ class RolloutStorage:
         self._track(step)
         self._views = Views(self._rb, self._num_params, self._hidden)
         self.__dict__.update(self._views.attributes())  # plain attributes: read as cheaply as rsl_rl's
-        self._ret, self._adv = self._views.returns, self._views.advantages
+        self._adv = self._views.advantages
+        self._adv_shape = self._adv.shape
 
     def _has(self, key: NestedKey) -> bool:
         return self._rb is not None and self._rb.spec is not None and key in self._rb.spec
@@ -239,9 +240,9 @@ class RolloutStorage:
         minibatch. Use it instead of rsl_rl's ``PPO.compute_returns`` (and do not add
         ``time_outs`` bootstraps to the rewards) to get time-outs right.
         """
-        self._v("compute_returns").rb.compute_returns(
-            last_values.reshape(-1), gamma, lam, normalize=normalize_advantages
-        )
+        views = self._v("compute_returns")
+        views.rb.compute_returns(last_values.reshape(-1), gamma, lam, normalize=normalize_advantages)
+        self.returns, self._adv = views.returns, views.advantages  # where they were computed
         self._targets = True
 
     # -- views -----------------------------------------------------------------
@@ -273,29 +274,26 @@ class RolloutStorage:
     saved_hidden_state_a = Attribute("Actor hidden states, ``[T, layers, E, H]`` each (views).", "none")
     saved_hidden_state_c = Attribute("Critic hidden states, ``[T, layers, E, H]`` each (views).", "none")
 
-    def _target(self, key: str) -> torch.Tensor:
-        self._targets = True  # rsl_rl's PPO computes them into these views
-        view = self._ret if key == "returns" else self._adv
-        if view is None:
-            raise self._not_ready(key)
-        return view
+    returns = Attribute("``[T, E, 1]`` (the buffer's view; assigning rebinds it, as rsl_rl's).")
 
-    def _set_target(self, key: str, value: torch.Tensor) -> None:
-        view = self._target(key)
-        if tuple(value.shape) != tuple(view.shape):
-            raise SpecError(f"{key}: expected shape {list(view.shape)}, got {list(value.shape)}")
-        view.copy_(value)
+    def _get_advantages(self) -> torch.Tensor:
+        adv = self._adv
+        if adv is None:
+            raise self._not_ready("advantages")
+        self._targets = True  # rsl_rl's PPO computes them through this attribute
+        return adv
 
-    returns = property(
-        lambda self: self._target("returns"),
-        lambda self, v: self._set_target("returns", v),
-        doc="``[T, E, 1]`` (a view; assigning copies into the buffer).",
-    )
-    advantages = property(
-        lambda self: self._target("advantages"),
-        lambda self, v: self._set_target("advantages", v),
-        doc="``[T, E, 1]`` (a view; assigning copies into the buffer).",
-    )
+    def _set_advantages(self, value: torch.Tensor) -> None:
+        """Rebind them, as rsl_rl does (``PPO.compute_returns`` assigns a new tensor twice),
+        after checking the shape (cheaply: this is in rsl_rl's returns loop)."""
+        want = self._adv_shape
+        if want is None:
+            raise self._not_ready("advantages")
+        if value.shape != want:
+            raise SpecError(f"advantages: expected shape {list(want)}, got {list(value.shape)}")
+        self._adv, self._targets = value, True
+
+    advantages = property(_get_advantages, _set_advantages, doc="``[T, E, 1]`` (a view until assigned).")
 
     # -- reading ---------------------------------------------------------------
     def _require(self, training_type: str) -> Views:
@@ -344,7 +342,7 @@ class RolloutStorage:
             )
             first = next(plan, None)  # draws the order (from the global RNG under parity)
         if first is not None:
-            yield from flat_batches(views, chain([first], plan), check)
+            yield from flat_batches(views, chain([first], plan), check, self.returns, self.advantages)
 
     def recurrent_mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8) -> Iterator[_Batch]:
         """Trajectories of groups of envs: padded observations ``[T, N]`` with ``masks``,
@@ -353,7 +351,7 @@ class RolloutStorage:
         groups = env_groups(
             self.num_envs, num_mini_batches, num_epochs, not self.parity, self.drop_last, views.rb.generator
         )
-        yield from recurrent_batches(views, groups, self.parity, check)
+        yield from recurrent_batches(views, groups, self.parity, check, self.returns, self.advantages)
 
 
 class _global_rng:

@@ -95,6 +95,7 @@ class Views:
         """rsl_rl's storage attributes: the tensors, as rsl_rl shapes them (views)."""
         out: dict[str, Any] = {"observations": self.observations, **self.fields}
         out["distribution_params"] = tuple(self.dist)
+        out["returns"] = self.returns
         for part in "ac":  # rsl_rl's [T, layers, E, H]
             views = [h.permute(0, 2, 1, 3) for h in self.hidden[part]]
             out[f"saved_hidden_state_{part}"] = views or None
