@@ -14,11 +14,12 @@ contiguous block per field; ``observations``, ``actions``, ``rewards``, ``dones`
 ``values``, ``returns``, ``advantages`` ... are views into it, laid out as rsl_rl's, so
 ``storage.returns[t] = ...`` (what rsl_rl's ``PPO.compute_returns`` does) writes the
 buffer; ``storage.advantages = ...`` rebinds them, as in rsl_rl. Runs after the same
-``torch.manual_seed`` repeat (an unseeded storage seeds from torch's generator). Deliberate differences (``docs/compat/rsl_rl.md``): a fresh permutation every
-epoch and no step left out, unless ``parity=True`` (rsl_rl's exact order from torch's
-global RNG, bit for bit) or ``drop_last=True``; :meth:`RolloutStorage.compute_returns`
-bootstraps time-outs from the value of the true final observation, ``V(s_{t+1})``, where
-rsl_rl's PPO adds ``gamma * V(s_t)`` to the reward; errors are xpbank errors, raised before
+``torch.manual_seed`` repeat (an unseeded storage seeds from torch's generator).
+Deliberate differences (``docs/compat/rsl_rl.md``): a fresh permutation every epoch and
+no step left out, unless ``parity=True`` (rsl_rl's exact order from torch's global RNG,
+bit for bit) or ``drop_last=True``; :meth:`RolloutStorage.compute_returns` bootstraps
+time-outs from the value of the true final observation, ``V(s_{t+1})``, where rsl_rl's
+PPO adds ``gamma * V(s_t)`` to the reward; errors are xpbank errors, raised before
 anything is written.
 """
 
