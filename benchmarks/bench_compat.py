@@ -1,129 +1,345 @@
-"""Compat front-ends benchmark: what the metta and rsl_rl seed APIs cost on xpbank.
+"""Compat front-ends in the training loop: rsl_rl's and metta's storage calls, xpbank against the originals.
 
-- rsl_rl: ``xpbank.compat.rsl_rl.RolloutStorage`` against rsl_rl's own storage, in one
-  process, on identical transitions: ``E`` envs x ``T`` steps (4096 x 24; ``--quick``:
-  256 x 8), obs float32[48], actions float32[12], two distribution parameters. Phases:
-  ``add_transition`` (per call), returns (rsl_rl's ``PPO.compute_returns`` loop over
-  each storage's tensors, and xpbank's ``RolloutStorage.compute_returns``),
-  ``mini_batch_generator`` (5 epochs x 4, every field touched).
-- metta: ``xpbank.compat.metta.Experience`` against a raw TensorDict ``[segments,
-  bptt]`` written as metta does (``update_at_`` at the slice's row and time index):
-  ``store`` of every agent (per call) and reading every minibatch of segments
-  (``buffer[idx]``, metta's losses' way, and xpbank's ``segment_minibatches``).
+Every row times one call of the original and of xpbank's drop-in in the same process,
+in interleaved rounds (the order flips every round; garbage collected before each
+block), on identical inputs, and reports the ratio ``xpbank / original`` per round as a
+range (min-max) and its median: below 1.00x xpbank is faster. Each row also checks that
+both give the same result (bit for bit where the row says so).
 
-No timing is asserted anywhere: this prints a markdown report.
+- rsl_rl (rsl-rl-lib's ``RolloutStorage`` against ``xpbank.compat.rsl_rl.RolloutStorage``),
+  ``E`` envs x 24 steps, obs float32[48], actions float32[12], two distribution
+  parameters: ``add_transition`` (per call); returns by rsl_rl's own
+  ``PPO.compute_returns`` over each storage; ``mini_batch_generator`` (5 epochs x 4, every
+  field read; xpbank's default order and ``parity=True``); ``recurrent_mini_batch_generator``
+  (an LSTM actor's and a GRU critic's states stored; 5 x 4); a whole PPO iteration
+  (rsl_rl's ``PPO``: act + process_env_step x 24, compute_returns, update; MLP and
+  recurrent models, a synthetic env).
+- metta: ``xpbank.compat.metta.Experience.store`` against metta's write (a TensorDict
+  ``[segments, bptt]`` written with ``update_at_`` at each agent's row and time index),
+  and a minibatch read as metta's losses do (``buffer[idx]``).
+
+    PYTHONPATH=src python benchmarks/bench_compat.py --threads 1 [--quick] [--json PATH]
+
+No timing is asserted anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, fastest_block, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import environment, freeze_heap, log, markdown_table, median, settle
 from xpbank import Field, Spec
 from xpbank.compat.metta import Experience
 from xpbank.compat.rsl_rl import RolloutStorage
 
-GAMMA, LAM, EPOCHS, MINIBATCHES = 0.99, 0.95, 5, 4
+T, OBS, ACT, EPOCHS, MINIBATCHES, GAMMA, LAM = 24, 48, 12, 5, 4, 0.99, 0.95
 
 
-def _transitions(e: int, t: int) -> list:
+def interleaved(fns: dict[str, Callable[[], float]], rounds: int, reps: int = 3) -> dict[str, list[float]]:
+    """Seconds per call of each ``fn`` (it times itself), round by round, the order flipped
+    each round; a round's number is the fastest of ``reps`` blocks (the least disturbed)."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in list(fns) if r % 2 == 0 else reversed(list(fns)):
+            settle()
+            out[name].append(min(fns[name]() for _ in range(reps)))
+    return out
+
+
+def ratio_cells(base: list[float], ours: list[float]) -> list[str]:
+    ratios = [b / a for a, b in zip(base, ours, strict=True)]
+    return [
+        f"{median(base) * 1e6:,.1f} µs",
+        f"{median(ours) * 1e6:,.1f} µs",
+        f"{min(ratios):.2f}-{max(ratios):.2f}x",
+        f"{median(ratios):.2f}x",
+    ]
+
+
+def timed(fn: Callable[[], object], per: int = 1) -> Callable[[], float]:
+    def run() -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) / per
+
+    return run
+
+
+# -- rsl_rl ------------------------------------------------------------------------------
+def transitions(e: int, recurrent: bool, seed: int = 0) -> list[Any]:
     from rsl_rl.storage import RolloutStorage as Ref
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(t):
+    for _ in range(T):
         tr = Ref.Transition()
-        tr.observations = TensorDict({"policy": torch.randn(e, 48, generator=g)}, batch_size=[e])
-        tr.actions = torch.randn(e, 12, generator=g)
+        tr.observations = TensorDict({"policy": torch.randn(e, OBS, generator=g)}, batch_size=[e])
+        tr.actions = torch.randn(e, ACT, generator=g)
         tr.rewards, tr.values = torch.randn(e, generator=g), torch.randn(e, 1, generator=g)
-        tr.dones = (torch.rand(e, generator=g) < 0.02).float()
+        tr.dones = (torch.rand(e, generator=g) < 0.05).float()
         tr.actions_log_prob = torch.randn(e, generator=g)
-        tr.distribution_params = (torch.randn(e, 12, generator=g), torch.rand(e, 12, generator=g))
+        tr.distribution_params = (torch.randn(e, ACT, generator=g), torch.rand(e, ACT, generator=g))
+        if recurrent:  # an LSTM actor (h, c) and a GRU critic, 1 layer of 64
+            h = [torch.randn(1, e, 64, generator=g) for _ in range(3)]
+            tr.hidden_states = ((h[0], h[1]), h[2])
         out.append(tr)
     return out
 
 
-def _rsl_returns(st: object, last: torch.Tensor) -> None:
-    """rsl_rl's ``PPO.compute_returns`` body (rsl-rl-lib 5.5), over its storage."""
-    advantage = 0
-    for step in reversed(range(st.num_transitions_per_env)):  # type: ignore[attr-defined]
-        nxt = last if step == st.num_transitions_per_env - 1 else st.values[step + 1]  # type: ignore[attr-defined]
-        not_done = 1.0 - st.dones[step].float()  # type: ignore[attr-defined]
-        delta = st.rewards[step] + not_done * GAMMA * nxt - st.values[step]  # type: ignore[attr-defined]
-        advantage = delta + not_done * GAMMA * LAM * advantage
-        st.returns[step] = advantage + st.values[step]  # type: ignore[attr-defined]
-    adv = st.returns - st.values  # type: ignore[attr-defined]
-    st.advantages = (adv - adv.mean()) / (adv.std() + 1e-8)  # type: ignore[attr-defined]
+class FixedCritic:
+    """A critic whose value of the last observation is given (rsl_rl's critic calls)."""
+
+    def __init__(self, last: torch.Tensor) -> None:
+        self.last = last
+
+    def __call__(self, obs: Any) -> torch.Tensor:
+        return self.last
+
+    def get_hidden_state(self) -> None:
+        return None
+
+    def reset(self, hidden_state: Any = None) -> None:
+        return None
 
 
-def bench_rsl_rl(e: int, t: int, repeats: int) -> list[list[str]]:
+def stub_ppo(st: Any, last: torch.Tensor) -> Any:
+    """What rsl_rl's ``PPO.compute_returns`` reads of its ``self``: the storage, the
+    critic (its value of the last observation), gamma, lam."""
+    return SimpleNamespace(
+        storage=st, critic=FixedCritic(last), gamma=GAMMA, lam=LAM, normalize_advantage_per_mini_batch=False
+    )
+
+
+def filled(cls: Any, trs: list[Any], **kw: Any) -> Any:
+    """A storage holding ``trs``, its returns computed by rsl_rl's PPO."""
+    from rsl_rl.algorithms import PPO
+
+    e = trs[0].observations.batch_size[0]
+    st = cls("rl", e, T, trs[0].observations, [ACT], **kw)
+    for tr in trs:
+        st.add_transition(tr)
+    PPO.compute_returns(stub_ppo(st, torch.linspace(-1, 1, e).unsqueeze(1)), None)
+    return st
+
+
+def batches_equal(a: Any, b: Any) -> bool:
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, tuple):
+            return all(same(p, q) for p, q in zip(x, y, strict=True))
+        if x is None or y is None:
+            return x is y
+        if isinstance(x, TensorDict):
+            return all(torch.equal(x[k], y[k]) for k in x.keys())  # noqa: SIM118 (iterating a TensorDict gives rows)
+        return torch.equal(x, y)
+
+    names = ["observations", "actions", "values", "advantages", "returns", "old_actions_log_prob"]
+    names += ["old_distribution_params", "hidden_states", "masks"]
+    return all(same(getattr(a, n), getattr(b, n)) for n in names)
+
+
+def read_all(gen: Any) -> int:
+    n = 0
+    for b in gen:  # every field touched, as PPO's update does
+        for x in (
+            b.observations["policy"],
+            b.actions,
+            b.values,
+            b.advantages,
+            b.returns,
+            *b.old_distribution_params,
+        ):
+            x.sum()
+        n += 1
+    return n
+
+
+def rsl_rows(e: int, rounds: int) -> list[list[str]]:
+    from rsl_rl.algorithms import PPO
     from rsl_rl.storage import RolloutStorage as Ref
 
-    trs = _transitions(e, t)
-    obs = trs[0].observations
-    last = torch.randn(e, 1)
     rows = []
-    timings = {}
-    for name, cls in (("rsl_rl RolloutStorage", Ref), ("xpbank.compat.rsl_rl", RolloutStorage)):
-        st = cls("rl", e, t, obs, [12])
+    trs = transitions(e, recurrent=False)
+    obs = trs[0].observations
+    ref, ours = Ref("rl", e, T, obs, [ACT]), RolloutStorage("rl", e, T, obs, [ACT], seed=0)
 
-        def fill(st=st) -> None:
-            st.clear()
-            for tr in trs:
-                st.add_transition(tr)
+    def fill(st: Any) -> None:
+        st.clear()
+        for tr in trs:
+            st.add_transition(tr)
 
-        fill()
-        add = fastest_block(fill, 3, repeats) / t
-        ppo_ret = fastest_block(lambda st=st: _rsl_returns(st, last), 3, repeats)  # PPO.compute_returns
-        ret = (
-            None
-            if cls is Ref
-            else fastest_block(lambda st=st: st.compute_returns(last, GAMMA, LAM), 3, repeats)
+    fill(ref), fill(ours)
+    same = all(
+        torch.equal(getattr(ref, n), getattr(ours, n)) for n in ("actions", "rewards", "dones", "values")
+    )
+    t = interleaved({"ref": timed(lambda: fill(ref), T), "xp": timed(lambda: fill(ours), T)}, rounds)
+    rows.append([f"add_transition, {e} envs", *ratio_cells(t["ref"], t["xp"]), _eq(same)])
+
+    last = torch.linspace(-1, 1, e).unsqueeze(1)
+    pr, px = stub_ppo(ref, last), stub_ppo(ours, last)
+    PPO.compute_returns(pr, None), PPO.compute_returns(px, None)
+    same = torch.equal(ref.returns, ours.returns) and torch.equal(ref.advantages, ours.advantages)
+    t = interleaved(
+        {
+            "ref": timed(lambda: PPO.compute_returns(pr, None)),
+            "xp": timed(lambda: PPO.compute_returns(px, None)),
+        },
+        rounds,
+    )
+    rows.append(
+        [f"returns: rsl_rl's PPO.compute_returns, {e} envs", *ratio_cells(t["ref"], t["xp"]), _eq(same)]
+    )
+
+    parity = filled(RolloutStorage, trs, parity=True)
+    torch.manual_seed(3)
+    a = list(ref.mini_batch_generator(MINIBATCHES, EPOCHS))
+    torch.manual_seed(3)
+    same = all(
+        batches_equal(x, y) for x, y in zip(a, parity.mini_batch_generator(MINIBATCHES, EPOCHS), strict=True)
+    )
+    k = EPOCHS * MINIBATCHES
+    t = interleaved(
+        {
+            "ref": timed(lambda: read_all(ref.mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+            "xp": timed(lambda: read_all(ours.mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+            "parity": timed(lambda: read_all(parity.mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+        },
+        rounds,
+    )
+    rows.append([f"mini_batch_generator, {e} envs", *ratio_cells(t["ref"], t["xp"]), "same steps, own order"])
+    rows.append([f"mini_batch_generator, parity, {e} envs", *ratio_cells(t["ref"], t["parity"]), _eq(same)])
+
+    rtrs = transitions(e, recurrent=True)
+    rref, rours, rpar = (
+        filled(Ref, rtrs),
+        filled(RolloutStorage, rtrs, seed=0),
+        filled(RolloutStorage, rtrs, parity=True),
+    )
+    same = all(
+        batches_equal(x, y)
+        for x, y in zip(
+            rref.recurrent_mini_batch_generator(MINIBATCHES, 2),
+            rpar.recurrent_mini_batch_generator(MINIBATCHES, 2),
+            strict=True,
         )
-
-        def read(st=st) -> None:
-            for b in st.mini_batch_generator(MINIBATCHES, EPOCHS):
-                assert b.actions.shape[0] == e * t // MINIBATCHES
-                for x in (
-                    b.observations["policy"],
-                    b.values,
-                    b.advantages,
-                    b.returns,
-                    *b.old_distribution_params,
-                ):
-                    x.sum()
-
-        mb = fastest_block(read, 1, repeats) / (EPOCHS * MINIBATCHES)
-        timings[name] = (add, ppo_ret, ret, mb)
-    base = timings["rsl_rl RolloutStorage"]
-    for name, (add, ppo_ret, ret, mb) in timings.items():
-        own = "n/a" if ret is None else fmt_us(ret)
-        rows.append(
-            [
-                name,
-                fmt_us(add),
-                fmt_us(ppo_ret),
-                own,
-                fmt_us(mb),
-                fmt_ratio(base[0] / add),
-                fmt_ratio(base[3] / mb),
-            ]
-        )
+    )
+    t = interleaved(
+        {
+            "ref": timed(lambda: read_all(rref.recurrent_mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+            "xp": timed(lambda: read_all(rours.recurrent_mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+            "parity": timed(lambda: read_all(rpar.recurrent_mini_batch_generator(MINIBATCHES, EPOCHS)), k),
+        },
+        rounds,
+    )
+    rows.append(
+        [
+            f"recurrent_mini_batch_generator, {e} envs",
+            *ratio_cells(t["ref"], t["xp"]),
+            "every env, own groups",
+        ]
+    )
+    rows.append(
+        [f"recurrent_mini_batch_generator, parity, {e} envs", *ratio_cells(t["ref"], t["parity"]), _eq(same)]
+    )
     return rows
 
 
-def bench_metta(agents: int, bptt: int, repeats: int) -> list[list[str]]:
+def _eq(same: bool) -> str:
+    return "bit for bit" if same else "DIFFERENT"
+
+
+def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
+    """A whole rsl_rl PPO iteration over a synthetic env (random observations and rewards)."""
+    from rsl_rl.algorithms import PPO
+    from rsl_rl.models import MLPModel, RNNModel
+    from rsl_rl.modules.distribution import GaussianDistribution
+    from rsl_rl.storage import RolloutStorage as Ref
+
+    g = torch.Generator().manual_seed(0)
+    steps = [
+        (
+            TensorDict({"policy": torch.randn(e, OBS, generator=g)}, [e]),
+            torch.randn(e, generator=g),
+            (torch.rand(e, generator=g) < 0.05).float(),
+        )
+        for _ in range(T)
+    ]
+    obs0 = steps[0][0]
+
+    def make(storage_cls: Any, **kw: Any) -> Any:
+        torch.manual_seed(0)
+        groups = {"actor": ["policy"], "critic": ["policy"]}
+        dist = {"class_name": GaussianDistribution}
+        if recurrent:
+            actor = RNNModel(
+                obs0, groups, "actor", ACT, hidden_dims=[64], distribution_cfg=dist, rnn_hidden_dim=64
+            )
+            critic = RNNModel(obs0, groups, "critic", 1, hidden_dims=[64], rnn_type="gru", rnn_hidden_dim=64)
+        else:
+            actor = MLPModel(obs0, groups, "actor", ACT, hidden_dims=[64, 64], distribution_cfg=dist)
+            critic = MLPModel(obs0, groups, "critic", 1, hidden_dims=[64, 64])
+        return PPO(actor, critic, storage_cls("rl", e, T, obs0, [ACT], **kw), num_mini_batches=MINIBATCHES)
+
+    def iteration(ppo: Any) -> None:
+        obs = obs0
+        with torch.inference_mode():
+            for nxt, rew, done in steps:
+                ppo.act(obs)
+                ppo.process_env_step(nxt, rew, done, {})
+                obs = nxt
+            ppo.compute_returns(obs)
+        ppo.update()
+
+    ref, ours, par = make(Ref), make(RolloutStorage, seed=0), make(RolloutStorage, parity=True)
+    torch.manual_seed(5)
+    iteration(ref)
+    torch.manual_seed(5)
+    iteration(par)
+    params = zip(ref.actor.parameters(), par.actor.parameters(), strict=True)
+    same = all(torch.equal(a, b) for a, b in params)
+    t = interleaved(
+        {
+            "ref": timed(lambda: iteration(ref)),
+            "xp": timed(lambda: iteration(ours)),
+            "parity": timed(lambda: iteration(par)),
+        },
+        rounds,
+    )
+    kind = "recurrent" if recurrent else "MLP"
+    return [
+        [f"PPO iteration, {kind}, {e} envs", *ratio_cells(t["ref"], t["xp"]), "own minibatch order"],
+        [
+            f"PPO iteration, {kind}, parity, {e} envs",
+            *ratio_cells(t["ref"], t["parity"]),
+            "parameters " + _eq(same),
+        ],
+    ]
+
+
+# -- metta -------------------------------------------------------------------------------
+def metta_rows(agents: int, bptt: int, rounds: int) -> list[list[str]]:
     segments = 2 * agents
     spec = Spec(
-        {"env_obs": Field((48,), torch.uint8), "actions": Field((2,), torch.int64), "rewards": Field(())}
+        {
+            "env_obs": Field((48,), torch.uint8),
+            "actions": Field((2,), torch.int64),
+            "rewards": Field(()),
+            "values": Field(()),
+            "dones": Field(()),
+            "act_log_prob": Field(()),
+        }
     )
-    spec = Spec({**dict(spec.items()), "values": Field(()), "dones": Field(()), "act_log_prob": Field(())})
     g = torch.Generator().manual_seed(0)
     steps = [
         TensorDict(
@@ -132,76 +348,102 @@ def bench_metta(agents: int, bptt: int, repeats: int) -> list[list[str]]:
         )
         for _ in range(2 * bptt)
     ]
-    mb_segments = max(1, segments // 8)
-
+    mb = max(1, segments // 8)
     raw = TensorDict(
         {k: torch.zeros(segments, bptt, *f.shape, dtype=f.dtype) for k, f in spec.items()}, [segments, bptt]
     )
 
-    def raw_fill() -> None:  # metta's store: every agent at (its row, the first agent's time)
+    def raw_fill() -> None:  # metta's store: every agent at (its row, its time index)
         for i, td in enumerate(steps):
-            rows = torch.arange(agents) + agents * (i // bptt)
-            raw.update_at_(td, (rows, i % bptt))
+            raw.update_at_(td, (torch.arange(agents) + agents * (i // bptt), i % bptt))
 
-    exp = Experience(agents, segments * bptt, bptt, mb_segments * bptt, mb_segments * bptt, spec, "cpu")
+    exp = Experience(agents, segments * bptt, bptt, mb * bptt, mb * bptt, spec, "cpu")
 
     def fill() -> None:
         exp.reset_for_rollout()
         for td in steps:
             exp.store(td, slice(0, agents))
 
-    fill()
-    idx = [torch.randperm(segments, generator=g)[:mb_segments] for _ in range(segments // mb_segments)]
-    store_raw = fastest_block(raw_fill, 3, repeats) / len(steps)
-    store = fastest_block(fill, 3, repeats) / len(steps)
-    read_raw = fastest_block(lambda: [raw[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_view = fastest_block(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], 3, repeats) / len(idx)
-    read_mb = fastest_block(
-        lambda: [td["rewards"].sum() for td in exp.rollout.segment_minibatches()], 3, repeats
-    ) / len(idx)
-    return [
-        ["raw TensorDict (metta's writes)", fmt_us(store_raw), fmt_us(read_raw), "n/a", "1.00x"],
-        [
-            "xpbank.compat.metta",
-            fmt_us(store),
-            fmt_us(read_view),
-            fmt_us(read_mb),
-            fmt_ratio(store_raw / store),
-        ],
-    ]
+    raw_fill(), fill()
+    same = all(torch.equal(raw[k], exp.buffer[k]) for k in spec)
+    t = interleaved({"ref": timed(raw_fill, len(steps)), "xp": timed(fill, len(steps))}, rounds)
+    rows = [[f"metta Experience.store, {agents} agents", *ratio_cells(t["ref"], t["xp"]), _eq(same)]]
+    idx = [torch.randperm(segments, generator=g)[:mb] for _ in range(segments // mb)]
+    t = interleaved(
+        {
+            "ref": timed(lambda: [raw[i]["rewards"].sum() for i in idx], len(idx)),
+            "xp": timed(lambda: [exp.buffer[i]["rewards"].sum() for i in idx], len(idx)),
+        },
+        rounds,
+    )
+    rows.append([f"metta minibatch buffer[idx], {agents} agents", *ratio_cells(t["ref"], t["xp"]), _eq(same)])
+    return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 2 rounds (seconds)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; quick 2)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    e, t, agents, bptt, repeats = (256, 8, 64, 8, 2) if args.quick else (4096, 24, 1024, 32, 5)
-    freeze_heap()
-    env = environment({"threads": str(args.threads)})
-    log(f"rsl_rl: {e} envs x {t} steps")
-    rsl = bench_rsl_rl(e, t, repeats)
-    log(f"metta: {agents} agents, bptt {bptt}")
-    metta = bench_metta(agents, bptt, repeats)
-    print(f"## rsl_rl storage, {e} envs x {t} steps (best of {repeats})\n")
-    head = [
-        "storage",
-        "add_transition",
-        "returns (rsl_rl PPO loop)",
-        "returns (compute_returns)",
-        "minibatch",
-        "add speed-up",
-        "minibatch speed-up",
-    ]
-    print(markdown_table(head, rsl))
-    print(f"\n## metta Experience, {agents} agents, {2 * agents} segments x {bptt} (best of {repeats})\n")
-    print(
-        markdown_table(
-            ["storage", "store", "minibatch (buffer[idx])", "segment_minibatches", "store speed-up"], metta
-        )
+    rounds = args.rounds or (2 if args.quick else 7)
+    envs = [16, 256] if args.quick else [16, 256, 4096]
+    ppo_runs = (
+        [(16, False), (16, True)] if args.quick else [(16, False), (4096, False), (16, True), (256, True)]
     )
-    print(f"\n{env}")
+    agents = [64] if args.quick else [64, 1024]
+    freeze_heap()
+    from importlib.metadata import version
+
+    import rsl_rl  # noqa: F401  (its version below)
+
+    env = environment(
+        {
+            "threads": str(args.threads),
+            "rsl-rl-lib": version("rsl-rl-lib"),
+            "tensordict": version("tensordict"),
+        }
+    )
+    rows: list[list[str]] = []
+    for e in envs:
+        log(f"rsl_rl storage: {e} envs x {T} steps")
+        rows += rsl_rows(e, rounds)
+    ppo: list[list[str]] = []
+    for e, recurrent in ppo_runs:
+        log(f"rsl_rl PPO iteration: {e} envs, {'recurrent' if recurrent else 'MLP'}")
+        ppo += ppo_rows(e, recurrent, rounds)
+    metta: list[list[str]] = []
+    for a in agents:
+        log(f"metta: {a} agents")
+        metta += metta_rows(a, 16, rounds)
+    head = ["call", "original (median)", "xpbank (median)", "xpbank / original (range)", "median", "result"]
+    notes = f"{rounds} interleaved rounds; per call; ratio < 1: xpbank faster; threads={args.threads}"
+    tables = [
+        {"title": f"rsl_rl storage calls, E envs x {T} steps", "headers": head, "rows": rows, "notes": notes},
+        {
+            "title": "rsl_rl PPO iteration (rsl_rl's PPO, synthetic env)",
+            "headers": head,
+            "rows": ppo,
+            "notes": notes,
+        },
+        {"title": "metta Experience (16-step segments)", "headers": head, "rows": metta, "notes": notes},
+    ]
+    for table in tables:
+        print(
+            f"## {table['title']}\n\n{markdown_table(table['headers'], table['rows'])}\n\n{table['notes']}\n"
+        )
+    print(env)
+    if args.json:
+        result = {
+            "benchmark": "bench_compat",
+            "command": "PYTHONPATH=src python benchmarks/bench_compat.py " + " ".join(sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "environment": env,
+            "tables": tables,
+        }
+        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

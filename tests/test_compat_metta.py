@@ -124,6 +124,50 @@ def test_store_matches_a_reference_with_agents_out_of_step(data):
     assert exp.ready_for_training == (full >= exp.segments)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_slices_take_the_direct_write_and_store_as_ids_do(data):
+    """``store(td, slice)`` of every field writes straight into the views: the same cells,
+    episode counts and skipped agents as the checked path (ids as a tensor), and the reference."""
+    agents = data.draw(st.integers(1, 4))
+    direct, checked = (_exp(agents=agents, batch=24, bptt=3, mb=3, cap=3) for _ in range(2))
+    calls = []
+    for n in range(1, data.draw(st.integers(0, 40)) + 1):
+        lo = data.draw(st.integers(0, agents - 1))
+        hi = data.draw(st.integers(lo + 1, agents))
+        step = _step(hi - lo, float(n))
+        step["dones"] = torch.tensor([float((n + a) % 4 == 0) for a in range(lo, hi)])
+        direct.store(step, slice(lo, hi))
+        checked.store(step.clone(), torch.arange(lo, hi))
+        calls.append(list(range(lo, hi)))
+    want, (full,) = _reference(agents, direct.segments, 3, calls)
+    assert torch.equal(direct.buffer["rewards"], want)
+    for key in SPEC:
+        assert torch.equal(direct.buffer[key], checked.buffer[key]), key
+    assert direct.stats() == checked.stats()
+    assert direct.ready_for_training == checked.ready_for_training == (full >= direct.segments)
+
+
+def test_unseeded_experiences_draw_their_seed_from_torch():
+    """Prioritized segment orders repeat after the same ``torch.manual_seed``."""
+
+    def order(seed: int) -> list[float]:
+        torch.manual_seed(seed)
+        exp = _exp(agents=2, batch=32, bptt=4, mb=8, cap=8)
+        n = 0
+        while not exp.ready_for_training:
+            n += 1
+            step = _step(2, float(n))
+            step["dones"], step["truncateds"] = torch.zeros(2), torch.zeros(2)
+            exp.store(step, slice(0, 2))
+        exp.rollout.compute_returns(torch.zeros(2), 0.9, 0.9)
+        batches = exp.rollout.segment_minibatches(epochs=3, alpha=1.0)
+        return torch.cat([td["rewards"][:, 0] for td in batches]).tolist()
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+
+
 def test_out_of_step_agents_each_write_at_their_own_time_index():
     exp = _exp(agents=2, batch=16, bptt=4)
     exp.store(_step(1, 1.0), slice(0, 1))  # agent 0 is one step ahead

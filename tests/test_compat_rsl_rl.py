@@ -376,3 +376,151 @@ def test_recurrent_rsl_rl_ppo_runs_on_our_storage_as_on_its_own(one_thread):
         assert a.shape == b.shape == (16, 1, 8, 8)
         assert (b[0] == 0).all() == (a[0] == 0).all()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+# -- reproducible runs, and the runner's one-line switch --------------------------------
+def test_unseeded_storages_draw_their_seed_from_torch():
+    """Two storages made after the same ``torch.manual_seed`` shuffle alike (rsl_rl's own
+    storage is reproducible that way); another seed shuffles differently."""
+
+    def order(seed: int) -> list[float]:
+        torch.manual_seed(seed)
+        _, ours = _pair()
+        return torch.cat([b.returns[:, 0] for b in ours.mini_batch_generator(3, num_epochs=2)]).tolist()
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+
+
+def _runner_run(class_name: str, iterations: int = 3, **algorithm):
+    """rsl_rl's real ``OnPolicyRunner`` on the CartPole task, seeded as a user seeds it."""
+    import contextlib
+    import io
+
+    import numpy as np
+    from rsl_rl.runners import OnPolicyRunner
+
+    from rsl_rl_task import make_env
+
+    torch.manual_seed(0)
+    env = make_env(num_envs=8, seed=0)
+    cfg = {
+        "num_steps_per_env": 16,
+        "save_interval": 100,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "algorithm": {"class_name": class_name, "num_learning_epochs": 2, "num_mini_batches": 3, **algorithm},
+        "actor": {
+            "class_name": "MLPModel",
+            "hidden_dims": [16, 16],
+            "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0},
+        },
+        "critic": {"class_name": "MLPModel", "hidden_dims": [16, 16]},
+    }
+    lengths = []
+    with contextlib.redirect_stdout(io.StringIO()):  # the runner prints its models and logs
+        runner = OnPolicyRunner(env, cfg, log_dir=None)
+        for _ in range(iterations):
+            env.finished = []
+            runner.learn(1)
+            lengths.append(float(np.mean(env.finished)) if env.finished else 0.0)
+    params = [p.detach().clone() for p in runner.alg.actor.parameters()]
+    return runner.alg.storage, lengths, params
+
+
+@pytest.mark.slow
+def test_runner_with_xpbank_storage_is_reproducible(one_thread):
+    """The runner builds the storage without a seed: two runs after the same
+    ``torch.manual_seed`` are the same run (same episode lengths, same parameters)."""
+    pytest.importorskip("gymnasium")
+    st, a, pa = _runner_run("xpbank.compat.rsl_rl:PPO")
+    assert isinstance(st, RolloutStorage) and not st.parity
+    _, b, pb = _runner_run("xpbank.compat.rsl_rl:PPO")
+    assert a == b
+    for x, y in zip(pa, pb, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.slow
+def test_runner_switch_with_parity_trains_as_rsl_rl(one_thread):
+    """One config line puts xpbank's storage under rsl_rl's runner; with
+    ``storage_cfg={"parity": True}`` the run is rsl_rl's own (float rounding aside)."""
+    pytest.importorskip("gymnasium")
+    ref, a, pa = _runner_run("PPO")
+    st, b, pb = _runner_run("xpbank.compat.rsl_rl:PPO", storage_cfg={"parity": True})
+    assert not isinstance(ref, RolloutStorage) and isinstance(st, RolloutStorage) and st.parity
+    assert a == pytest.approx(b)
+    for x, y in zip(pa, pb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_ppo_class_takes_rsl_rl_arguments_and_keeps_an_xpbank_storage():
+    from rsl_rl.models import MLPModel
+    from rsl_rl.utils import resolve_callable
+
+    from xpbank.compat.rsl_rl import PPO, Distillation
+
+    assert resolve_callable("xpbank.compat.rsl_rl:PPO") is PPO
+    assert resolve_callable("xpbank.compat.rsl_rl:Distillation") is Distillation
+    obs = _obs()
+    groups = {"actor": ["policy"], "critic": ["policy"]}
+    actor, critic = MLPModel(obs, groups, "actor", A), MLPModel(obs, groups, "critic", 1)
+    ppo = PPO(actor, critic, Ref("rl", E, T, obs, [A]), storage_cfg={"seed": 3, "drop_last": True}, gamma=0.9)
+    st = ppo.storage
+    assert isinstance(st, RolloutStorage) and st.drop_last and st._seed == 3 and ppo.gamma == 0.9
+    assert (st.num_envs, st.num_transitions_per_env, st.training_type) == (E, T, "rl")
+    ours = RolloutStorage("rl", E, T, obs, [A])
+    assert PPO(actor, critic, ours).storage is ours
+    with pytest.raises(SpecError, match="storage_cfg: the storage is an xpbank RolloutStorage already"):
+        PPO(actor, critic, ours, storage_cfg={"parity": True})
+
+
+# -- the direct write path and the checked one store the same ----------------------------
+def test_dict_observations_take_the_checked_path_and_store_the_same():
+    ref, fast = _pair(recurrent=True)
+    slow = RolloutStorage("rl", E, T, _obs(), [A])
+    for tr in _transitions(recurrent=True):
+        tr.observations = dict(tr.observations.items())  # not a TensorDict: checked path
+        slow.add_transition(tr)
+    for name in ["actions", "rewards", "dones", "values", "actions_log_prob"]:
+        assert torch.equal(getattr(slow, name), getattr(fast, name)), name
+    assert torch.equal(slow.observations["critic"], ref.observations["critic"])
+    for x, y in zip(slow.saved_hidden_state_c, ref.saved_hidden_state_c, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_time_outs_appearing_later_grow_the_layout():
+    """Steps without time-out fields store ``dones`` only; the first step that sets them
+    adds them (earlier steps: no time-out, terminated where done), then GAE is the reference."""
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    g = torch.Generator().manual_seed(7)
+    outs, finals = [], []
+    for i, tr in enumerate(_transitions(seed=7)):
+        out = torch.zeros(E, dtype=torch.bool)
+        if i >= 3:
+            out = (tr.dones > 0) & (torch.rand(E, generator=g) < 0.5)
+            tr.time_outs, tr.final_values = out, torch.randn(E, 1, generator=g)
+        outs.append(out)
+        finals.append(tr.final_values[:, 0] if i >= 3 else torch.zeros(E))
+        ours.add_transition(tr)
+        assert ours.step == i + 1
+    assert torch.stack(outs).any() and torch.equal(ours.time_outs[..., 0].bool(), torch.stack(outs))
+    last = torch.randn(E, 1, generator=g)
+    ours.compute_returns(last, gamma=0.9, lam=0.8, normalize_advantages=False)
+    adv, ret = _returns_reference(
+        ours.rewards[..., 0], ours.values[..., 0], last[:, 0], ours.dones[..., 0], torch.stack(outs),
+        torch.stack(finals), 0.9, 0.8,
+    )  # fmt: skip
+    torch.testing.assert_close(ours.advantages[..., 0], adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.returns[..., 0], ret, rtol=1e-5, atol=1e-5)
+
+
+def test_clear_during_iteration_raises_at_the_next_minibatch():
+    _, ours = _pair(recurrent=True)
+    for gen in (ours.mini_batch_generator(2, 2), ours.recurrent_mini_batch_generator(2, 2)):
+        next(gen)
+        ours.clear()
+        with pytest.raises(RuntimeError, match="cleared during iteration"):
+            next(gen)
+        for tr in _transitions(recurrent=True):
+            ours.add_transition(tr)
+        ours.advantages = ours.values.clone()

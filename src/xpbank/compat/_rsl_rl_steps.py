@@ -17,11 +17,14 @@ from xpbank.errors import SpecError
 from xpbank.spec.batch import flatten
 from xpbank.spec.spec import NestedKey, key_str
 
-__all__ = ["transition_step", "obs_fields", "is_hidden"]
+__all__ = ["transition_step", "time_out_fields", "gives_time_outs", "obs_fields", "is_hidden"]
 
 
-def transition_step(tr: Any, training_type: str, num_envs: int) -> dict[NestedKey, torch.Tensor]:
-    """The flat step of ``tr`` (views where the dtype is already right; nothing is copied).
+def transition_step(
+    tr: Any, training_type: str, num_envs: int, time_outs: bool = False
+) -> dict[NestedKey, torch.Tensor]:
+    """The flat step of ``tr`` (views where the dtype is already right; nothing is copied);
+    with ``time_outs``, its time-out fields too (:func:`time_out_fields`).
 
     Example:
         >>> import torch
@@ -48,7 +51,8 @@ def transition_step(tr: Any, training_type: str, num_envs: int) -> dict[NestedKe
         step["actions_log_prob"] = _need(tr, "actions_log_prob").float().reshape(-1, 1)
         params = tuple(_need(tr, "distribution_params"))
         step.update({("distribution_params", str(i)): p.float() for i, p in enumerate(params)})
-        step.update(_time_outs(tr, dones != 0))
+        if time_outs:
+            step.update(time_out_fields(tr))
     for part, state in zip("ac", getattr(tr, "hidden_states", (None, None)), strict=True):
         if state is None:
             continue
@@ -57,7 +61,19 @@ def transition_step(tr: Any, training_type: str, num_envs: int) -> dict[NestedKe
     return step
 
 
-def _time_outs(tr: Any, dones: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
+def gives_time_outs(tr: Any) -> bool:
+    """Whether ``tr`` sets xpbank's time-out fields (``time_outs`` or ``final_values``)."""
+    return getattr(tr, "time_outs", None) is not None or getattr(tr, "final_values", None) is not None
+
+
+def time_out_fields(tr: Any) -> dict[NestedKey, torch.Tensor]:
+    """``time_outs`` (where ``dones`` too), ``terminated`` (``dones`` without them) and
+    ``final_values`` of ``tr``, ``[E, 1]`` float32 (zeros where not given).
+
+    Raises:
+        SpecError: an env timed out and ``final_values`` is missing.
+    """
+    dones = _need(tr, "dones").reshape(-1, 1) != 0
     raw = getattr(tr, "time_outs", None)
     time_outs = dones & (raw.reshape(-1, 1) != 0) if raw is not None else torch.zeros_like(dones)
     final = getattr(tr, "final_values", None)
@@ -68,7 +84,7 @@ def _time_outs(tr: Any, dones: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
                 "final observation was given; bootstrapping them needs it (rsl_rl's V(s_t) is not used)"
             )
         final = torch.zeros(dones.shape, device=dones.device)
-    return {  # float32 flags: packed next to rewards and values (see RolloutStorage.add_transition)
+    return {
         "time_outs": time_outs.float(),
         "terminated": (dones & ~time_outs).float(),
         "final_values": final.float().reshape(-1, 1),

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from xpbank.errors import CapacityError, SpecError
 from xpbank.rollout import RolloutBuffer, RolloutKeys
+from xpbank.rollout.direct import host
 from xpbank.spec.batch import flatten, to_tensordict
 from xpbank.spec.spec import NestedKey, Spec, key_str
 
@@ -160,6 +161,8 @@ class Experience:
             spec,
             device=device,
             keys=KEYS,
+            seed=int(torch.randint(2**62, (), dtype=torch.int64)),  # reproducible after torch.manual_seed
+            pack=False,  # a block per field: ``buffer``'s views are contiguous, a store one copy each
         )
         sizes = self._rb.sizes
         assert sizes is not None  # always set by RolloutBuffer.segmented
@@ -175,6 +178,13 @@ class Experience:
         for view in views.values():
             view.zero_()
         self.buffer: TensorDict = to_tensordict(views, (self.segments, bptt_horizon), self.device)
+        # where store() writes each field straight away (NumPy views on the CPU)
+        self._direct: dict[NestedKey, tuple[torch.dtype, tuple[int, ...], Any]] = {
+            key: (spec[key].dtype, spec[key].shape, host(v.flatten(0, 1)))
+            for key, v in views.items()
+            if self.device.type == "cpu"
+        }
+        self._flat_keys = all(isinstance(key, str) for key in spec)
 
     @property
     def rollout(self) -> RolloutBuffer:
@@ -195,9 +205,14 @@ class Experience:
         no segment is free are skipped: their steps do not fit in this batch (metta
         overwrites earlier segments there). The step is checked before anything is written.
         """
+        if isinstance(env_id, slice) and self._store_direct(data_td, env_id):
+            return
         ids = _ids(env_id, self.total_agents)
         flat = {k: v for k, v in flatten(data_td).items() if k in self.spec}
-        step = {key: flat.get(key, _zeros(self.spec, key, ids.size, self.device)) for key in self.spec}
+        step = {
+            key: flat[key] if key in flat else _zeros(self.spec, key, ids.size, self.device)
+            for key in self.spec
+        }
         room = self._rb.room().numpy()[ids]
         if not room.all():
             logger.debug("store: %d agents have no free segment; their steps are skipped", int((~room).sum()))
@@ -208,6 +223,33 @@ class Experience:
             if not ids.size:
                 return
         self._rb.store(step, ids)
+
+    def _store_direct(self, data_td: Any, env_id: slice) -> bool:
+        """Store a step of a TensorDict holding every field with the spec's dtypes, of agents
+        that all have room, straight into the views (checked first); ``False``, nothing
+        written, for anything else (then :meth:`store` takes its checked path)."""
+        if not self._direct or not isinstance(data_td, TensorDictBase):
+            return False
+        try:
+            slots = self._rb.next_slots(env_id)
+        except CapacityError:
+            return False  # agents without a free segment: skipped on the checked path
+        # one pass over a flat TensorDict (TensorDict.get costs microseconds a key)
+        got = dict(data_td.items()) if self._flat_keys else {k: data_td.get(k, None) for k in self._direct}
+        put = []
+        for key, (dtype, shape, dst) in self._direct.items():
+            value = got.get(key)
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.shape[1:] != shape:
+                return False
+            src = host(value) if value.shape[0] == slots.size else None
+            if src is None:
+                return False
+            put.append((dst, src))
+        for dst, src in put:
+            dst[slots] = src
+        ends = [got.get(k) if k in self._direct else None for k in (KEYS.terminated, KEYS.truncated)]
+        self._rb.advance(env_id, ends)
+        return True
 
     def reset_for_rollout(self) -> None:
         """Start the next rollout: every agent back to a segment of its own, position 0."""

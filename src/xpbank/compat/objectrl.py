@@ -45,6 +45,12 @@ def _positions(indices: Any) -> Any:
     return indices
 
 
+def _torch_seed() -> int:
+    """A seed drawn from torch's global RNG (objectrl samples from it, through TorchRL): runs
+    after the same ``torch.manual_seed`` sample alike."""
+    return int(torch.randint(2**62, (), dtype=torch.int64))
+
+
 class ReplayBuffer:
     """A fixed-size FIFO replay buffer with objectrl's API.
 
@@ -89,7 +95,9 @@ class ReplayBuffer:
         """Empty the buffer (new memory), optionally with a new ``buffer_size``."""
         if buffer_size is not None:
             self.buffer_size = check_positive_int("buffer_size", buffer_size)
-        self.memory = _Buffer(self.buffer_size, storing_device=self.storing_device, device=self.device)
+        self.memory = _Buffer(
+            self.buffer_size, storing_device=self.storing_device, device=self.device, seed=_torch_seed()
+        )
         self.epoch_iterator = None
         self._written = 0
 
@@ -206,7 +214,9 @@ class ReplayBuffer:
                 f"restore; save with xpbank.compat.objectrl.ReplayBuffer.save to keep the contents"
             )
         loaded = load_bank(root, device=self.storing_device)
-        self.memory = _Buffer(loaded.capacity, storing_device=self.storing_device, device=self.device)
+        self.memory = _Buffer(
+            loaded.capacity, storing_device=self.storing_device, device=self.device, seed=_torch_seed()
+        )
         self.memory.load_state_dict(loaded.state_dict())
         self.buffer_size = loaded.capacity
         self._written = int(loaded.state_dict(data=False)["ring"]["next_id"])

@@ -144,7 +144,10 @@ class ExperienceBank:
             raise SpecError(f"session_id: expected a non-empty string without '/', got {session_id!r}")
         self.max_size = max_size
         self.session_id = session_id or new_session_id()
-        self._rb = ReplayBuffer(max_size or _FIRST_CAPACITY)
+        # seeded from torch's global RNG: runs after the same torch.manual_seed sample alike
+        self._rb = ReplayBuffer(
+            max_size or _FIRST_CAPACITY, seed=int(torch.randint(2**62, (), dtype=torch.int64))
+        )
         self._infos: list[dict[str, Any] | None] = [None] * self._rb.capacity  # by slot
 
     @property
@@ -190,7 +193,10 @@ class ExperienceBank:
         if self.max_size is not None or len(self._rb) + n <= self._rb.capacity:
             return
         infos = self._ordered_infos()
-        bigger = ReplayBuffer(max(2 * self._rb.capacity, len(self._rb) + n), self._rb.spec)
+        seed = int(
+            torch.randint(2**62, (), dtype=torch.int64, generator=self._rb.generator)
+        )  # its stream goes on
+        bigger = ReplayBuffer(max(2 * self._rb.capacity, len(self._rb) + n), self._rb.spec, seed=seed)
         self._rb = bigger.merge_(self._rb)  # new ids 0 .. len - 1, oldest first
         self._infos = infos + [None] * (bigger.capacity - len(infos))
 

@@ -20,8 +20,9 @@ import torch
 
 from xpbank.errors import SpecError, StaleIndexError
 from xpbank.replay.writing import keep_last as _keep_last
+from xpbank.rollout.direct import DirectWrites
 from xpbank.rollout.keys import DERIVED, RESERVED_KEYS, RolloutKeys, check_reserved
-from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, segment_sizes, span_of
+from xpbank.rollout.layout import SegmentLayout, SegmentSizes, TimeLayout, count_ends, segment_sizes, span_of
 from xpbank.rollout.reading import RecurrentBatch, RolloutReader
 from xpbank.rollout.targets import Targets
 from xpbank.spec.batch import flatten
@@ -32,7 +33,7 @@ from xpbank.storage.base import check_device
 __all__ = ["RolloutBuffer", "RolloutKeys", "RecurrentBatch"]
 
 
-class RolloutBuffer(RolloutReader):
+class RolloutBuffer(RolloutReader, DirectWrites):
     """Time-major ``[horizon, num_envs]`` rollout storage with per-env write cursors.
 
     Args:
@@ -44,6 +45,8 @@ class RolloutBuffer(RolloutReader):
         keys: field names for rewards, values, episode ends ... (:class:`RolloutKeys`).
         seed: seeds the buffer's ``torch.Generator`` (minibatch orders, prioritized
             segments): the same seed and calls give the same minibatches.
+        pack: one packed row per step (one gather per minibatch); ``False``: a block per
+            field, so :meth:`view` is contiguous (for front-ends doing math on views).
 
     Threads: no lock (an on-policy buffer is one learner's own); share it only holding
     one lock of your own around every call, including a whole ``minibatches`` loop.
@@ -71,8 +74,9 @@ class RolloutBuffer(RolloutReader):
         device: Any = "cpu",
         keys: RolloutKeys | None = None,
         seed: int | None = None,
+        pack: bool = True,
     ):
-        self._setup(TimeLayout(num_envs, horizon), spec, device, keys, seed)
+        self._setup(TimeLayout(num_envs, horizon), spec, device, keys, seed, pack)
         self.sizes: SegmentSizes | None = None
 
     @classmethod
@@ -88,6 +92,7 @@ class RolloutBuffer(RolloutReader):
         device: Any = "cpu",
         keys: RolloutKeys | None = None,
         seed: int | None = None,
+        pack: bool = True,
     ) -> RolloutBuffer:
         """metta's layout: ``[batch_size // bptt_horizon, bptt_horizon]`` segment rows. Threads: a new buffer.
 
@@ -106,22 +111,21 @@ class RolloutBuffer(RolloutReader):
             total_agents, batch_size, bptt_horizon, minibatch_size, max_minibatch_size or minibatch_size
         )
         self = cls.__new__(cls)
-        self._setup(SegmentLayout(total_agents, sizes.segments, bptt_horizon), spec, device, keys, seed)
+        self._setup(SegmentLayout(total_agents, sizes.segments, bptt_horizon), spec, device, keys, seed, pack)
         self.sizes = sizes
         return self
 
-    def _setup(
-        self, layout: TimeLayout | SegmentLayout, spec: Spec | None, device: Any, keys: Any, seed: Any
-    ) -> None:
+    def _setup(self, layout: Any, spec: Spec | None, device: Any, keys: Any, seed: Any, pack: bool) -> None:
         if spec is not None and not isinstance(spec, Spec):
             raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
         self._layout = layout
         self.keys = keys if keys is not None else RolloutKeys()
         self._device = check_device(device)
-        self._storage = TensorStorage(layout.capacity, device=self._device)
+        self._storage = TensorStorage(layout.capacity, device=self._device, pack=pack)
         if spec is not None:
             self._storage.initialize(check_reserved(spec))
-        self._targets = Targets(layout, TensorStorage(layout.capacity, DERIVED, device=self._device))
+        derived = TensorStorage(layout.capacity, DERIVED, device=self._device, pack=pack)
+        self._targets = Targets(layout, derived)
         self._all = np.arange(layout.num_writers)
         self._generation, self._stamp = 0, (0, "")
         self._episode_steps = np.zeros(layout.num_writers, np.int64)
@@ -200,29 +204,9 @@ class RolloutBuffer(RolloutReader):
         if self._storage.spec is None:
             self._storage.initialize(spec)
         self._storage.write(where, flat)
-        self._count_episodes(flat, ids, span)
+        ends = [flat.get(self.keys.terminated), flat.get(self.keys.truncated)]
+        count_ends(self._episode_steps, self._episodes, ends, ids, span)
         self._layout.advance(ids, span)
-
-    def _count_episodes(
-        self, flat: dict[NestedKey, torch.Tensor], ids: np.ndarray, span: tuple[int, int] | None
-    ) -> None:
-        term = flat.get(self.keys.terminated)
-        if term is None:
-            return
-        done = _as_bool(term)
-        trunc = flat.get(self.keys.truncated)
-        if trunc is not None:
-            done = done | _as_bool(trunc)
-        if span is not None:  # consecutive envs: slices instead of fancy indexing
-            self._episode_steps[span[0] : span[1]] += 1
-            ended = span[0] + np.flatnonzero(done)
-        else:
-            self._episode_steps[ids] += 1
-            ended = ids[done]
-        if ended.size:
-            self._episodes[0] += int(ended.size)
-            self._episodes[1] += int(self._episode_steps[ended].sum())
-            self._episode_steps[ended] = 0
 
     def clear(self) -> None:
         """Start the next rollout: cursors to 0, earlier ``"index"`` ids become stale.
@@ -391,9 +375,3 @@ class RolloutBuffer(RolloutReader):
             grids["values"], last_values, final, grids["truncated"]
         )
         return grids
-
-
-def _as_bool(flags: torch.Tensor) -> np.ndarray:
-    """Episode-end flags ``[n]`` (or ``[n, 1]``) as a NumPy bool array (a view when possible)."""
-    arr = (flags if flags.device.type == "cpu" else flags.cpu()).detach().numpy().reshape(-1)
-    return arr if arr.dtype == np.bool_ else arr != 0

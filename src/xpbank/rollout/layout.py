@@ -16,6 +16,7 @@ Layouts hold only counters (NumPy, O(writers) per call, no loop over items).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 
 from xpbank.errors import CapacityError, NotReadyError, check_positive_int
 
-__all__ = ["TimeLayout", "SegmentLayout", "SegmentSizes", "segment_sizes", "span_of"]
+__all__ = ["TimeLayout", "SegmentLayout", "SegmentSizes", "segment_sizes", "span_of", "as_bool", "count_ends"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,8 @@ def segment_sizes(
 def _env_ids(env_ids: object, n: int, what: str) -> np.ndarray:
     """``env_ids`` (slice, range, list, array, tensor, int) as distinct int64 ids in range."""
     if isinstance(env_ids, slice):
-        ids = np.arange(n)[env_ids]
-    elif isinstance(env_ids, torch.Tensor):
+        return np.arange(n)[env_ids]  # distinct and in range by construction
+    if isinstance(env_ids, torch.Tensor):
         ids = env_ids.detach().cpu().numpy().reshape(-1)
     else:
         ids = np.asarray(env_ids).reshape(-1)
@@ -110,6 +111,48 @@ def span_of(ids: np.ndarray, all_ids: np.ndarray) -> tuple[int, int] | None:
     if ids is not all_ids and n > 1 and not (ids[1:] - ids[:-1] == 1).all():
         return None
     return a, a + n
+
+
+def as_bool(flags: torch.Tensor) -> np.ndarray:
+    """Episode-end flags ``[n]`` (or ``[n, 1]``) as a NumPy bool array (a view when possible)."""
+    arr = (flags if flags.device.type == "cpu" else flags.cpu()).detach().numpy().reshape(-1)
+    return arr if arr.dtype == np.bool_ else arr != 0
+
+
+def count_ends(
+    steps: np.ndarray,
+    episodes: list[int],
+    ends: Sequence[torch.Tensor | None],
+    ids: np.ndarray,
+    span: tuple[int, int] | None,
+) -> None:
+    """Count a step of writers ``ids`` (``span`` when consecutive) in ``steps`` and the
+    episodes it ends in ``episodes`` (``[count, total length]``), restarting them. ``ends``:
+    the step's ``(terminated, truncated)`` flags (``None`` where absent; nothing is counted
+    without ``terminated``).
+
+    Example:
+        >>> steps, episodes = np.array([2, 0]), [0, 0]
+        >>> count_ends(steps, episodes, [torch.tensor([True, False]), None], np.arange(2), (0, 2))
+        >>> steps.tolist(), episodes
+        ([0, 1], [1, 3])
+    """
+    if ends[0] is None:
+        return
+    done = as_bool(ends[0])
+    for more in ends[1:]:
+        if more is not None:
+            done = done | as_bool(more)
+    if span is not None:  # consecutive writers: slices instead of fancy indexing
+        steps[span[0] : span[1]] += 1
+        ended = span[0] + np.flatnonzero(done)
+    else:
+        steps[ids] += 1
+        ended = ids[done]
+    if ended.size:
+        episodes[0] += int(ended.size)
+        episodes[1] += int(steps[ended].sum())
+        steps[ended] = 0
 
 
 class TimeLayout:
