@@ -35,7 +35,7 @@ PUBLIC = [
     "BankError", "BankSummary", "BatchTypeError", "BufferChangedError", "BufferTimeoutError",
     "CapacityError", "ChannelError", "Collector", "CorruptBankError", "DeviceError", "EmptyBufferError",
     "EnvContractError", "EpisodeIndex", "EpisodeKeys", "Field", "FrameStorage",
-    "MemmapStorage", "MissingExtraError", "NStep", "NotReadyError", "PrioritizedSampler",
+    "MemmapStorage", "MissingExtraError", "Mixture", "NStep", "NotReadyError", "PrioritizedSampler",
     "PriorityError", "RateLimitTimeout", "RateLimiter", "ReadOnlyError", "RecurrentBatch",
     "ReplayBuffer", "ReplaySink", "RolloutBuffer", "RolloutKeys", "RolloutSink", "Sampler",
     "SequenceSampler", "ShardUnavailableError", "Spec", "SpecError", "StaleIndexError",

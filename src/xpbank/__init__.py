@@ -38,6 +38,7 @@ from xpbank.errors import (
     XpbankIndexError,
 )
 from xpbank.integrations.minari import export_minari, import_minari
+from xpbank.mix import Mixture
 from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
 from xpbank.ring import EpisodeIndex, EpisodeKeys
@@ -128,6 +129,7 @@ __all__ = [
     "ShardUnavailableError",
     "BufferChangedError",
     "RateLimiter",
+    "Mixture",
 ]
 
 
