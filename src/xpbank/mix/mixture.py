@@ -110,6 +110,8 @@ class Mixture:
         else:
             self.generator.seed()
         self._lock = threading.RLock()
+        self._columns: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._plans: dict[tuple[Any, ...], tuple[list[Any], bool]] = {}
 
     def __repr__(self) -> str:
         return f"Mixture(sources={len(self.sources)}, weights={list(self.weights)}, step={self.step})"
@@ -137,10 +139,11 @@ class Mixture:
     def sample(
         self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
     ) -> TensorDict:
-        """Draw ``batch_size`` items: each source's count from its own ``sample(k, replace, fields)``.
+        """Draw ``batch_size`` items: each source's count as its own ``sample(k, replace, fields)``.
 
-        Items are grouped by source, in source order. The returned batch is new memory
-        (each source's ``sample`` copies; the concatenation copies again).
+        Each source draws by its own ``sample`` (its sampler, generator and options such
+        as n-step, under its own lock); the shares are concatenated key by key. Items
+        are grouped by source, in source order. The returned batch is new memory (never aliases a source).
 
         Raises:
             EmptyBufferError: a source with a share of this batch holds nothing.
@@ -153,7 +156,7 @@ class Mixture:
         with self._lock:
             counts = self._draw_counts(batch_size)
             self._check_sources(counts, replace)  # before any source draws
-            parts = [(s, self.sources[s].sample(k, replace, fields)) for s, k in enumerate(counts) if k]
+            parts = [_flat(s, self.sources[s].sample(k, replace, fields)) for s, k in enumerate(counts) if k]
             batch = self._concat(parts, counts)
             self.step += 1
             return batch
@@ -181,37 +184,71 @@ class Mixture:
                 if keys != specs[0][1]:
                     _refuse_keys(specs[0], (s, keys))
 
-    def _concat(self, parts: list[tuple[int, TensorDict]], counts: list[int]) -> TensorDict:
-        flats = [(s, dict(td.items(include_nested=True, leaves_only=True))) for s, td in parts]
-        tails = {tuple(td.batch_size[1:]) for _, td in parts}
+    def _concat(
+        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]], counts: list[int]
+    ) -> TensorDict:
+        tails = {shape[1:] for _, _, shape in parts}
         if len(tails) > 1:
             raise SpecError(
                 f"sample: the sources' batches differ in shape beyond the item dim: {sorted(tails)}"
             )
-        weighted = any("weight" in flat for _, flat in flats)
-        key_sets = [(s, set(flat) - {"weight"}) for s, flat in flats]
+        # which keys to keep, checked once per (sources, their keys): a source's keys,
+        # shapes and dtypes are fixed by its spec, its sampler and the fields asked for
+        signature = tuple((s, tuple(flat)) for s, flat, _ in parts)
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = self._plans[signature] = self._plan(parts)
+        kept, weighted = plan
+        flats = [flat for _, flat, _ in parts]
+        if len(flats) == 1:
+            out = {key: flats[0][key] for key in kept}
+        else:
+            out = {key: torch.cat([flat[key] for flat in flats]) for key in kept}
+        batch_size = (sum(counts), *next(iter(tails)))
+        device = out["index"].device
+        if weighted:
+            out["weight"] = torch.cat(
+                [
+                    flat["weight"]
+                    if "weight" in flat
+                    else torch.ones(shape, dtype=torch.float32, device=device)
+                    for _, flat, shape in parts
+                ]
+            )
+        out["source"] = self._source_column(counts, batch_size, device)
+        return to_tensordict(out, batch_size, device)
+
+    def _plan(
+        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]]
+    ) -> tuple[list[Any], bool]:
+        """The keys a batch of these shares keeps (and whether it has weights), checked."""
+        weighted = any("weight" in flat for _, flat, _ in parts)
+        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _ in parts]
         if self.keys == "same":
             for s, keys in key_sets[1:]:
                 if keys != key_sets[0][1]:
                     _refuse_keys(key_sets[0], (s, keys))
-        kept = [k for k in flats[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
-        out: dict[Any, torch.Tensor] = {}
+        kept = [k for k in parts[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
         for key in kept:
-            values = [flat[key] for _, flat in flats]
-            _check_same(key, [(s, v) for (s, _), v in zip(flats, values, strict=True)])
-            out[key] = torch.cat(values) if len(values) > 1 else values[0]
-        batch_size = (sum(counts), *next(iter(tails)))
-        device = parts[0][1].device
-        if weighted:
-            ones = {
-                s: torch.ones(flat["index"].shape, dtype=torch.float32, device=device) for s, flat in flats
-            }
-            out["weight"] = torch.cat([flat.get("weight", ones[s]) for s, flat in flats])
-        sources = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-        if len(batch_size) > 1:
-            sources = sources.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
-        out["source"] = sources.to(device)
-        return to_tensordict(out, batch_size, device)
+            _check_same(key, [(s, flat[key]) for s, flat, _ in parts])
+        if len(self._plans) >= 64:
+            self._plans.clear()
+        return kept, weighted
+
+    def _source_column(
+        self, counts: list[int], batch_size: tuple[int, ...], device: torch.device
+    ) -> torch.Tensor:
+        """The ``"source"`` entry: made once per distinct counts, copied per batch (never shared)."""
+        key = (tuple(counts), batch_size, str(device))
+        column = self._columns.get(key)
+        if column is None:
+            if len(self._columns) >= 64:  # schedules give many counts: keep the cache small
+                self._columns.clear()
+            column = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+            if len(batch_size) > 1:
+                column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
+            column = self._columns[key] = column.to(device).contiguous()
+        return column.clone()
 
     # -- updates ----------------------------------------------------------------
     def update(self, source: Any, indices: Any, values: Any) -> None:
@@ -347,6 +384,10 @@ def _refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> No
         f"sample: sources {a} and {b} give different keys (only in {a}: {sorted(map(str, ka - kb))}, "
         f"only in {b}: {sorted(map(str, kb - ka))}); pass keys='common' to keep the shared ones"
     )
+
+
+def _flat(s: int, td: TensorDict) -> tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]:
+    return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size)
 
 
 def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
