@@ -323,3 +323,47 @@ def test_load_state_of_another_mixture_is_refused() -> None:
         mix.load_state_dict(other.state_dict())
     with pytest.raises(xpbank.BankError, match=r"no 'xpbank\.mix' entry"):
         mix.load_saved(_buffer(4, 0, 0))
+
+
+# -- sources with their own options ---------------------------------------------------------
+def _transitions(n: int, offset: float) -> dict[str, torch.Tensor]:
+    obs = torch.arange(n, dtype=torch.float32) + offset
+    terminated = torch.zeros(n, dtype=torch.bool)
+    terminated[n // 2 - 1] = True
+    return {"obs": obs, "next_obs": obs + 1, "reward": torch.ones(n), "terminated": terminated}
+
+
+def test_nstep_sources_keep_their_own_targets() -> None:
+    def nstep(seed: int, n: int, offset: float) -> xpbank.ReplayBuffer:
+        rb = xpbank.ReplayBuffer(100, num_envs=1, nstep=xpbank.NStep(n, 0.5), seed=seed)
+        rb.extend(_transitions(20, offset))
+        return rb
+
+    a, b = nstep(0, 3, 0.0), nstep(1, 2, 100.0)
+    twin_a, twin_b = nstep(0, 3, 0.0), nstep(1, 2, 100.0)
+    batch = Mixture([a, b], [1, 1]).sample(16)
+    direct = [twin_a.sample(8), twin_b.sample(8)]
+    for key in ("index", "nstep_return", "nstep_discount", "next_obs", "obs"):
+        assert torch.equal(batch[key], torch.cat([d[key] for d in direct])), key
+    plain = xpbank.ReplayBuffer(100, seed=2)
+    plain.extend(_transitions(20, 0.0))
+    with pytest.raises(
+        xpbank.SpecError,
+        match=r"only in 0: \['nstep_discount', 'nstep_return', 'nstep_steps', 'nstep_terminated'\], "
+        r"only in 1: \[\]",
+    ):
+        Mixture([a, plain], [1, 1]).sample(4)
+
+
+def test_sequence_sources_give_windows_and_a_source_per_step() -> None:
+    def seq(seed: int, offset: float) -> xpbank.ReplayBuffer:
+        rb = xpbank.ReplayBuffer(100, num_envs=1, sampler=xpbank.SequenceSampler(4), seed=seed)
+        rb.extend(_transitions(30, offset))
+        return rb
+
+    batch = Mixture([seq(0, 0.0), seq(1, 100.0)], [3, 1]).sample(8)
+    assert tuple(batch.batch_size) == (8, 4)
+    assert torch.equal(batch["source"], torch.tensor([0] * 6 + [1] * 2)[:, None].expand(8, 4))
+    assert bool((batch["obs"][6:] >= 100).all()) and bool((batch["obs"][:6] < 100).all())
+    with pytest.raises(xpbank.SpecError, match="differ in shape beyond the item dim"):
+        Mixture([seq(0, 0.0), _buffer(10, 0.0, 0)], [1, 1], keys="common").sample(4)
