@@ -39,6 +39,7 @@ from xpbank.errors import (
 )
 from xpbank.her import HerSampler
 from xpbank.integrations.minari import export_minari, import_minari
+from xpbank.mix import Mixture
 from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
 from xpbank.replay import ReplayBuffer
 from xpbank.ring import EpisodeIndex, EpisodeKeys
@@ -130,6 +131,7 @@ __all__ = [
     "ShardUnavailableError",
     "BufferChangedError",
     "RateLimiter",
+    "Mixture",
 ]
 
 

@@ -1,0 +1,150 @@
+"""Mixed sampling: a batch of 256 from two sources against the two sub-samples taken directly.
+
+Run from the repository root::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_mix.py [--quick] [--threads 1] [--json PATH]
+
+Two sources of SAC-style transitions (obs and next_obs of 17 float32, action of 6, reward,
+terminated, truncated), ``--items`` each. Timed, interleaved round by round in one process:
+``Mixture([a, b], [0.5, 0.5]).sample(256)`` against ``a.sample(128)`` plus ``b.sample(128)``
+(what the mixture calls, without the concatenation and ``"source"``), for uniform sources,
+prioritized ones, and an offline source that is a bank opened ``"r"`` (memmap, page cache
+warm). A raw-tensor baseline (``randint`` + ``index_select`` over plain tensors of both
+sources, then ``cat``) bounds what any mixer over these layouts can cost. The ratio per
+round is mixture / direct; the table shows its median and range over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from _common import environment, fmt_us, log, markdown_table, median, report, settle
+from xpbank import Mixture, PrioritizedSampler, ReplayBuffer, open_bank, save
+
+FIELDS = {"obs": (17,), "next_obs": (17,), "action": (6,), "reward": (), "terminated": (), "truncated": ()}
+
+
+def _data(n: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    data = {k: torch.randn(n, *shape, generator=g) for k, shape in FIELDS.items()}
+    data["terminated"] = data["terminated"] > 1.5
+    data["truncated"] = data["truncated"] > 2.0
+    return data
+
+
+def _buffer(n: int, seed: int, prioritized: bool) -> ReplayBuffer:
+    rb = ReplayBuffer(n, seed=seed, sampler=PrioritizedSampler() if prioritized else None)
+    rb.extend(_data(n, seed))
+    if prioritized:
+        rb.update_priority(
+            torch.arange(n), torch.rand(n, generator=torch.Generator().manual_seed(seed)) + 0.1
+        )
+    return rb
+
+
+def _raw(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], half: int) -> Callable[[], object]:
+    n_a, n_b = len(a["obs"]), len(b["obs"])
+    g = torch.Generator().manual_seed(0)
+
+    def sample() -> dict[str, torch.Tensor]:
+        ia = torch.randint(n_a, (half,), generator=g)
+        ib = torch.randint(n_b, (half,), generator=g)
+        return {k: torch.cat([a[k].index_select(0, ia), b[k].index_select(0, ib)]) for k in a}
+
+    return sample
+
+
+def _block(fn: Callable[[], object], calls: int) -> float:
+    settle()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def run_case(name: str, a: ReplayBuffer, b: ReplayBuffer, args: argparse.Namespace) -> list[str]:
+    half = args.batch // 2
+    mix = Mixture([a, b], [0.5, 0.5], seed=0)
+    fns = {
+        "mixture": lambda: mix.sample(args.batch),
+        "direct": lambda: (a.sample(half), b.sample(args.batch - half)),
+    }
+    for fn in fns.values():  # warm up (page cache, allocator)
+        for _ in range(20):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for k, fn in fns.items():
+            times[k].append(_block(fn, args.calls))
+    ratios = [m / d for m, d in zip(times["mixture"], times["direct"], strict=True)]
+    log(f"{name}: ratios {[round(r, 3) for r in ratios]}")
+    return [
+        name,
+        fmt_us(median(times["mixture"])),
+        fmt_us(median(times["direct"])),
+        f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="10k items per source, few rounds (seconds)")
+    p.add_argument("--items", type=int, default=None, help="items per source (default 200k; quick 10k)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200; quick 50)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15; quick 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    args.items = args.items or (10_000 if args.quick else 200_000)
+    args.calls = args.calls or (50 if args.quick else 200)
+    args.rounds = args.rounds or (3 if args.quick else 15)
+    torch.set_num_threads(args.threads)
+    env = environment({"xpbank": "src"})
+    rows = []
+    a, b = _buffer(args.items, 0, False), _buffer(args.items, 1, False)
+    rows.append(run_case("uniform + uniform (memory)", a, b, args))
+    with tempfile.TemporaryDirectory() as tmp:
+        bank = open_bank(save(b, f"{tmp}/offline"), "r")
+        rows.append(run_case("uniform (memory) + bank opened 'r' (memmap)", a, bank, args))
+    rows.append(
+        run_case(
+            "prioritized + prioritized", _buffer(args.items, 2, True), _buffer(args.items, 3, True), args
+        )
+    )
+    raw = _raw(_data(args.items, 0), _data(args.items, 1), args.batch // 2)
+    raw_t = median([_block(raw, args.calls) for _ in range(args.rounds)])
+    rows.append(["raw tensors: randint + index_select + cat (floor)", fmt_us(raw_t), "-", "-"])
+    headers = ["sources", "Mixture.sample(256)", "two sub-samples (128 + 128)", "ratio median (range)"]
+    notes = (
+        f"{args.items} items per source, {args.rounds} interleaved rounds of {args.calls} calls, "
+        f"threads {args.threads}; ratio per round = mixture / direct; target <= 1.2x"
+    )
+    lines = [notes, "", markdown_table(headers, rows)]
+    results = {
+        "benchmark": "bench_mix",
+        "command": "python benchmarks/bench_mix.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "environment": env,
+        "tables": [
+            {
+                "title": "Mixed sample of 256 from two sources",
+                "headers": headers,
+                "rows": rows,
+                "notes": notes,
+            }
+        ],
+    }
+    return report(lines, results, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

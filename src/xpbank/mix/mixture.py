@@ -1,0 +1,400 @@
+"""``Mixture``: batches drawn from several buffers and banks in set proportions.
+
+A sampling-time composition: each source is a :class:`~xpbank.ReplayBuffer` (a live
+buffer, or a bank opened with ``xpbank.open_bank(path, "r")``: memory-mapped, so a
+large offline dataset is read page by page as sampled, never loaded) and keeps its own
+sampler, n-step option and RNG. The mixture only decides how many items each source
+gives to a batch, calls each source's ``sample(k)``, and concatenates the results.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from xpbank.errors import BankError, CapacityError, DeviceError, EmptyBufferError, PriorityError, SpecError
+from xpbank.mix import routing
+from xpbank.mix.schedule import Constant, Linear, Schedule, as_schedule, split_counts
+from xpbank.replay import ReplayBuffer
+from xpbank.spec.batch import to_tensordict
+
+__all__ = ["Mixture", "METADATA_KEY"]
+
+METADATA_KEY = "xpbank.mix"  # where Mixture.save puts the mixture's state in a bank's metadata
+
+
+class Mixture:
+    """Batches that hold a set share of items from each of several sources.
+
+    Every batch holds exactly ``split_counts(weights at this step, batch_size)`` items
+    from each source (largest-remainder rounding, see
+    :func:`~xpbank.mix.schedule.split_counts`), in source order, not a coin flip per
+    item (``exact=False`` asks for one: counts drawn from a multinomial with the
+    mixture's generator). The step is the number of ``sample`` calls made so far; a
+    schedule such as ``Linear(0.5, 0.0, steps=N)`` anneals a source's weight over N
+    batches. Weights are relative: they are divided by their sum at each step.
+
+    A batch carries the sources' own entries plus ``"source"`` (int64, the source
+    number of each item) and ``"index"`` (each item's id in its own source): pass both
+    back to :meth:`update` and :meth:`update_priority`.
+
+    **Importance weights**: when a source's sampler adds ``"weight"`` (a prioritized
+    one), its items keep that weight exactly as the source computed it (normalized
+    within the source); items of the other sources get 1.0. The mixing proportions are
+    chosen by the user, not a sampling bias to correct, and each source's sub-batch
+    stays an unbiased estimate of that source's loss, as if sampled alone.
+
+    **Keys**: ``keys="same"`` (default) refuses sources whose batches differ in keys;
+    ``keys="common"`` keeps only the keys every source's batch has. A key kept from
+    several sources must have the same shape and dtype in each.
+
+    Args:
+        sources: the buffers; a path is opened with ``xpbank.open_bank(path, "r")``.
+        weights: one per source: a number >= 0, :class:`Constant` or :class:`Linear`.
+        seed: seeds the mixture's own generator (used by ``exact=False`` only; each
+            source samples with its own generator, seeded at its construction).
+        exact: exact counts per batch (default) or a multinomial draw per batch.
+        keys: ``"same"`` or ``"common"`` (above).
+
+    Example:
+        >>> import torch, xpbank
+        >>> from xpbank.mix import Linear
+        >>> online = xpbank.ReplayBuffer(100, seed=0)
+        >>> _ = online.extend({"x": torch.zeros(10)})
+        >>> offline = xpbank.ReplayBuffer(100, seed=1)
+        >>> _ = offline.extend({"x": torch.ones(50)})
+        >>> mix = xpbank.Mixture([online, offline], [Linear(0.5, 1.0, steps=10), Linear(0.5, 0.0, steps=10)])
+        >>> batch = mix.sample(8)
+        >>> batch["source"].tolist()
+        [0, 0, 0, 0, 1, 1, 1, 1]
+        >>> mix.counts(8)  # the next batch's counts (step 1)
+        [4, 4]
+        >>> mix.update(batch["source"], batch["index"], {"x": torch.full((8,), 2.0)})
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[ReplayBuffer | str | os.PathLike[str]],
+        weights: Sequence[float | Schedule],
+        *,
+        seed: int | None = None,
+        exact: bool = True,
+        keys: str = "same",
+    ) -> None:
+        if len(sources) == 0:
+            raise CapacityError("sources: expected at least one source, got none")
+        if len(weights) != len(sources):
+            raise CapacityError(f"weights: expected one per source ({len(sources)}), got {len(weights)}")
+        if keys not in ("same", "common"):
+            raise SpecError(f"keys: expected 'same' or 'common', got {keys!r}")
+        self.sources: tuple[ReplayBuffer, ...] = tuple(_open(s, i) for i, s in enumerate(sources))
+        devices = {str(rb.device) for rb in self.sources}
+        if len(devices) > 1:
+            raise DeviceError(f"sources: expected one device, got {sorted(devices)}")
+        self.weights: tuple[Schedule, ...] = tuple(
+            as_schedule(w, f"weights[{i}]") for i, w in enumerate(weights)
+        )
+        self.exact = bool(exact)
+        self.keys = keys
+        self.step = 0
+        self.generator = torch.Generator()
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        else:
+            self.generator.seed()
+        self._lock = threading.RLock()
+        self._columns: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._plans: dict[tuple[Any, ...], tuple[list[Any], bool]] = {}
+
+    def __repr__(self) -> str:
+        return f"Mixture(sources={len(self.sources)}, weights={list(self.weights)}, step={self.step})"
+
+    # -- counts -----------------------------------------------------------------
+    def fractions(self, step: int | None = None) -> list[float]:
+        """Each source's share of a batch at ``step`` (default: the next batch's)."""
+        w = np.array([s(self.step if step is None else step) for s in self.weights], dtype=np.float64)
+        if not w.sum() > 0:
+            raise CapacityError(f"weights: every weight is 0 at step {self.step if step is None else step}")
+        return [float(f) for f in w / w.sum()]
+
+    def counts(self, batch_size: int) -> list[int]:
+        """The items each source gives to the next batch (``exact=True``; no state changes)."""
+        return split_counts([s(self.step) for s in self.weights], batch_size)
+
+    def _draw_counts(self, batch_size: int) -> list[int]:
+        if self.exact:
+            return self.counts(batch_size)
+        p = torch.tensor(self.fractions(), dtype=torch.float64)
+        drawn = torch.multinomial(p, batch_size, replacement=True, generator=self.generator)
+        return [int(c) for c in torch.bincount(drawn, minlength=len(self.sources))]
+
+    # -- sampling ---------------------------------------------------------------
+    def sample(
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+    ) -> TensorDict:
+        """Draw ``batch_size`` items: each source's count as its own ``sample(k, replace, fields)``.
+
+        Each source draws by its own ``sample`` (its sampler, generator and options such
+        as n-step, under its own lock); the shares are concatenated key by key. Items
+        are grouped by source, in source order. The returned batch is new memory (never aliases a source).
+
+        Raises:
+            EmptyBufferError: a source with a share of this batch holds nothing.
+            CapacityError: ``replace=False`` and a source holds fewer items than its share.
+            SpecError: the sources' batches differ in keys (``keys="same"``), or a kept
+                key differs in shape or dtype between sources.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise CapacityError(f"batch_size: expected an int > 0, got {batch_size!r}")
+        with self._lock:
+            counts = self._draw_counts(batch_size)
+            self._check_sources(counts, replace)  # before any source draws
+            parts = [_flat(s, self.sources[s].sample(k, replace, fields)) for s, k in enumerate(counts) if k]
+            batch = self._concat(parts, counts)
+            self.step += 1
+            return batch
+
+    def _check_sources(self, counts: list[int], replace: bool) -> None:
+        for s, k in enumerate(counts):
+            if not k:
+                continue
+            n = len(self.sources[s])
+            if n == 0:
+                raise EmptyBufferError(
+                    f"sample: source {s} is empty but its weight gives it {k} items of this batch; "
+                    "fill it first or give it weight 0"
+                )
+            if not replace and k > n:
+                raise CapacityError(
+                    f"sample: source {s}: {k} distinct items asked for (replace=False), "
+                    f"but only {n} are stored"
+                )
+        if self.keys == "same":
+            specs = [
+                (s, set(spec.keyset)) for s, k in enumerate(counts) if k and (spec := self.sources[s].spec)
+            ]
+            for s, keys in specs[1:]:
+                if keys != specs[0][1]:
+                    _refuse_keys(specs[0], (s, keys))
+
+    def _concat(
+        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]], counts: list[int]
+    ) -> TensorDict:
+        tails = {shape[1:] for _, _, shape in parts}
+        if len(tails) > 1:
+            raise SpecError(
+                f"sample: the sources' batches differ in shape beyond the item dim: {sorted(tails)}"
+            )
+        # which keys to keep, checked once per (sources, their keys): a source's keys,
+        # shapes and dtypes are fixed by its spec, its sampler and the fields asked for
+        signature = tuple((s, tuple(flat)) for s, flat, _ in parts)
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = self._plans[signature] = self._plan(parts)
+        kept, weighted = plan
+        flats = [flat for _, flat, _ in parts]
+        if len(flats) == 1:
+            out = {key: flats[0][key] for key in kept}
+        else:
+            out = {key: torch.cat([flat[key] for flat in flats]) for key in kept}
+        batch_size = (sum(counts), *next(iter(tails)))
+        device = out["index"].device
+        if weighted:
+            out["weight"] = torch.cat(
+                [
+                    flat["weight"]
+                    if "weight" in flat
+                    else torch.ones(shape, dtype=torch.float32, device=device)
+                    for _, flat, shape in parts
+                ]
+            )
+        out["source"] = self._source_column(counts, batch_size, device)
+        return to_tensordict(out, batch_size, device)
+
+    def _plan(
+        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]]
+    ) -> tuple[list[Any], bool]:
+        """The keys a batch of these shares keeps (and whether it has weights), checked."""
+        weighted = any("weight" in flat for _, flat, _ in parts)
+        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _ in parts]
+        if self.keys == "same":
+            for s, keys in key_sets[1:]:
+                if keys != key_sets[0][1]:
+                    _refuse_keys(key_sets[0], (s, keys))
+        kept = [k for k in parts[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
+        for key in kept:
+            _check_same(key, [(s, flat[key]) for s, flat, _ in parts])
+        if len(self._plans) >= 64:
+            self._plans.clear()
+        return kept, weighted
+
+    def _source_column(
+        self, counts: list[int], batch_size: tuple[int, ...], device: torch.device
+    ) -> torch.Tensor:
+        """The ``"source"`` entry: made once per distinct counts, copied per batch (never shared)."""
+        key = (tuple(counts), batch_size, str(device))
+        column = self._columns.get(key)
+        if column is None:
+            if len(self._columns) >= 64:  # schedules give many counts: keep the cache small
+                self._columns.clear()
+            column = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+            if len(batch_size) > 1:
+                column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
+            column = self._columns[key] = column.to(device).contiguous()
+        return column.clone()
+
+    # -- updates ----------------------------------------------------------------
+    def update(self, source: Any, indices: Any, values: Any) -> None:
+        """Write ``values`` back to the items ``(source, indices)`` of a mixed batch.
+
+        Rows are split by ``source`` and passed to each source's
+        :meth:`~xpbank.ReplayBuffer.update`; the Mixture's ``"source"`` and ``"weight"``
+        entries are dropped, so a uniform mixed batch can be passed back whole.
+        Every involved source's lock is held for the whole call, and the ids (stale or
+        not), read-only sources, row counts and keys of every source are checked before
+        any source is written: a refused call writes nothing.
+
+        Raises:
+            ReadOnlyError: a row of a source that is a bank opened ``"r"``.
+            StaleIndexError: an id overwritten or cleared since it was sampled.
+            SpecError: a key that source does not store; not one row per index.
+        """
+        split = routing.split_by_source(source, indices, len(self.sources))
+        ids = routing._as_int_array(indices, "indices")
+        involved = [self.sources[s] for s in sorted(split)]
+        with routing.all_locks(involved):
+            plans = []
+            for s, pos in sorted(split.items()):
+                rb = self.sources[s]
+                routing.check_writable(rb, s)
+                if rb.spec is None:
+                    raise EmptyBufferError(f"update: source {s} is empty; nothing was updated")
+                rb._ring.slots_of_ids(ids[pos])  # raises on stale ids, writes nothing
+                plans.append((rb, ids[pos], routing.rows_of(values, pos, ids.shape[0], rb, s)))
+            for rb, sub_ids, rows in plans:
+                rb.update(sub_ids, rows)
+
+    def update_priority(self, source: Any, indices: Any, priorities: Any, stale: str = "raise") -> None:
+        """Set priorities of the items ``(source, indices)``, each in its own source.
+
+        Every involved source must keep priorities (a prioritized sampler). With
+        ``stale="raise"`` every id of every source is checked before any priority is
+        written; ``"skip"`` drops stale ids, as :meth:`ReplayBuffer.update_priority`.
+
+        Raises:
+            PriorityError: a source without priorities; NaN, infinite or negative
+                priorities, or not one per index; ``stale`` not ``"raise"``/``"skip"``.
+            StaleIndexError: (``stale="raise"``) an overwritten or cleared id.
+        """
+        if stale not in ("raise", "skip"):
+            raise PriorityError(f"stale: expected 'raise' or 'skip', got {stale!r}")
+        split = routing.split_by_source(source, indices, len(self.sources))
+        ids = routing._as_int_array(indices, "indices")
+        p = routing.check_priorities(priorities, ids.shape[0])
+        with routing.all_locks([self.sources[s] for s in sorted(split)]):
+            for s in sorted(split):
+                rb = self.sources[s]
+                if getattr(rb.sampler, "update_priority", None) is None:
+                    raise PriorityError(
+                        f"update_priority: source {s} ({rb.sampler!r}) keeps no priorities; "
+                        "nothing was written"
+                    )
+                if stale == "raise":
+                    rb._ring.slots_of_ids(ids[split[s]])
+            for s, pos in sorted(split.items()):
+                self.sources[s].update_priority(ids[pos], p[pos], stale)
+
+    # -- state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The mixture's own state: its step and generator (JSON-able).
+
+        The sources' states (their items, samplers and generators) are their own
+        ``state_dict()``s or banks: restore those too to resume a run bit for bit.
+        """
+        with self._lock:
+            return {
+                "step": self.step,
+                "generator": bytes(self.generator.get_state().numpy()).hex(),
+                "weights": [_describe(w) for w in self.weights],
+                "exact": self.exact,
+                "keys": self.keys,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` (of a mixture with the same weights)."""
+        if [_describe(w) for w in self.weights] != state.get("weights"):
+            raise SpecError(
+                f"load_state_dict: saved with weights {state.get('weights')}, this mixture has "
+                f"{[_describe(w) for w in self.weights]}"
+            )
+        raw = np.frombuffer(bytes.fromhex(state["generator"]), dtype=np.uint8).copy()
+        with self._lock:
+            self.generator.set_state(torch.from_numpy(raw))
+            self.step = int(state["step"])
+
+    def save(self, path: str | os.PathLike[str], source: int = 0) -> Path:
+        """Save source ``source`` as a bank at ``path``, with this mixture's state in its
+        ``metadata`` under ``"xpbank.mix"`` (other metadata of that source's bank kept).
+
+        Reload with ``xpbank.load(path)`` (or ``open_bank``) and :meth:`load_saved`.
+        """
+        from xpbank.bank import bank_metadata, save
+
+        rb = self.sources[source]
+        return save(rb, path, metadata={**bank_metadata(rb), METADATA_KEY: self.state_dict()})
+
+    def load_saved(self, bank: ReplayBuffer) -> None:
+        """Resume from the state :meth:`save` put in ``bank``'s metadata (a loaded or opened bank)."""
+        from xpbank.bank import bank_metadata
+
+        state = bank_metadata(bank).get(METADATA_KEY)
+        if state is None:
+            raise BankError(
+                f"load_saved: the bank's metadata holds no {METADATA_KEY!r} entry (not saved by Mixture.save)"
+            )
+        self.load_state_dict(state)
+
+
+def _open(source: Any, i: int) -> ReplayBuffer:
+    if isinstance(source, ReplayBuffer):
+        return source
+    if isinstance(source, str | os.PathLike):
+        from xpbank.bank import open_bank
+
+        return open_bank(source, "r")
+    raise SpecError(f"sources[{i}]: expected a ReplayBuffer or a bank path, got {type(source).__name__}")
+
+
+def _describe(w: Schedule) -> list[Any]:
+    if isinstance(w, Linear):
+        return ["linear", w.start, w.end, w.steps]
+    return ["constant", w.value] if isinstance(w, Constant) else [repr(w)]
+
+
+def _refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> None:
+    (a, ka), (b, kb) = first, other
+    raise SpecError(
+        f"sample: sources {a} and {b} give different keys (only in {a}: {sorted(map(str, ka - kb))}, "
+        f"only in {b}: {sorted(map(str, kb - ka))}); pass keys='common' to keep the shared ones"
+    )
+
+
+def _flat(s: int, td: TensorDict) -> tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]:
+    return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size)
+
+
+def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
+    s0, v0 = values[0]
+    for s, v in values[1:]:
+        if v.shape[1:] != v0.shape[1:] or v.dtype != v0.dtype:
+            raise SpecError(
+                f"sample: field {key!r}: source {s0} gives {tuple(v0.shape[1:])} {v0.dtype}, "
+                f"source {s} gives {tuple(v.shape[1:])} {v.dtype}"
+            )
