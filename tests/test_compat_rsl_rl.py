@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.compat.rsl_rl import Batch, RolloutStorage, Transition
-from xpbank.errors import CapacityError, NotReadyError, SpecError
+from xpbank.errors import BufferChangedError, CapacityError, NotReadyError, SpecError
 
 rsl_storage = pytest.importorskip("rsl_rl.storage")
 Ref = rsl_storage.RolloutStorage
@@ -519,7 +519,7 @@ def test_clear_during_iteration_raises_at_the_next_minibatch():
     for gen in (ours.mini_batch_generator(2, 2), ours.recurrent_mini_batch_generator(2, 2)):
         next(gen)
         ours.clear()
-        with pytest.raises(RuntimeError, match="cleared during iteration"):
+        with pytest.raises(BufferChangedError, match="cleared during iteration"):
             next(gen)
         for tr in _transitions(recurrent=True):
             ours.add_transition(tr)

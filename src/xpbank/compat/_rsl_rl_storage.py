@@ -20,7 +20,7 @@ from xpbank.compat._rsl_rl_steps import (
 )
 from xpbank.compat._rsl_rl_types import Batch, Transition
 from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Attribute, Views
-from xpbank.errors import NotReadyError, SpecError, check_positive_int
+from xpbank.errors import BufferChangedError, NotReadyError, SpecError, check_positive_int
 from xpbank.rollout import RolloutBuffer, RolloutKeys
 from xpbank.rollout.minibatch import flat_plan
 from xpbank.spec.spec import Field, NestedKey, Spec
@@ -315,7 +315,7 @@ class RolloutStorage:
 
         def check() -> None:
             if self._clears != clears:
-                raise RuntimeError("minibatches: the storage was cleared during iteration")
+                raise BufferChangedError("minibatches: the storage was cleared during iteration")
 
         return check
 
