@@ -205,11 +205,13 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     ids = [ring.ids_of_slots(s) for s in drawn]
     items = [i[:m].numpy() for i in ids]
     draws = [torch.rand(m, generator=gen, dtype=torch.float64).numpy() for _ in range(calls)]
-    goals = [choose_goals(ring.episodes, ring, i, "future", u, stride) for i, u in zip(items, draws, strict=True)]
+    pairs = zip(items, draws, strict=True)
+    goals = [choose_goals(ring.episodes, ring, i, "future", u, stride) for i, u in pairs]
     flats = [st.gather(s) for s in drawn]
     achieved_key = keys["next_achieved"]
     achieved = [f[achieved_key].numpy()[:m] for f in flats]
-    goal_rows = [st.gather(torch.from_numpy(g % ring.capacity), [achieved_key])[achieved_key].numpy() for g in goals]
+    goal_slots = [torch.from_numpy(g % ring.capacity) for g in goals]
+    goal_rows = [st.gather(g, [achieved_key])[achieved_key].numpy() for g in goal_slots]
     tag = {"her_goal": torch.full((BATCH,), -1)}
     phases: dict[str, Callable[[int], object]] = {
         "whole uniform sample": lambda i: uniform.sample(BATCH),
@@ -225,7 +227,9 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
             st, ring, keys, flats[i], items[i], goals[i], compute_reward, None, (), None
         ),
         "    of which the user's compute_reward": lambda i: compute_reward(achieved[i], goal_rows[i], None),
-        "  assemble the batch (TensorDict)": lambda i: gather(her, drawn[i], ids[i], None, tag, dict(flats[i])),
+        "  assemble the batch (TensorDict)": lambda i: gather(
+            her, drawn[i], ids[i], None, tag, dict(flats[i])
+        ),
     }
     times: dict[str, list[float]] = {k: [] for k in phases}
     for r in range(rounds):
