@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fastest_block, fmt_us, freeze_heap, log, markdown_table, report
+from _common import environment, fastest_block, fmt_us, freeze_heap, log, markdown_table, report, time_calls
 from xpbank import NStep, ReplayBuffer
 from xpbank.her import HerSampler
 
@@ -184,6 +184,73 @@ def run(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, 
     return rows, times
 
 
+def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, list[float]]]:
+    """One HER sample(256) split into its phases, each timed over the same ``calls``
+    pre-drawn batches (fresh random items per call, as a real sample), interleaved with
+    whole uniform and HER samples; the phases call the functions ``HerSampler`` calls."""
+    from xpbank.her.goals import choose_goals
+    from xpbank.her.relabel import relabel
+    from xpbank.replay.reading import gather
+
+    data = make_data(size)
+    uniform = xpbank_buffer(data, None)
+    sampler = HerSampler(n_sampled_goal=4, strategy="future", compute_reward=compute_reward)
+    her = xpbank_buffer(data, sampler)
+    her.sample(BATCH)  # resolves the goal keys, catches up the episode ends
+    st, ring, gen = her._storage, her._ring, her._generator
+    resolved = sampler._resolved
+    assert resolved is not None
+    keys, stride, m = resolved[1], resolved[2], int(sampler.relabel_fraction * BATCH)
+    drawn = [sampler.sample(ring, BATCH, gen)[0] for _ in range(calls)]
+    ids = [ring.ids_of_slots(s) for s in drawn]
+    items = [i[:m].numpy() for i in ids]
+    draws = [torch.rand(m, generator=gen, dtype=torch.float64).numpy() for _ in range(calls)]
+    pairs = zip(items, draws, strict=True)
+    goals = [choose_goals(ring.episodes, ring, i, "future", u, stride) for i, u in pairs]
+    flats = [st.gather(s) for s in drawn]
+    achieved_key = keys["next_achieved"]
+    achieved = [f[achieved_key].numpy()[:m] for f in flats]
+    goal_slots = [torch.from_numpy(g % ring.capacity) for g in goals]
+    goal_rows = [st.gather(g, [achieved_key])[achieved_key].numpy() for g in goal_slots]
+    tag = {"her_goal": torch.full((BATCH,), -1)}
+    phases: dict[str, Callable[[int], object]] = {
+        "whole uniform sample": lambda i: uniform.sample(BATCH),
+        "whole HER sample": lambda i: her.sample(BATCH),
+        "  base sampler: draw slots": lambda i: sampler.base.sample(ring, BATCH, gen, True),
+        "  ids of slots": lambda i: ring.ids_of_slots(drawn[i]),
+        "  read the items (storage.gather)": lambda i: st.gather(drawn[i]),
+        "  HER: draw the offsets (torch.rand)": lambda i: torch.rand(m, generator=gen, dtype=torch.float64),
+        "  HER: choose goals (episode ends)": lambda i: choose_goals(
+            ring.episodes, ring, items[i], "future", draws[i], stride
+        ),
+        "  HER: relabel rows (read goals, reward, write)": lambda i: relabel(
+            st, ring, keys, flats[i], items[i], goals[i], compute_reward, None, (), None
+        ),
+        "    of which the user's compute_reward": lambda i: compute_reward(achieved[i], goal_rows[i], None),
+        "  assemble the batch (TensorDict)": lambda i: gather(
+            her, drawn[i], ids[i], None, tag, dict(flats[i])
+        ),
+    }
+    times: dict[str, list[float]] = {k: [] for k in phases}
+    for r in range(rounds):
+        for name, fn in phases.items():
+            times[name].append(time_calls(fn, range(calls), calls) / calls)
+        log(f"profile round {r + 1}/{rounds}")
+    base = np.array(times["whole uniform sample"])
+    rows = []
+    for name, t in times.items():
+        arr = np.array(t)
+        share = arr / base
+        rows.append(
+            [
+                name,
+                f"{fmt_us(float(np.median(arr)))} ({fmt_us(float(arr.min()))} .. {fmt_us(float(arr.max()))})",
+                f"{np.median(share):.2f}x ({share.min():.2f} .. {share.max():.2f})",
+            ]
+        )
+    return rows, times
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="100k transitions, few rounds (seconds)")
@@ -192,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; quick 2)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--profile", action="store_true", help="also time one HER sample phase by phase")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -217,14 +285,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         markdown_table(headers, rows),
     ]
+    tables = [{"title": title, "headers": headers, "rows": rows, "notes": notes}]
+    seconds: dict[str, Any] = {"sample": times}
+    if args.profile:
+        p_rows, p_times = profile(size, calls, rounds)
+        p_title = "One HER sample(256) (future, k=4), phase by phase"
+        p_headers = ["phase", "per call: median (range)", "vs a whole uniform sample"]
+        p_notes = (
+            f"{rounds} interleaved rounds of {calls} calls, each call on fresh random items "
+            "(pre-drawn); the phases are the calls HerSampler makes, timed one by one."
+        )
+        tables.append({"title": p_title, "headers": p_headers, "rows": p_rows, "notes": p_notes})
+        lines += ["", f"# {p_title}", "", markdown_table(p_headers, p_rows)]
+        seconds["profile"] = p_times
     results = {
         "benchmark": "bench_her",
         "command": "PYTHONPATH=src python benchmarks/bench_her.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": env,
-        "tables": [{"title": title, "headers": headers, "rows": rows, "notes": notes}],
-        "seconds_per_call": times,
+        "tables": tables,
+        "seconds_per_call": seconds,
     }
     return report(lines, results, args.json)
 

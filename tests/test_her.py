@@ -374,3 +374,38 @@ def test_a_prioritized_base_in_a_bank_resumes_with_its_priorities(tmp_path: obje
         a, b = rb.sample(16), loaded.sample(16)
         for key in ("index", "her_goal", "weight", "desired_goal", "reward"):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_goal_read_matches_gather_for_packed_and_plain_fields():
+    """``_read`` (row items of a packed field's strided view) gives what a gather gives."""
+    from xpbank import Field, Spec
+    from xpbank.her.relabel import _read
+    from xpbank.storage.tensor import TensorStorage
+
+    spec = Spec(
+        {
+            "g": Field((3,)),
+            "m": Field((2, 2), torch.int16),
+            "s": Field((), torch.float64),
+            "b": Field((2,), torch.bool),
+            "h": Field((3,), torch.bfloat16),
+        }
+    )
+    st = TensorStorage(50, spec)
+    gen = torch.Generator().manual_seed(0)
+    st.write(
+        slice(0, 50),
+        {
+            "g": torch.rand(50, 3, generator=gen),
+            "m": torch.randint(-9, 9, (50, 2, 2), generator=gen, dtype=torch.int16),
+            "s": torch.rand(50, generator=gen, dtype=torch.float64),
+            "b": torch.rand(50, 2, generator=gen) < 0.5,
+            "h": torch.rand(50, 3, generator=gen).to(torch.bfloat16),
+        },
+    )
+    slots = np.array([49, 0, 7, 7, 23], dtype=np.int64)
+    for key in ("g", "m", "s", "b", "h"):
+        got = _read(st, key, slots)
+        want = st.gather(torch.from_numpy(slots), [key])[key]
+        assert got.shape == tuple(want.shape), key
+        assert torch.equal(torch.from_numpy(got).to(want.dtype), want), key  # bfloat16: read as float32

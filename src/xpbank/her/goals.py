@@ -102,7 +102,7 @@ def _ends_table(episodes: EpisodeIndex, ring: Ring, stride: int) -> EpisodeEnds:
 
 def _lockstep_end(episodes: EpisodeIndex, ring: Ring, ids: np.ndarray, stride: int) -> np.ndarray:
     """The last written step of each item's episode (lockstep: from the ends table)."""
-    end = _ends_table(episodes, ring, stride).end[ids % ring.capacity]
+    end = _ends_table(episodes, ring, stride).end.take(ids % ring.capacity)  # take: 3x a fancy index
     open_ = end < 0
     if open_.any():  # the env's open episode: its newest item
         end[open_] = ids[open_] + stride * ((ring.next_id - 1 - ids[open_]) // stride)
@@ -177,8 +177,16 @@ def choose_goals(
     step = 1 if stride is None else stride
     if walked is None:
         lo = ids if strategy == "future" else first
-        count = (end - lo) // step + 1
-        return lo + step * np.minimum((uniform * count).astype(np.int64), count - 1)
+        count = end - lo
+        if step != 1:
+            count //= step
+        count += 1
+        pick = (uniform * count).astype(np.int64)
+        np.minimum(pick, count - 1, out=pick)  # in place: a few small NumPy calls fewer
+        if step != 1:
+            pick *= step
+        pick += lo
+        return pick
     # walked: position of each item in its column, and the column's number of live steps
     live = np.count_nonzero(walked[1:] != walked[:-1], axis=0) + 1
     here = np.argmax(walked == ids, axis=0)

@@ -163,12 +163,34 @@ def _put(flat: dict[Any, torch.Tensor], key: NestedKey | None, m: int, value: An
 
 def _read(storage: Storage, key: NestedKey, slots: np.ndarray) -> np.ndarray:
     """Field ``key`` of ``slots``, fresh: a fancy index of the storage's ``host_view``
-    where it has one NumPy holds as itself, else a gather."""
+    where it has one NumPy holds as itself, else a gather.
+
+    A packed storage's view is strided (one field of wide records): indexing it row by
+    row as one opaque ``void`` item per slot copies each row in one move, 2-3x faster
+    than NumPy's element-wise fancy index (12 vs 31 us for 204 goals of a 1M ring)."""
     host_view = getattr(storage, "host_view", None)
     host = host_view(key) if host_view is not None else None
-    if host is not None and storage.spec is not None and numpy_native(storage.spec[key].dtype):
+    if host is None or storage.spec is None or not numpy_native(storage.spec[key].dtype):
+        return _numpy(storage.gather(torch.from_numpy(slots), [key])[key])
+    rows = _row_items(host)
+    if rows is None:
         return host[slots]
-    return _numpy(storage.gather(torch.from_numpy(slots), [key])[key])
+    return rows[slots].view(host.dtype).reshape(slots.shape[0], *host.shape[1:])
+
+
+def _row_items(host: np.ndarray) -> np.ndarray | None:
+    """``host`` ``[C, ...]`` as ``C`` opaque items of one row's bytes each (a view), or
+    ``None`` where a row is not one contiguous run of bytes (or is a scalar)."""
+    if host.ndim < 2 or host.dtype.hasobject:
+        return None
+    inner = host[0]
+    if not inner.flags.c_contiguous:
+        return None
+    try:
+        flat = host.reshape(host.shape[0], inner.size)  # a view: each row is contiguous
+        return flat.view(np.dtype((np.void, inner.nbytes)))[:, 0]
+    except (ValueError, AttributeError):
+        return None
 
 
 def relabel(
