@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from xpbank.errors import MissingExtraError, require
 
 __all__ = ["main", "build_app", "run_demo"]
@@ -47,6 +45,8 @@ def run_demo(
     Returns:
         One :class:`~xpbank.demo.report.AgentSummary` per agent.
     """
+    import torch
+
     from xpbank.demo import dqn, ppo
     from xpbank.demo.report import AgentSummary, plot_curves, summary_table
 
@@ -99,6 +99,8 @@ def run_demo(
 def save_and_reload(buffer: Any, path: Path) -> int:
     """Save the buffer as a bank at ``path``, load it back, check that both sample the
     same items next; returns the bank's size on disk in bytes."""
+    import torch
+
     import xpbank
 
     xpbank.save(buffer, path)
@@ -119,6 +121,8 @@ def build_app(extra: str = "cli") -> Any:
         help="xpbank: the experience store for reinforcement learning.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
+        add_completion=False,
+        rich_markup_mode=None,  # click's plain help: no "<bool>" metavars on flags
     )
 
     @app.callback()
