@@ -38,7 +38,8 @@ def run_demo(
         env_id: a gymnasium env id with discrete actions.
         steps: env steps per agent (default: the agent's tuned default).
         seed: seeds the env, the networks and the buffer.
-        out: where the replay state, the PNG and nothing else go (created).
+        out: where the replay bank, the PNG and the summary (``summary.md``) go (created,
+            parents too).
         agents: which agents to run.
         progress: show progress bars; default only when stderr is a terminal.
 
@@ -48,7 +49,7 @@ def run_demo(
     import torch
 
     from xpbank.demo import dqn, ppo
-    from xpbank.demo.report import AgentSummary, plot_curves, summary_table
+    from xpbank.demo.report import AgentSummary, plot_curves, summary_markdown, summary_table
 
     unknown = sorted(set(agents) - set(AGENTS))
     if unknown or not agents:
@@ -92,7 +93,9 @@ def run_demo(
             )
         )
     files.append(plot_curves(rows, out / "learning_curves.png"))
-    console.print(summary_table(rows, files))
+    files.append(out / "summary.md")  # the table below, beside the PNG
+    files[-1].write_text(summary_markdown(rows, seed))
+    console.print(summary_table(rows, files, seed))
     return rows
 
 
