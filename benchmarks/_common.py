@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+import io
+import itertools
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -13,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def time_calls(fn: Callable[[Any], object], inputs: Sequence[Any], n: int) -> float:
@@ -114,9 +119,22 @@ def load_average() -> float:
         return 0.0
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def environment(versions: dict[str, str]) -> dict[str, Any]:
     """What the numbers were taken on."""
     return {
+        "cpu": cpu_model(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
@@ -134,14 +152,134 @@ def log(msg: str) -> None:
 
 
 def report(lines: Sequence[str], results: dict[str, Any], json_path: str | None) -> int:
-    """Print the markdown report (stdout) and write ``results`` as JSON when asked."""
+    """Print the markdown report (stdout) and write ``results`` as JSON when asked
+    (:func:`run_main` then gives the file the shape every result file has)."""
     print("\n".join(lines))
     if json_path:
         import json
 
         with open(json_path, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(results, f, indent=1, default=str)
     return 0
+
+
+# -- result files: one shape for every benchmark (benchmarks/render_docs.py reads them) ----
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_RULE = re.compile(r"^\s*\|(\s*:?-+:?\s*\|)+\s*$")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def tables_from_markdown(text: str) -> list[dict[str, Any]]:
+    r"""Every markdown table in ``text`` as ``{"title", "headers", "rows", "notes"}``.
+
+    The title is the nearest line above the table that is not blank (a ``#`` heading
+    loses its hashes); the notes are the lines after it up to the next table or heading.
+
+    Example:
+        >>> text = "## Sample\n\n| lib | us |\n|---|---|\n| a | 1 |\n\nbest of 5"
+        >>> tables_from_markdown(text)
+        [{'title': 'Sample', 'headers': ['lib', 'us'], 'rows': [['a', '1']], 'notes': 'best of 5'}]
+    """
+    lines = text.splitlines()
+    tables: list[dict[str, Any]] = []
+    i = 0
+    while i < len(lines):
+        if not (_TABLE_ROW.match(lines[i]) and i + 1 < len(lines) and _RULE.match(lines[i + 1])):
+            i += 1
+            continue
+        above = [ln for ln in lines[:i] if ln.strip() and not _TABLE_ROW.match(ln)]
+        title = above[-1].lstrip("#").strip() if above else ""
+        headers, j = _cells(lines[i]), i + 2
+        rows = []
+        while j < len(lines) and _TABLE_ROW.match(lines[j]):
+            rows.append(_cells(lines[j]))
+            j += 1
+        notes = []
+        while j < len(lines) and not lines[j].startswith("#"):
+            if j + 1 < len(lines) and _TABLE_ROW.match(lines[j]) and _RULE.match(lines[j + 1]):
+                break
+            notes.append(lines[j])
+            j += 1
+        # a title line that is also the last note of the previous table stays with this one
+        if tables and notes and notes[-1].strip() == title:
+            notes.pop()
+        tables.append({"title": title, "headers": headers, "rows": rows, "notes": "\n".join(notes).strip()})
+        i = j
+    for t, nxt in itertools.pairwise(tables):
+        if t["notes"].endswith(nxt["title"]):
+            t["notes"] = t["notes"][: -len(nxt["title"])].strip()
+    return tables
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """``python benchmarks/x.py --quick ...`` as typed from the repository root."""
+    import shlex
+
+    script = os.path.relpath(os.path.abspath(argv[0]), ROOT) if argv else "?"
+    return shlex.join(["python", script, *argv[1:]])
+
+
+def result_document(
+    benchmark: str, command: str, stdout: str, results: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The JSON every benchmark writes: what ran, when, where, and its tables."""
+    import datetime
+
+    results = dict(results or {})
+    env = results.pop("environment", None) or environment({})
+    return {
+        "benchmark": benchmark,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": env,
+        "tables": tables_from_markdown(stdout),
+        "load_average_at_end": load_average(),
+        **({"results": results} if results else {}),
+    }
+
+
+class _Tee(io.TextIOBase):
+    """Writes to ``stream`` and keeps a copy."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.parts = stream, []  # type: ignore[var-annotated]
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def run_main(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> int:
+    """Run a benchmark's ``main()``; with ``--json PATH`` the file at PATH ends in the
+    shape of :func:`result_document`: the tables read from what ``main`` printed, and
+    whatever ``main`` itself wrote to PATH (if anything) under ``"results"``."""
+    import contextlib
+    import json
+
+    argv = list(sys.argv if argv is None else argv)
+    path = argv[argv.index("--json") + 1] if "--json" in argv[:-1] else None
+    if path and os.path.exists(path):
+        os.remove(path)  # what is there afterwards is this run's
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        code = main()
+    if path:
+        written = None
+        if os.path.exists(path):
+            with open(path) as f:
+                written = json.load(f)
+        stem = os.path.splitext(os.path.basename(argv[0]))[0]
+        doc = result_document(stem, command_line(argv), "".join(tee.parts), written)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        log(f"wrote {path}")
+    return int(code or 0)
 
 
 def ab_args(doc: str | None, argv: Sequence[str] | None, rounds: int, quick_rounds: int) -> Any:

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, fastest_block, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import environment, fastest_block, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
 from xpbank import Field, Spec
 from xpbank.compat.metta import Experience
 from xpbank.compat.rsl_rl import RolloutStorage
@@ -174,6 +174,7 @@ def bench_metta(agents: int, bptt: int, repeats: int) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -205,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))
