@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import io
-import itertools
 import os
 import platform
 import re
@@ -172,45 +171,82 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _is_table_start(lines: Sequence[str], i: int) -> bool:
+    return bool(_TABLE_ROW.match(lines[i]) and i + 1 < len(lines) and _RULE.match(lines[i + 1]))
+
+
+def _noise(line: str) -> bool:
+    """Lines of a report that are not about a table: log lines (ANSI colours), the
+    environment (which a result file keeps as data)."""
+    text = line.strip().lower()
+    return "\x1b[" in line or text.startswith(("environment", "{'cpu'", "cpu ")) or " · " in text
+
+
+def _paragraphs(lines: Sequence[str]) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip():
+            out[-1].append(line)
+        elif out[-1]:
+            out.append([])
+    return [p for p in out if p]
+
+
+def _split_segment(lines: Sequence[str], titled: bool = True) -> tuple[list[str], str, list[str]]:
+    """The lines between two tables as (notes of the one above, title and intro of the one
+    below): a ``#`` heading starts the next table's part; without one, a last paragraph of
+    one short line right above the table is its title."""
+    lines = [ln for ln in lines if not _noise(ln)]
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("#")]
+    if heads:
+        i = heads[-1]
+        return list(lines[: heads[0]]), lines[i].lstrip("#").strip(), list(lines[i + 1 :])
+    paras = _paragraphs(lines)
+    last = paras[-1] if paras else []
+    if titled and len(last) == 1 and len(last[0]) <= 120 and not last[0].startswith("-"):
+        title = paras[-1][0].strip()
+        cut = max(i for i, ln in enumerate(lines) if ln.strip() == title)
+        return list(lines[:cut]), title, []
+    return list(lines), "", []
+
+
 def tables_from_markdown(text: str) -> list[dict[str, Any]]:
     r"""Every markdown table in ``text`` as ``{"title", "headers", "rows", "notes"}``.
 
-    The title is the nearest line above the table that is not blank (a ``#`` heading
-    loses its hashes); the notes are the lines after it up to the next table or heading.
+    Between two tables, a ``#`` heading starts the lower table's title and the lines
+    after it its notes; the lines before it are the upper table's notes. Without a
+    heading, a last paragraph of one short line is the lower table's title. Log lines and
+    the environment line are left out (a result file keeps the environment as data).
 
     Example:
-        >>> text = "## Sample\n\n| lib | us |\n|---|---|\n| a | 1 |\n\nbest of 5"
+        >>> text = "## Sample\n\nB=8\n\n| lib | us |\n|---|---|\n| a | 1 |\n\nbest of 5"
         >>> tables_from_markdown(text)
-        [{'title': 'Sample', 'headers': ['lib', 'us'], 'rows': [['a', '1']], 'notes': 'best of 5'}]
+        [{'title': 'Sample', 'headers': ['lib', 'us'], 'rows': [['a', '1']], 'notes': 'B=8\n\nbest of 5'}]
     """
     lines = text.splitlines()
-    tables: list[dict[str, Any]] = []
+    spans: list[tuple[int, int]] = []  # [start, end) of each table
     i = 0
     while i < len(lines):
-        if not (_TABLE_ROW.match(lines[i]) and i + 1 < len(lines) and _RULE.match(lines[i + 1])):
+        if _is_table_start(lines, i):
+            j = i + 2
+            while j < len(lines) and _TABLE_ROW.match(lines[j]):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
             i += 1
-            continue
-        above = [ln for ln in lines[:i] if ln.strip() and not _TABLE_ROW.match(ln)]
-        title = above[-1].lstrip("#").strip() if above else ""
-        headers, j = _cells(lines[i]), i + 2
-        rows = []
-        while j < len(lines) and _TABLE_ROW.match(lines[j]):
-            rows.append(_cells(lines[j]))
-            j += 1
-        notes = []
-        while j < len(lines) and not lines[j].startswith("#"):
-            if j + 1 < len(lines) and _TABLE_ROW.match(lines[j]) and _RULE.match(lines[j + 1]):
-                break
-            notes.append(lines[j])
-            j += 1
-        # a title line that is also the last note of the previous table stays with this one
-        if tables and notes and notes[-1].strip() == title:
-            notes.pop()
-        tables.append({"title": title, "headers": headers, "rows": rows, "notes": "\n".join(notes).strip()})
-        i = j
-    for t, nxt in itertools.pairwise(tables):
-        if t["notes"].endswith(nxt["title"]):
-            t["notes"] = t["notes"][: -len(nxt["title"])].strip()
+    tables: list[dict[str, Any]] = []
+    before = 0
+    for k, (start, end) in enumerate(spans):
+        above, title, intro = _split_segment(lines[before:start])
+        if k == 0:  # no table above to take those lines as notes
+            intro = [*above, *intro]
+        after_end = spans[k + 1][0] if k + 1 < len(spans) else len(lines)
+        notes, _, _ = _split_segment(lines[end:after_end], titled=k + 1 < len(spans))
+        rows = [_cells(ln) for ln in lines[start + 2 : end]]
+        text_notes = ("\n".join(intro).strip() + "\n\n" + "\n".join(notes).strip()).strip()
+        tables.append({"title": title, "headers": _cells(lines[start]), "rows": rows, "notes": text_notes})
+        before = end
     return tables
 
 

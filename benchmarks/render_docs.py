@@ -1,6 +1,6 @@
 """Render ``docs/benchmarks.md`` from every result file in ``benchmarks/results/``.
 
-    python benchmarks/render_docs.py            # rewrite docs/benchmarks.md
+    python benchmarks/render_docs.py            # rewrite docs/benchmarks.md, README's table
     python benchmarks/render_docs.py --check    # exit 1 if it is not what the files say
 
 Each result file is what a benchmark writes with ``--json PATH`` (``_common.run_main``):
@@ -24,6 +24,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+START, END = "<!-- speed table: rendered by benchmarks/render_docs.py -->", "<!-- end of speed table -->"
+
+# The README's table: (what, benchmark, table title prefix, column, xpbank's row, peers' rows)
+README_FIGURES = [
+    ("replay sample, B=256 (rate vs raw torch; higher is faster)", "bench_replay", "Workload (a)",
+     "sample B=256 vs raw", "xpbank (dict)", ["cpprb", "sb3", "torchrl"]),
+    ("replay extend, B=256 (rate vs raw torch)", "bench_replay", "Workload (a)",
+     "extend vs raw", "xpbank (dict)", ["cpprb", "sb3", "torchrl"]),
+    ("image frames, sample B=32 (rate vs raw torch)", "bench_replay", "Workload (b)",
+     "sample B=32 vs raw", "xpbank (dict)", ["cpprb", "sb3", "torchrl"]),
+    ("prioritized sample + update (time vs xpbank; lower is faster)", "bench_prioritized",
+     "Prioritized replay", "time vs xpbank", "xpbank", ["cpprb", "torchrl"]),
+    ("n-step sample (time vs the same library's uniform sample)", "bench_prioritized", "N-step",
+     "n-step / uniform", "xpbank", ["sb3"]),
+    ("rollout minibatches, 5 x 4 (time vs raw tensors; lower is faster)", "bench_rollout", "",
+     "5 x 4 minibatches", "xpbank RolloutBuffer",
+     ["rsl_rl RolloutStorage", "SB3 RolloutBuffer", "TorchRL (GAE + buffer)"]),
+]  # fmt: skip
 
 # the order of the page; files of other benchmarks follow, by name
 ORDER = [
@@ -208,17 +227,52 @@ def _anchor(doc: dict[str, Any]) -> str:
     return re.sub(r"[-\s]+", "-", title).strip("-")
 
 
+def _ratio(cell: str) -> str:
+    """``'1,029.8 µs (3.20x)'`` -> ``'3.20x'``; a cell that is a ratio stays as it is."""
+    inner = cell[cell.rfind("(") + 1 : cell.rfind(")")] if cell.endswith("x)") else cell
+    return inner.strip()
+
+
+def readme_table(docs: list[dict[str, Any]]) -> str:
+    """The README's compact table: ratios only, each from a result file's table."""
+    by_stem = {d["benchmark"]: d for d in docs}
+    lines = ["| what (one run; see the benchmarks page) | xpbank | peers in the same run |", "|---|---|---|"]
+    for what, stem, title, column, ours, peers in README_FIGURES:
+        doc = by_stem.get(stem)
+        tables = [t for t in (doc or {}).get("tables", []) if t["title"].startswith(title)]
+        if not tables or column not in tables[0]["headers"]:
+            continue
+        col = tables[0]["headers"].index(column)
+        rows = {row[0]: row[col] for row in tables[0]["rows"]}
+        if ours not in rows:
+            continue
+        others = ", ".join(f"{name} {_ratio(rows[name])}" for name in peers if name in rows)
+        lines.append(f"| {what} | {_ratio(rows[ours])} | {others or '-'} |")
+    return "\n".join(lines)
+
+
+def render_readme(text: str, docs: list[dict[str, Any]]) -> str:
+    """``text`` (the README) with its speed table replaced by :func:`readme_table`."""
+    head, found, rest = text.partition(START)
+    _, found_end, tail = rest.partition(END)
+    if not (found and found_end):
+        raise SystemExit(f"README.md: the markers {START!r} ... {END!r} are missing")
+    return f"{head}{START}\n{readme_table(docs)}\n{END}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md is stale")
     args = p.parse_args(argv)
     page = render()
+    readme = render_readme(README.read_text(), load_results())
     if args.check:
-        if not PAGE.exists() or PAGE.read_text() != page:
-            print(f"{PAGE} is stale: run python benchmarks/render_docs.py", file=sys.stderr)
+        if not PAGE.exists() or PAGE.read_text() != page or README.read_text() != readme:
+            print("docs/benchmarks.md or README.md is stale: run python benchmarks/render_docs.py")
             return 1
         return 0
     PAGE.write_text(page)
+    README.write_text(readme)
     print(f"wrote {PAGE.relative_to(ROOT)} from {len(load_results())} result file(s)")
     return 0
 
