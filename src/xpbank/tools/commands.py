@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpbank.errors import BankError, XpbankError, require
+from xpbank.tools.listing import bank_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,11 +27,6 @@ __all__ = ["register", "DEBUG", "bank_bytes", "verify_bank"]
 
 DEBUG = {"on": False}  # set by ``xpbank --debug``
 FORMATS = ("minari", "npz")
-
-
-def bank_bytes(path: Path) -> int:
-    """Bytes on disk of every file under ``path``."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def verify_bank(path: str | Path) -> tuple[int, int, int]:
@@ -123,17 +119,6 @@ def _distribution(values: np.ndarray) -> str:
     q = np.percentile(values, [0, 50, 100])
     spread = f"(min {_fmt(q[0])}, median {_fmt(q[1])}, max {_fmt(q[2])})"
     return f"mean {_fmt(values.mean())} ± {_fmt(values.std())}  {spread}"
-
-
-def _cell(text: str, limit: int = 120) -> Any:
-    """A table cell for a string read from a bank: one line, at most ``limit`` characters,
-    never read as markup (so a long or hostile manifest string costs linear time)."""
-    text_cls = require("rich.text", "cli").Text
-    short = text[: limit + 1]
-    short = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in short)
-    if len(text) > limit or len(short) > limit:
-        short = short[: limit - 1] + "…"
-    return text_cls(short)
 
 
 def cmd_inspect(bank: Path, chunk: int, verify: bool = True) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from xpbank.errors import require
 
-__all__ = ["cmd_ls", "compact_spec", "human_bytes"]
+__all__ = ["cmd_ls", "compact_spec", "human_bytes", "bank_bytes"]
 
 # one field of a Spec's repr: 'next.obs': (*, 4) float32
 _FIELD = re.compile(r"'(?P<key>(?:[^'\\]|\\.)*)': \(\*(?:, (?P<shape>[^)]*))?\) (?P<dtype>\w+)")
@@ -38,6 +38,22 @@ def compact_spec(spec: str) -> str:
         shape = f"[{m['shape'].replace(' ', '')}]" if m["shape"] else ""
         fields.append(f"{m['key']}{shape} {dtype}")
     return ", ".join(fields) if fields else spec.strip("{}") or "(no fields)"
+
+
+def bank_bytes(path: Path) -> int:
+    """Bytes on disk of every file under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _cell(text: str, limit: int = 120) -> Any:
+    """A table cell for a string read from a bank: one line, at most ``limit`` characters,
+    never read as markup (so a long or hostile manifest string costs linear time)."""
+    text_cls = require("rich.text", "cli").Text
+    short = text[: limit + 1]
+    short = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in short)
+    if len(text) > limit or len(short) > limit:
+        short = short[: limit - 1] + "…"
+    return text_cls(short)
 
 
 def human_bytes(n: int) -> str:
@@ -58,7 +74,6 @@ def _short_time(stamp: str) -> str:
 def cmd_ls(directory: Path, long: bool = False, console: Any = None) -> None:
     """Print the banks in ``directory`` (see the module docstring)."""
     from xpbank.bank import list_banks
-    from xpbank.tools.commands import _cell, bank_bytes
 
     rich_table = require("rich.table", "cli")
     if console is None:  # the terminal's width; 80 columns into a pipe or a file
