@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import io
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -13,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def time_calls(fn: Callable[[Any], object], inputs: Sequence[Any], n: int) -> float:
@@ -114,9 +118,22 @@ def load_average() -> float:
         return 0.0
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def environment(versions: dict[str, str]) -> dict[str, Any]:
     """What the numbers were taken on."""
     return {
+        "cpu": cpu_model(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
@@ -134,14 +151,171 @@ def log(msg: str) -> None:
 
 
 def report(lines: Sequence[str], results: dict[str, Any], json_path: str | None) -> int:
-    """Print the markdown report (stdout) and write ``results`` as JSON when asked."""
+    """Print the markdown report (stdout) and write ``results`` as JSON when asked
+    (:func:`run_main` then gives the file the shape every result file has)."""
     print("\n".join(lines))
     if json_path:
         import json
 
         with open(json_path, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(results, f, indent=1, default=str)
     return 0
+
+
+# -- result files: one shape for every benchmark (benchmarks/render_docs.py reads them) ----
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_RULE = re.compile(r"^\s*\|(\s*:?-+:?\s*\|)+\s*$")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _is_table_start(lines: Sequence[str], i: int) -> bool:
+    return bool(_TABLE_ROW.match(lines[i]) and i + 1 < len(lines) and _RULE.match(lines[i + 1]))
+
+
+def _noise(line: str) -> bool:
+    """Lines of a report that are not about a table: log lines (ANSI colours), the
+    environment (which a result file keeps as data)."""
+    text = line.strip().lower()
+    return "\x1b[" in line or text.startswith(("environment", "{'cpu'", "cpu ")) or " · " in text
+
+
+def _paragraphs(lines: Sequence[str]) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip():
+            out[-1].append(line)
+        elif out[-1]:
+            out.append([])
+    return [p for p in out if p]
+
+
+def _split_segment(lines: Sequence[str], titled: bool = True) -> tuple[list[str], str, list[str]]:
+    """The lines between two tables as (notes of the one above, title and intro of the one
+    below): a ``#`` heading starts the next table's part; without one, a last paragraph of
+    one short line right above the table is its title."""
+    lines = [ln for ln in lines if not _noise(ln)]
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("#")]
+    if heads:
+        i = heads[-1]
+        return list(lines[: heads[0]]), lines[i].lstrip("#").strip(), list(lines[i + 1 :])
+    paras = _paragraphs(lines)
+    last = paras[-1] if paras else []
+    if titled and len(last) == 1 and len(last[0]) <= 120 and not last[0].startswith("-"):
+        title = paras[-1][0].strip()
+        cut = max(i for i, ln in enumerate(lines) if ln.strip() == title)
+        return list(lines[:cut]), title, []
+    return list(lines), "", []
+
+
+def tables_from_markdown(text: str) -> list[dict[str, Any]]:
+    r"""Every markdown table in ``text`` as ``{"title", "headers", "rows", "notes"}``.
+
+    Between two tables, a ``#`` heading starts the lower table's title and the lines
+    after it its notes; the lines before it are the upper table's notes. Without a
+    heading, a last paragraph of one short line is the lower table's title. Log lines and
+    the environment line are left out (a result file keeps the environment as data).
+
+    Example:
+        >>> text = "## Sample\n\nB=8\n\n| lib | us |\n|---|---|\n| a | 1 |\n\nbest of 5"
+        >>> tables_from_markdown(text)
+        [{'title': 'Sample', 'headers': ['lib', 'us'], 'rows': [['a', '1']], 'notes': 'B=8\n\nbest of 5'}]
+    """
+    lines = text.splitlines()
+    spans: list[tuple[int, int]] = []  # [start, end) of each table
+    i = 0
+    while i < len(lines):
+        if _is_table_start(lines, i):
+            j = i + 2
+            while j < len(lines) and _TABLE_ROW.match(lines[j]):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    tables: list[dict[str, Any]] = []
+    before = 0
+    for k, (start, end) in enumerate(spans):
+        above, title, intro = _split_segment(lines[before:start])
+        if k == 0:  # no table above to take those lines as notes
+            intro = [*above, *intro]
+        after_end = spans[k + 1][0] if k + 1 < len(spans) else len(lines)
+        notes, _, _ = _split_segment(lines[end:after_end], titled=k + 1 < len(spans))
+        rows = [_cells(ln) for ln in lines[start + 2 : end]]
+        text_notes = ("\n".join(intro).strip() + "\n\n" + "\n".join(notes).strip()).strip()
+        tables.append({"title": title, "headers": _cells(lines[start]), "rows": rows, "notes": text_notes})
+        before = end
+    return tables
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """``python benchmarks/x.py --quick ...`` as typed from the repository root."""
+    import shlex
+
+    script = os.path.relpath(os.path.abspath(argv[0]), ROOT) if argv else "?"
+    return shlex.join(["python", script, *argv[1:]])
+
+
+def result_document(
+    benchmark: str, command: str, stdout: str, results: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The JSON every benchmark writes: what ran, when, where, and its tables."""
+    import datetime
+
+    results = dict(results or {})
+    env = results.pop("environment", None) or environment({})
+    return {
+        "benchmark": benchmark,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": env,
+        "tables": tables_from_markdown(stdout),
+        "load_average_at_end": load_average(),
+        **({"results": results} if results else {}),
+    }
+
+
+class _Tee(io.TextIOBase):
+    """Writes to ``stream`` and keeps a copy."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.parts = stream, []  # type: ignore[var-annotated]
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def run_main(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> int:
+    """Run a benchmark's ``main()``; with ``--json PATH`` the file at PATH ends in the
+    shape of :func:`result_document`: the tables read from what ``main`` printed, and
+    whatever ``main`` itself wrote to PATH (if anything) under ``"results"``."""
+    import contextlib
+    import json
+
+    argv = list(sys.argv if argv is None else argv)
+    path = argv[argv.index("--json") + 1] if "--json" in argv[:-1] else None
+    if path and os.path.exists(path):
+        os.remove(path)  # what is there afterwards is this run's
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        code = main()
+    if path:
+        written = None
+        if os.path.exists(path):
+            with open(path) as f:
+                written = json.load(f)
+        stem = os.path.splitext(os.path.basename(argv[0]))[0]
+        doc = result_document(stem, command_line(argv), "".join(tee.parts), written)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        log(f"wrote {path}")
+    return int(code or 0)
 
 
 def ab_args(doc: str | None, argv: Sequence[str] | None, rounds: int, quick_rounds: int) -> Any:

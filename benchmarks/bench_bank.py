@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, load_average, log, markdown_table
+from _common import environment, load_average, log, markdown_table, run_main
 
 CHUNK = 16 << 20
 OBS = 64
@@ -286,6 +286,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a 64 MB bank instead of 1 GB")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--repeat", type=int, default=7, help="calls per open/checkpoint median")
@@ -400,4 +401,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

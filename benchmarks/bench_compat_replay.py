@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import warnings
 from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
-from _common import best_of, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import best_of, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
 
 CPU = torch.device("cpu")
 
@@ -100,6 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="small sizes: seconds")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--capacity", type=int, default=None)
     ap.add_argument("--chunks", type=int, default=None)
     args = ap.parse_args()
@@ -149,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_us, load_average, log, markdown_table, report
+from _common import environment, fmt_us, load_average, log, markdown_table, report, run_main
 
 FRAME = (84, 84)
 STACK = 4
@@ -252,4 +252,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
 from xpbank.nstep.kernel import kernel as nstep_kernel
 from xpbank.sampler import sumtree_numba
@@ -314,4 +314,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

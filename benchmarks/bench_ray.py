@@ -21,11 +21,12 @@ trip (a sample is two) and bandwidth per byte.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
-from _common import environment, fmt_rate, load_average, log, markdown_table
+from _common import environment, fmt_rate, load_average, log, markdown_table, run_main
 from xpbank import Field, ReplayBuffer, Spec
 
 SPEC = Spec({"obs": Field((64,), torch.float32), "env_id": Field((), torch.int64)})
@@ -77,6 +78,7 @@ def run_local(args: argparse.Namespace) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 and 2 shards, 1 s per point, a smaller buffer")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--shards", type=int, nargs="+", default=None, help="default 1 2 4 (quick: 1 2)")
     p.add_argument("--batches", type=int, nargs="+", default=None, help="rows per write (default 4096 16384)")
     p.add_argument("--sample-batches", type=int, nargs="+", default=[256, 4096])
@@ -110,4 +112,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -43,6 +43,7 @@ from _common import (
     markdown_table,
     median,
     rss_gb,
+    run_main,
     settle,
     time_calls,
     time_repeat,
@@ -635,4 +636,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -39,6 +39,7 @@ from _common import (
     freeze_heap,
     log,
     markdown_table,
+    run_main,
 )
 
 GAMMA, LAM, EPOCHS, MINIBATCHES = 0.99, 0.95, 5, 4
@@ -364,6 +365,7 @@ def report(results: dict[str, dict[str, Any]], notes: dict[str, str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="256 envs x 8 steps, 2 chunks (seconds)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument(
         "--threads", type=int, default=None, help="torch.set_num_threads (use 1 on a busy machine)"
     )
@@ -407,4 +409,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -35,7 +35,7 @@ import torch
 from gymnasium import spaces
 
 import xpbank
-from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table
+from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
 
 BATCH = 256
 
@@ -200,4 +200,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_us, log, markdown_table, report
+from _common import environment, fmt_us, log, markdown_table, report, run_main
 
 ENVS, B, L = 8, 32, 80
 
@@ -161,4 +161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

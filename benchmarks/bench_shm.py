@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import sys
 import time
 
 import torch
 
-from _common import environment, fmt_rate, load_average, log, markdown_table
+from _common import environment, fmt_rate, load_average, log, markdown_table, run_main
 from xpbank import Field, ReplayBuffer, Spec
 from xpbank.distributed.shm import ShmReplayBuffer, ShmWriter
 
@@ -92,6 +93,7 @@ def run_inprocess(args: argparse.Namespace) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 s per point, a smaller ring")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--writers", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--batch", type=int, default=8192, help="rows per writer extend (default 8192 = 2 MB)")
     p.add_argument("--sample-batch", type=int, default=256)
@@ -116,4 +118,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -58,14 +58,14 @@ def test_golden_v1_manifest_and_files_as_documented() -> None:
     assert [(b.path.name, b.size, b.capacity) for b in listed] == [("bank_v1", 6, 6)]
 
 
-def test_readme_bank_section_runs() -> None:
+def test_the_banks_guide_example_runs() -> None:
     import re
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    match = re.search(r"## Banks on disk\n.*?```python\n(.*?)```", text, re.S)
-    assert match is not None, "README has no bank example"
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "banks.md").read_text()
+    match = re.search(r"# Banks on disk\n.*?```python\n(.*?)```", text, re.S)
+    assert match is not None, "the banks guide has no example"
     scope: dict[str, object] = {}
-    exec(compile(match.group(1), "README.md", "exec"), scope)
+    exec(compile(match.group(1), "docs/guides/banks.md", "exec"), scope)
     back, both, banks = scope["back"], scope["both"], scope["banks"]
     assert back.sample_by_index(scope["sampled"] - back.sample_by_index(0)["index"])["reward"].sum() == 0
     assert len(both) == 64 + 16 + 64 and [b.size for b in banks] == [80]

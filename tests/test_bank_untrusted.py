@@ -377,7 +377,7 @@ def test_list_banks_and_ls_report_each_bad_bank_and_go_on(tmp_path: Path) -> Non
 
 def test_ls_output_is_bounded_by_the_number_of_banks(bank: Path) -> None:
     edit_manifest(bank, lambda m: m.update(session_id="[bold]x\n" * 5_000))
-    result = CliRunner().invoke(build_app(), ["ls", str(bank.parent)])
+    result = CliRunner().invoke(build_app(), ["ls", "--long", str(bank.parent)])
     assert result.exit_code == 0
     assert len(result.stdout) < 5_000 and "[bold]x" in result.stdout
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import xpbank
 from episode_data import filled_buffer, reference_episodes
 from xpbank.tools.cli import build_app
+from xpbank.tools.listing import compact_spec, human_bytes
 
 runner = CliRunner()
 SRC = str(Path(xpbank.__file__).parents[1])
@@ -43,7 +44,31 @@ def test_ls_lists_banks_only(banks):
     assert code == 0
     assert "2 bank(s)" in out and "60/60" in out and "50/100" in out
     assert "notes" not in out and "file.txt" not in out
-    assert f"{sum(f.stat().st_size for f in (banks / 'a').rglob('*') if f.is_file()):,}" in out
+    assert human_bytes(sum(f.stat().st_size for f in (banks / "a").rglob("*") if f.is_file())) in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    code, out, _ = cli("ls", "--long", banks)
+    assert code == 0 and out.count("session_id: ") == 2
+    assert f"{sum(f.stat().st_size for f in (banks / 'a').rglob('*') if f.is_file()):,} bytes" in out
+
+
+def test_ls_puts_corrupt_banks_in_their_own_section(banks):
+    (banks / "broken").mkdir()
+    (banks / "broken" / "manifest.json").write_text("{not json")
+    code, out, _ = cli("ls", banks)
+    assert code == 0
+    table, corrupt = out.split("corrupt (")
+    assert "broken" not in table and "2 bank(s)" in table and "1 corrupt" in table
+    assert "broken: " in corrupt and "not valid JSON" in corrupt
+
+
+def test_compact_spec_summarizes_each_field():
+    from xpbank.spec import Field, Spec
+
+    spec = Spec(
+        {"obs": Field((84, 84), torch.uint8), ("next", "obs"): Field((3,)), "done": Field((), torch.bool)}
+    )
+    summary = repr(spec).removeprefix("Spec(").removesuffix(")")
+    assert compact_spec(summary) == "obs[84,84] u8, next.obs[3] f32, done bool"
 
 
 def test_inspect_prints_stats_and_episodes(banks):
@@ -207,3 +232,38 @@ def test_verify_checks_the_stored_rows_of_a_bank_not_full(banks):
     path.write_bytes(bytes(raw))
     with pytest.raises(xpbank.CorruptBankError, match=r"action.npy: checksum mismatch"):
         xpbank.open_bank(banks / "b", verify=True)
+
+
+def test_every_writing_command_takes_relative_paths_and_makes_parents(banks, tmp_path, monkeypatch):
+    pytest.importorskip("minari")
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    a = os.path.relpath(banks / "a", tmp_path)
+    for args in (
+        ("export", a, "ds", "--to", "minari"),  # minari once wrote to ds/ds/main_data.hdf5
+        ("export", a, "new/deeper/ds", "--to", "minari"),
+        ("export", a, "new/x.npz", "--to", "npz"),
+        ("import", "ds", "--from", "minari", "-o", "back/m"),
+        ("import", "new/x.npz", "--from", "npz", "-o", "back/n"),
+        ("merge", a, a, "-o", "more/merged"),
+        ("plot", a, "-o", "figs/a.png"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 0, (args, out, err)
+    assert len(xpbank.load("back/n")) == 60 and len(xpbank.load("more/merged")) == 120
+    assert Path("figs/a.png").stat().st_size > 0 and Path("new/deeper/ds/main_data.hdf5").exists()
+    exported = xpbank.export_minari(xpbank.load(a), "py/ds")  # the Python function too
+    assert exported == Path("py/ds") and (tmp_path / "py/ds/main_data.hdf5").exists()
+
+
+def test_help_imports_neither_torch_nor_the_buffers():
+    code = (
+        "import sys\n"
+        "from xpbank.tools.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'tensordict', 'numpy', 'xpbank.replay') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert "Usage:" in out.stdout and out.stdout.strip().endswith("[]")
+    assert "<bool>" not in out.stdout

@@ -370,11 +370,11 @@ def test_steps_must_be_positive() -> None:
 
 
 def test_readme_collecting_example_runs_and_stores_what_it_says() -> None:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    match = re.search(r"## Collecting from gymnasium\n\n```python\n(.*?)```", text, re.S)
-    assert match is not None, "README has no 'Collecting from gymnasium' code block"
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "collecting.md").read_text()
+    match = re.search(r"## Into a replay buffer\n\n```python\n(.*?)```", text, re.S)
+    assert match is not None, "the collecting guide has no replay-buffer code block"
     scope: dict[str, Any] = {}
-    exec(compile(match.group(1), "README.md", "exec"), scope)
+    exec(compile(match.group(1), "docs/guides/collecting.md", "exec"), scope)
     rb, collector = scope["rb"], scope["collector"]
     assert collector.vector_steps == 200 and len(rb) == collector.transitions
     # NEXT_STEP (the default): each finished episode costs one reset step that is not

@@ -42,6 +42,9 @@ def test_demo_command_trains_saves_reloads_and_reports(tmp_path: Path) -> None:
     assert bank.episodes is not None and bank.episodes.num_envs == 4 and "nstep_return" in bank.sample(2)
     png = (tmp_path / "out" / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+    summary = (tmp_path / "out" / "summary.md").read_text()  # the printed table, kept beside the PNG
+    assert "| DQN | CartPole-v1 | 1,100 |" in summary and "| PPO | CartPole-v1 |" in summary
+    assert "One seed (3)." in summary and "CPU" in summary
     assert "greedy eval" in result.output and "DQN" in result.output and "1,100" in result.output
     assert "PPO" in result.output  # both agents by default
 

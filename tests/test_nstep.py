@@ -178,12 +178,12 @@ def test_readme_example_runs() -> None:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    header = "## Prioritized replay, n-step returns, vector envs"
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "prioritized-nstep.md").read_text()
+    header = "# Prioritized replay and n-step"
     match = re.search(header + r"\n\n```python\n(.*?)```", text, re.S)
     assert match is not None
     scope: dict[str, object] = {}
-    exec(compile(match.group(1), "README.md", "exec"), scope)
+    exec(compile(match.group(1), "docs/guides/prioritized-nstep.md", "exec"), scope)
     batch = scope["batch"]
     assert set(batch.keys()) >= {"weight", "nstep_return", "nstep_discount", "index"}
     assert len(scope["rb"]) == 200  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ def test_readme_sb3_example_runs(tmp_path, monkeypatch):
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    match = re.search(r"## Stable-Baselines3 drop-in.*?```python\n(.*?)```", text, re.S)
+    match = re.search(r"For Stable-Baselines3.*?```python\n(.*?)```", text, re.S)
     assert match is not None
     monkeypatch.chdir(tmp_path)
     scope: dict = {}

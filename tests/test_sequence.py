@@ -326,11 +326,11 @@ def test_readme_sequence_example_runs() -> None:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    match = re.search(r"## Sequences and images.*?\n```python\n(.*?)```", text, re.S)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sequences-images.md").read_text()
+    match = re.search(r"# Sequences and images.*?\n```python\n(.*?)```", text, re.S)
     assert match is not None
     scope: dict = {}
-    exec(compile(match.group(1), "README.md", "exec"), scope)
+    exec(compile(match.group(1), "docs/guides/sequences-images.md", "exec"), scope)
     batch = scope["batch"]
     assert batch.batch_size == torch.Size([32, 10])
     assert scope["state0"].shape == (32, 16)

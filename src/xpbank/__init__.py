@@ -9,57 +9,17 @@ Example:
     torch.Size([4, 4])
 """
 
+# ruff: noqa: F405 (__all__ names the star import's names, which load lazily)
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from xpbank import _moved
-from xpbank.bank import BankSummary, bank_metadata, list_banks, load, merge, new_session_id, open_bank, save
-from xpbank.collect import Collector, ReplaySink, RolloutSink
-from xpbank.distributed.limiter import RateLimiter
-from xpbank.errors import (
-    BankError,
-    BatchTypeError,
-    BufferChangedError,
-    BufferTimeoutError,
-    CapacityError,
-    ChannelError,
-    CorruptBankError,
-    DeviceError,
-    EmptyBufferError,
-    EnvContractError,
-    MissingExtraError,
-    NotReadyError,
-    PriorityError,
-    RateLimitTimeout,
-    ReadOnlyError,
-    ShardUnavailableError,
-    SpecError,
-    StaleIndexError,
-    XpbankError,
-    XpbankIndexError,
-)
-from xpbank.her import HerSampler
-from xpbank.integrations.minari import export_minari, import_minari
-from xpbank.mix import Mixture
-from xpbank.nstep import NStep, nstep_reduce, nstep_return, nstep_sum
-from xpbank.replay import ReplayBuffer
-from xpbank.ring import EpisodeIndex, EpisodeKeys
-from xpbank.rollout import (
-    RecurrentBatch,
-    RolloutBuffer,
-    RolloutKeys,
-    discounted_returns,
-    gae,
-    normalize_advantages,
-    nstep_targets,
-    split_trajectories,
-    unpad,
-    vtrace,
-)
-from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
-from xpbank.spec import Field, Spec
-from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
-from xpbank.tools.episode_scan import iter_episodes
-from xpbank.tools.npz import export_npz, import_npz
+
+if TYPE_CHECKING:  # the names for type checkers and the API reference; at run time: __getattr__
+    from xpbank._api import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -133,6 +93,19 @@ __all__ = [
     "RateLimiter",
     "Mixture",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public API on first use (``import xpbank`` alone stays light)."""
+    if name in __all__:
+        from xpbank import _api
+
+        value = getattr(_api, name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__") and importlib.util.find_spec(f"xpbank.{name}") is not None:
+        return importlib.import_module(f"xpbank.{name}")  # xpbank.bank, as before
+    raise AttributeError(f"module 'xpbank' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

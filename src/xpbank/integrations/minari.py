@@ -177,8 +177,12 @@ def export_minari(
     storage_cls = require("minari.dataset.minari_storage", "minari").MinariStorage
     obs_space = _space(_subtree(spec, "obs"))
     act_space = _space(_subtree(spec, "action"))
+    target.parent.mkdir(parents=True, exist_ok=True)  # like save and merge: parents are made
     try:
-        storage = storage_cls.new(target, obs_space, act_space, data_format="hdf5", jpeg_encoding=False)
+        # absolute: Minari resolves a relative directory against itself (a/a/main_data.hdf5)
+        storage = storage_cls.new(
+            target.absolute(), obs_space, act_space, data_format="hdf5", jpeg_encoding=False
+        )
         storage.update_episodes(_episodes(buffer, spec, chunk, progress))
         version = require("minari", "minari").__version__
         storage.update_metadata(

@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from xpbank.errors import MissingExtraError, require
 
 __all__ = ["main", "build_app", "run_demo"]
@@ -40,15 +38,18 @@ def run_demo(
         env_id: a gymnasium env id with discrete actions.
         steps: env steps per agent (default: the agent's tuned default).
         seed: seeds the env, the networks and the buffer.
-        out: where the replay state, the PNG and nothing else go (created).
+        out: where the replay bank, the PNG and the summary (``summary.md``) go (created,
+            parents too).
         agents: which agents to run.
         progress: show progress bars; default only when stderr is a terminal.
 
     Returns:
         One :class:`~xpbank.demo.report.AgentSummary` per agent.
     """
+    import torch
+
     from xpbank.demo import dqn, ppo
-    from xpbank.demo.report import AgentSummary, plot_curves, summary_table
+    from xpbank.demo.report import AgentSummary, plot_curves, summary_markdown, summary_table
 
     unknown = sorted(set(agents) - set(AGENTS))
     if unknown or not agents:
@@ -92,13 +93,17 @@ def run_demo(
             )
         )
     files.append(plot_curves(rows, out / "learning_curves.png"))
-    console.print(summary_table(rows, files))
+    files.append(out / "summary.md")  # the table below, beside the PNG
+    files[-1].write_text(summary_markdown(rows, seed))
+    console.print(summary_table(rows, files, seed))
     return rows
 
 
 def save_and_reload(buffer: Any, path: Path) -> int:
     """Save the buffer as a bank at ``path``, load it back, check that both sample the
     same items next; returns the bank's size on disk in bytes."""
+    import torch
+
     import xpbank
 
     xpbank.save(buffer, path)
@@ -119,6 +124,8 @@ def build_app(extra: str = "cli") -> Any:
         help="xpbank: the experience store for reinforcement learning.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
+        add_completion=False,
+        rich_markup_mode=None,  # click's plain help: no "<bool>" metavars on flags
     )
 
     @app.callback()

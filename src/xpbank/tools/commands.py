@@ -3,9 +3,10 @@ verify, bench. :func:`register` adds them to the typer app of :mod:`xpbank.tools
 
 Every command reads banks through :mod:`xpbank.bank` (``list_banks``, ``open_bank``,
 ``merge_into``, ``save``), opened read-only and memory-mapped, so nothing loads a bank
-whole. An error (``XpbankError``, ``OSError``, ``ValueError``) prints one line
-(``error: ...``) on stderr and exits with status 1; ``xpbank --debug CMD`` shows the traceback
-instead. Progress bars go to stderr, only when it is a terminal.
+whole. torch, numpy and the bank layer are imported inside the commands that use them,
+so ``xpbank --help`` starts without them. An error (``XpbankError``, ``OSError``,
+``ValueError``) prints one line (``error: ...``) on stderr and exits with status 1;
+``xpbank --debug CMD`` shows the traceback instead. Progress bars go to stderr, only when it is a terminal.
 """
 
 from __future__ import annotations
@@ -14,24 +15,18 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from xpbank.bank import list_banks, open_bank
-from xpbank.bank.bank import ORIGINS
 from xpbank.errors import BankError, XpbankError, require
-from xpbank.spec.spec import key_str
+from xpbank.tools.listing import bank_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["register", "DEBUG", "bank_bytes", "verify_bank"]
 
 DEBUG = {"on": False}  # set by ``xpbank --debug``
 FORMATS = ("minari", "npz")
-
-
-def bank_bytes(path: Path) -> int:
-    """Bytes on disk of every file under ``path``."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def verify_bank(path: str | Path) -> tuple[int, int, int]:
@@ -48,12 +43,16 @@ def verify_bank(path: str | Path) -> tuple[int, int, int]:
         CorruptBankError: a file is missing, truncated, or its checksum differs.
         BankError: ``path`` is not a bank.
     """
+    from xpbank.bank import open_bank
+
     buffer = open_bank(path, "r", verify=True)
     return _checked(buffer)
 
 
 def _checked(buffer: Any) -> tuple[int, int, int]:
     """``(data files, with a checksum, state files)`` of the manifest ``buffer`` was opened with."""
+    from xpbank.bank.bank import ORIGINS
+
     manifest = ORIGINS[buffer].manifest
     data = manifest.data
     return len(data), sum(e.checksum is not None for e in data), len(manifest.state_files)
@@ -113,6 +112,8 @@ def _fmt(x: float) -> str:
 
 
 def _distribution(values: np.ndarray) -> str:
+    import numpy as np
+
     if values.size == 0:
         return "-"
     q = np.percentile(values, [0, 50, 100])
@@ -120,37 +121,12 @@ def _distribution(values: np.ndarray) -> str:
     return f"mean {_fmt(values.mean())} ± {_fmt(values.std())}  {spread}"
 
 
-def _cell(text: str, limit: int = 120) -> Any:
-    """A table cell for a string read from a bank: one line, at most ``limit`` characters,
-    never read as markup (so a long or hostile manifest string costs linear time)."""
-    text_cls = require("rich.text", "cli").Text
-    short = text[: limit + 1]
-    short = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in short)
-    if len(text) > limit or len(short) > limit:
-        short = short[: limit - 1] + "…"
-    return text_cls(short)
-
-
-def cmd_ls(directory: Path) -> None:
-    """List the banks in DIRECTORY: id, size/capacity, fields, created/updated, bytes on disk."""
-    table_cls = require("rich.table", "cli").Table
-    banks = list_banks(directory)
-    table = table_cls(title=f"{len(banks)} bank(s) in {directory}")
-    for col in ("bank", "session id", "size/capacity", "fields", "created", "updated", "on disk"):
-        table.add_column(col, overflow="fold")
-    for b in banks:
-        on_disk = f"{bank_bytes(b.path):,}"
-        if b.error is not None:
-            table.add_row(_cell(b.path.name), "[red]corrupt[/red]", "", _cell(b.error, 400), "", "", on_disk)
-            continue
-        sizes = f"{b.size:,}/{b.capacity:,}"
-        cells = (b.session_id, sizes, b.spec, b.created, b.updated)
-        table.add_row(_cell(b.path.name), *(_cell(c) for c in cells), on_disk)
-    _console().print(table)
-
-
 def cmd_inspect(bank: Path, chunk: int, verify: bool = True) -> None:
     """Spec, size, per-field mean/std/min/max (read in chunks) and the episodes found."""
+    import numpy as np
+
+    from xpbank.bank import open_bank
+    from xpbank.spec.spec import key_str
     from xpbank.tools.stats import episode_stats, field_stats
 
     table_cls = require("rich.table", "cli").Table
@@ -189,6 +165,7 @@ def cmd_inspect(bank: Path, chunk: int, verify: bool = True) -> None:
 
 def cmd_merge(a: Path, b: Path, out: Path, capacity: int | None, verify: bool = True) -> None:
     """Merge banks A and B (A's items, then B's) into a new bank OUT, checking them first."""
+    from xpbank.bank import open_bank
     from xpbank.tools.import_bank import merge_banks
 
     path = merge_banks(a, b, out, capacity=capacity, verify=verify)
@@ -206,6 +183,8 @@ def _check_format(value: str, option: str) -> str:
 def cmd_export(bank: Path, to: str, out: Path, verify: bool = True) -> None:
     """Export BANK to OUT as a Minari dataset directory or an .npz archive (streaming),
     checking its checksums first."""
+    from xpbank.bank import open_bank
+
     _check_format(to, "--to")
     buffer = open_bank(bank, "r", verify=verify)
     with _Progress(len(buffer), f"export {to}") as bar:
@@ -224,6 +203,8 @@ def cmd_export(bank: Path, to: str, out: Path, verify: bool = True) -> None:
 
 def cmd_import(src: Path, fmt: str, out: Path, capacity: int | None) -> None:
     """Import SRC (a Minari dataset directory or an .npz) into a new bank OUT (streaming)."""
+    from xpbank.bank import open_bank
+
     _check_format(fmt, "--from")
     with _Progress(0, f"import {fmt}") as bar:
         if fmt == "npz":
@@ -240,6 +221,7 @@ def cmd_import(src: Path, fmt: str, out: Path, capacity: int | None) -> None:
 
 def cmd_plot(bank: Path, out: Path) -> None:
     """Plot episode returns and lengths, the reward histogram and priorities to a PNG."""
+    from xpbank.bank import open_bank
     from xpbank.tools.plot import plot_bank
 
     path = plot_bank(open_bank(bank, "r"), out, title=f"{bank.name}")
@@ -283,9 +265,14 @@ def register(app: Any, typer: Any) -> None:
 
     @app.command("ls")
     @_guarded
-    def ls(directory: Path = typer.Argument(Path("."), help="where to look for banks")) -> None:  # noqa: B008
-        """List the banks in DIRECTORY: id, size/capacity, fields, created/updated, bytes on disk."""
-        cmd_ls(directory)
+    def ls(
+        directory: Path = typer.Argument(Path("."), help="where to look for banks"),  # noqa: B008
+        long: bool = typer.Option(False, "-l", "--long", help="every manifest entry, not a table"),
+    ) -> None:
+        """List the banks in DIRECTORY: items, fields, last update, size; corrupt ones apart."""
+        from xpbank.tools.listing import cmd_ls
+
+        cmd_ls(directory, long)
 
     @app.command("inspect")
     @_guarded

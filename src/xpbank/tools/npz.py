@@ -59,6 +59,7 @@ def export_npz(
     spec, n = buffer.spec, len(buffer)
     if spec is None or n == 0:
         raise BankError("export: the bank holds no items; nothing to export")
+    target.parent.mkdir(parents=True, exist_ok=True)  # like save and merge: parents are made
     try:
         with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for key in spec:

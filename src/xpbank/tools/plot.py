@@ -104,6 +104,7 @@ def plot_bank(buffer: ReplayBuffer, path: str | os.PathLike[str], *, title: str 
     fig.suptitle(title or f"{len(buffer)} items, {len(eps.lengths)} complete episodes")
     fig.tight_layout()
     out = Path(os.fspath(path))
+    out.parent.mkdir(parents=True, exist_ok=True)  # like every command that writes
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
