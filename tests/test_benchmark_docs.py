@@ -32,7 +32,8 @@ def test_the_readme_speed_table_is_what_the_result_files_say() -> None:
 def test_every_result_file_has_the_shared_shape() -> None:
     for path in render_docs.RESULTS.glob("*.json"):
         doc = json.loads(path.read_text())
-        assert doc["benchmark"] == path.stem and doc["command"].startswith("python benchmarks/")
+        assert doc["benchmark"] == path.stem.split(".")[0], path  # name.before.json: an earlier run
+        assert f"python benchmarks/{path.stem.split('.')[0]}.py" in doc["command"], path
         assert doc["tables"] and all(t["headers"] and t["rows"] for t in doc["tables"]), path
         for t in doc["tables"]:
             assert all(len(row) == len(t["headers"]) for row in t["rows"]), (path, t["title"])
