@@ -231,6 +231,21 @@ def _returns_reference(rewards, values, last, dones, time_outs, final, gamma, la
     return adv, adv + values
 
 
+def _returns_match_reference(ours, outs: list, finals: list, g: torch.Generator) -> torch.Tensor:
+    """``ours.compute_returns`` (a random last value from ``g``, gamma 0.9, lambda 0.8, not
+    normalized) against :func:`_returns_reference` given each step's time-outs ``outs`` and
+    final values ``finals``; returns the last value."""
+    last = torch.randn(E, 1, generator=g)
+    ours.compute_returns(last, gamma=0.9, lam=0.8, normalize_advantages=False)
+    adv, ret = _returns_reference(
+        ours.rewards[..., 0], ours.values[..., 0], last[:, 0], ours.dones[..., 0], torch.stack(outs),
+        torch.stack(finals), 0.9, 0.8,
+    )  # fmt: skip
+    torch.testing.assert_close(ours.advantages[..., 0], adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.returns[..., 0], ret, rtol=1e-5, atol=1e-5)
+    return last
+
+
 def test_compute_returns_bootstraps_time_outs_from_the_true_final_value():
     ours = RolloutStorage("rl", E, T, _obs(), [A])
     g = torch.Generator().manual_seed(5)
@@ -241,15 +256,8 @@ def test_compute_returns_bootstraps_time_outs_from_the_true_final_value():
         outs.append(tr.time_outs)
         finals.append(tr.final_values[:, 0])
         ours.add_transition(tr)
-    last = torch.randn(E, 1, generator=g)
-    ours.compute_returns(last, gamma=0.9, lam=0.8, normalize_advantages=False)
-    adv, ret = _returns_reference(
-        ours.rewards[..., 0], ours.values[..., 0], last[:, 0], ours.dones[..., 0], torch.stack(outs),
-        torch.stack(finals), 0.9, 0.8,
-    )  # fmt: skip
     assert torch.stack(outs).any()
-    torch.testing.assert_close(ours.advantages[..., 0], adv, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours.returns[..., 0], ret, rtol=1e-5, atol=1e-5)
+    last = _returns_match_reference(ours, outs, finals, g)
     ours.compute_returns(last, gamma=0.9, lam=0.8)
     a = ours.advantages
     assert abs(float(a.mean())) < 1e-5 and abs(float(a.std()) - 1) < 1e-4
@@ -504,14 +512,7 @@ def test_time_outs_appearing_later_grow_the_layout():
         ours.add_transition(tr)
         assert ours.step == i + 1
     assert torch.stack(outs).any() and torch.equal(ours.time_outs[..., 0].bool(), torch.stack(outs))
-    last = torch.randn(E, 1, generator=g)
-    ours.compute_returns(last, gamma=0.9, lam=0.8, normalize_advantages=False)
-    adv, ret = _returns_reference(
-        ours.rewards[..., 0], ours.values[..., 0], last[:, 0], ours.dones[..., 0], torch.stack(outs),
-        torch.stack(finals), 0.9, 0.8,
-    )  # fmt: skip
-    torch.testing.assert_close(ours.advantages[..., 0], adv, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours.returns[..., 0], ret, rtol=1e-5, atol=1e-5)
+    _returns_match_reference(ours, outs, finals, g)
 
 
 def test_clear_during_iteration_raises_at_the_next_minibatch():

@@ -17,6 +17,7 @@ gym = pytest.importorskip("gymnasium")
 from stable_baselines3 import DQN  # noqa: E402
 from stable_baselines3.common.buffers import NStepReplayBuffer  # noqa: E402
 
+from sb3_stream import chained  # noqa: E402
 from xpbank import SpecError  # noqa: E402
 from xpbank.integrations.sb3 import PrioritizedDQN, XpbankReplayBuffer  # noqa: E402
 
@@ -25,26 +26,11 @@ ACT = gym.spaces.Discrete(4)
 FIELDS = ("observations", "actions", "next_observations", "dones", "rewards", "discounts")
 
 
-def chained(seed: int, n_envs: int, steps: int, p_done: float = 0.2):
-    """A vector env's calls: obs chains from next_obs unless the step ended (half of the
-    ends are time limits, with the true final obs as next_obs)."""
-    rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(n_envs, 3)).astype(np.float32)
-    for _ in range(steps):
-        next_obs = rng.normal(size=(n_envs, 3)).astype(np.float32)
-        done = rng.random(n_envs) < p_done
-        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
-        action = rng.integers(0, 4, size=(n_envs, 1))
-        yield obs, next_obs, action, rng.normal(size=n_envs).astype(np.float32), done, infos
-        obs = next_obs.copy()
-        obs[done] = rng.normal(size=(int(done.sum()), 3)).astype(np.float32)
-
-
 def fed(size, n_envs, steps, n_steps, gamma, handle_timeout=True, optimize=False, seed=0):
     kw = {"n_envs": n_envs, "handle_timeout_termination": handle_timeout, "n_steps": n_steps, "gamma": gamma}
     ref = NStepReplayBuffer(size, OBS, ACT, "cpu", **kw)
     buf = XpbankReplayBuffer(size, OBS, ACT, "cpu", optimize_memory_usage=optimize, seed=0, **kw)
-    for args in chained(seed, n_envs, steps):
+    for args in chained(seed, n_envs, steps, ACT, p_done=0.2):
         ref.add(*args)
         buf.add(*args)
     return ref, buf

@@ -12,6 +12,7 @@ gym = pytest.importorskip("gymnasium")
 
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # noqa: E402
 
+from sb3_stream import chained  # noqa: E402
 from xpbank import SpecError  # noqa: E402
 from xpbank.integrations.sb3 import XpbankReplayBuffer  # noqa: E402
 
@@ -19,24 +20,6 @@ OBS = gym.spaces.Box(-10, 10, (3,), np.float32)
 BOX_ACT = gym.spaces.Box(-1, 1, (2,), np.float32)
 DISCRETE = gym.spaces.Discrete(4)
 ATTRS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
-
-
-def chained(seed: int, n_envs: int, steps: int, action_space, p_done: float = 0.25):
-    """A vector env's calls: obs chains from next_obs unless the step ended (half of the
-    ends are time limits, with the true final obs as next_obs)."""
-    rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(n_envs, 3)).astype(np.float32)
-    for _ in range(steps):
-        next_obs = rng.normal(size=(n_envs, 3)).astype(np.float32)
-        done = rng.random(n_envs) < p_done
-        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
-        if isinstance(action_space, gym.spaces.Discrete):
-            action = rng.integers(0, action_space.n, size=(n_envs, 1))
-        else:
-            action = rng.uniform(-1, 1, size=(n_envs, 2)).astype(np.float32)
-        yield obs, next_obs, action, rng.normal(size=n_envs).astype(np.float32), done, infos
-        obs = next_obs.copy()
-        obs[done] = rng.normal(size=(int(done.sum()), 3)).astype(np.float32)
 
 
 def pair(size, n_envs, action_space, steps, handle_timeout=True, optimize=False, seed=0):
@@ -47,7 +30,7 @@ def pair(size, n_envs, action_space, steps, handle_timeout=True, optimize=False,
         size, OBS, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout,
         optimize_memory_usage=optimize, seed=0,
     )  # fmt: skip
-    for args in chained(seed, n_envs, steps, action_space):
+    for args in chained(seed, n_envs, steps, action_space, p_done=0.25):
         ref.add(*args)
         buf.add(*args)
     return ref, buf

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from xpbank.errors import SpecError, require
 from xpbank.integrations.sb3 import nstep as _nstep
 from xpbank.integrations.sb3 import views as _views
+from xpbank.integrations.sb3.cursor import RingCursor
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import Sampler
 from xpbank.spec.spaces import field_from_space
@@ -50,7 +51,6 @@ __all__ = ["XpbankReplayBuffer", "transition_spec"]
 require("stable_baselines3", "sb3")  # a MissingExtraError naming the extra, before the imports below
 
 from stable_baselines3.common import preprocessing as _preprocessing  # noqa: E402
-from stable_baselines3.common import utils as _utils  # noqa: E402
 from stable_baselines3.common.buffers import ReplayBuffer as _SB3ReplayBuffer  # noqa: E402
 from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 
@@ -86,7 +86,8 @@ def transition_spec(observation_space: Any, action_space: Any) -> Spec:
     )
 
 
-class XpbankReplayBuffer(_SB3ReplayBuffer):
+# type-ignore: SB3 writes pos/full; here they are read-only properties (RingCursor)
+class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override]
     """SB3's ``ReplayBuffer`` API (``replay_buffer_class=``) over an :class:`xpbank.ReplayBuffer`.
 
     Args:
@@ -163,18 +164,13 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
                 f"optimize_memory_usage: True keeps observations in memory (FrameStorage), got "
                 f"storage={storage!r}{' and a loaded bank' if _xp is not None else ''}"
             )
-        if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
-            raise SpecError(f"n_envs: expected a positive int, got {n_envs!r}")
-        # SB3's BaseBuffer.__init__ is not called: its pos/full are derived here from the ring
+        # SB3's BaseBuffer.__init__ is not called: its pos/full are derived from the ring (RingCursor)
+        self._init_sb3(
+            buffer_size, observation_space, action_space, device, n_envs, handle_timeout_termination
+        )
         spec = transition_spec(observation_space, action_space)
-        self.observation_space, self.action_space = observation_space, action_space
         self.obs_shape = spec["obs"].shape
-        self.action_dim = _preprocessing.get_action_dim(action_space)
-        self.device = _utils.get_device(device)
-        self.n_envs = int(n_envs)
-        self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.optimize_memory_usage = bool(optimize_memory_usage)
-        self.handle_timeout_termination = bool(handle_timeout_termination)
         nstep = _nstep.make_nstep(n_steps, gamma)
         self.n_steps, self.gamma = int(n_steps), float(gamma)
         if _xp is None:
@@ -191,34 +187,9 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
                 f"bank: expected {self.buffer_size * self.n_envs} items of {spec}, got "
                 f"{_xp.capacity} items of {_xp.spec}"
             )
-        self.xp = _xp
-        self._next_id = int(_xp.sample_by_index(-1)["index"]) + 1 if len(_xp) else 0
+        self._attach(_xp)
 
-    # -- SB3's cursor, derived from xpbank's ring ---------------------------------
-    @property
-    def pos(self) -> int:  # type: ignore[override]
-        """The row the next ``add`` writes (SB3's ``pos``)."""
-        return (self._next_id // self.n_envs) % self.buffer_size
-
-    @property
-    def next_id(self) -> int:
-        """The id the next transition written gets (``buffer.xp``'s ids)."""
-        return self._next_id
-
-    @property
-    def full(self) -> bool:  # type: ignore[override]
-        """Whether every row holds a transition (SB3's ``full``)."""
-        return self.xp.is_full
-
-    def size(self) -> int:
-        """Rows stored (SB3 counts steps, not transitions: ``len(buffer.xp) // n_envs``)."""
-        return len(self.xp) // self.n_envs
-
-    def reset(self) -> None:
-        """Drop every transition (ids sampled before become stale)."""
-        self.xp.clear()
-        self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
-
+    # -- SB3's arrays (pos, full, size, reset: RingCursor) -------------------------
     @property
     def dones(self) -> _views.Dones:  # type: ignore[override]
         """SB3's ``dones`` (``terminated or truncated``, float32 ``(buffer_size, n_envs)``),
@@ -352,13 +323,7 @@ class XpbankReplayBuffer(_SB3ReplayBuffer):
         envs = np.random.randint(0, high=self.n_envs, size=(len(rows),))
         return self.samples_of(_nstep.read_slots(self, rows * self.n_envs + envs), env)
 
-    # -- banks ---------------------------------------------------------------------
-    def save_bank(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
-        """Save the transitions, cursor, sampler and RNG state as an xpbank bank."""
-        from xpbank.bank import save
-
-        return save(self.xp, path)
-
+    # -- banks (save_bank: RingCursor) ---------------------------------------------
     @classmethod
     def load_bank(
         cls,

@@ -36,6 +36,7 @@ import torch
 from xpbank.errors import SpecError, require
 from xpbank.her.sampler import HerSampler
 from xpbank.integrations.sb3.buffer import transition_spec
+from xpbank.integrations.sb3.cursor import RingCursor
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import Sampler
 from xpbank.spec.spec import Field, Spec
@@ -44,8 +45,6 @@ __all__ = ["XpbankHerReplayBuffer"]
 
 require("stable_baselines3", "sb3")
 
-from stable_baselines3.common import preprocessing as _preprocessing  # noqa: E402
-from stable_baselines3.common import utils as _utils  # noqa: E402
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples  # noqa: E402
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as _SB3Her  # noqa: E402
 
@@ -72,7 +71,8 @@ def her_spec(observation_space: Any, action_space: Any) -> Spec:
     return Spec(fields)
 
 
-class XpbankHerReplayBuffer(_SB3Her):
+# type-ignore: SB3 writes pos/full; here they are read-only properties (RingCursor)
+class XpbankHerReplayBuffer(RingCursor, _SB3Her):  # type: ignore[override]
     """SB3's ``HerReplayBuffer`` (``replay_buffer_class=``) over an :class:`xpbank.ReplayBuffer`.
 
     Args:
@@ -128,20 +128,15 @@ class XpbankHerReplayBuffer(_SB3Her):
     ):
         if optimize_memory_usage:
             raise SpecError("optimize_memory_usage: not supported with Dict observations (nor by SB3's HER)")
-        if isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
-            raise SpecError(f"n_envs: expected a positive int, got {n_envs!r}")
+        # SB3's BaseBuffer.__init__ is not called: its arrays are the xpbank buffer (RingCursor)
+        self._init_sb3(
+            buffer_size, observation_space, action_space, device, n_envs, handle_timeout_termination
+        )
         strategy = getattr(goal_selection_strategy, "name", goal_selection_strategy)
         strategy = strategy.lower() if isinstance(strategy, str) else strategy
         spec = her_spec(observation_space, action_space)
-        # SB3's BaseBuffer.__init__ is not called: its arrays are the xpbank buffer
-        self.observation_space, self.action_space = observation_space, action_space
         self.obs_shape = {k: spec["obs", k].shape for k in observation_space.spaces}
-        self.action_dim = _preprocessing.get_action_dim(action_space)
-        self.device = _utils.get_device(device)
-        self.n_envs = int(n_envs)
-        self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.optimize_memory_usage = False
-        self.handle_timeout_termination = bool(handle_timeout_termination)
         self.env = env
         self.copy_info_dict = bool(copy_info_dict)
         self.n_sampled_goal = int(n_sampled_goal)
@@ -164,29 +159,9 @@ class XpbankHerReplayBuffer(_SB3Her):
             )
         else:
             _xp.sampler.compute_reward = self._compute_reward
-        self.xp = _xp
-        self._next_id = int(_xp.sample_by_index(-1)["index"]) + 1 if len(_xp) else 0
+        self._attach(_xp)
 
-    # -- SB3's cursor, derived from xpbank's ring ---------------------------------
-    @property
-    def pos(self) -> int:  # type: ignore[override]
-        """The row the next ``add`` writes (SB3's ``pos``)."""
-        return (self._next_id // self.n_envs) % self.buffer_size
-
-    @property
-    def full(self) -> bool:  # type: ignore[override]
-        return self.xp.is_full
-
-    def size(self) -> int:
-        """Rows stored (``len(buffer.xp) // n_envs``, as SB3 counts)."""
-        return len(self.xp) // self.n_envs
-
-    def reset(self) -> None:
-        """Drop every transition."""
-        self.xp.clear()
-        self._next_id = -(-self._next_id // self.xp.capacity) * self.xp.capacity
-
-    # -- writing -------------------------------------------------------------------
+    # -- writing (pos, full, size, reset: RingCursor) ------------------------------
     def add(  # type: ignore[override]
         self,
         obs: dict[str, np.ndarray],
@@ -263,13 +238,7 @@ class XpbankHerReplayBuffer(_SB3Her):
             rewards=torch.as_tensor(reward).to(to),
         )
 
-    # -- banks ---------------------------------------------------------------------
-    def save_bank(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
-        """Save the transitions, cursor, sampler and RNG state as an xpbank bank."""
-        from xpbank.bank import save
-
-        return save(self.xp, path)
-
+    # -- banks (save_bank: RingCursor) ---------------------------------------------
     @classmethod
     def load_bank(
         cls,
