@@ -127,7 +127,7 @@ def _decode_array(ref: dict[str, Any], arrays: Sequence[np.ndarray], where: str)
         held = numpy_dtype(torch_dtype) if isinstance(torch_dtype, torch.dtype) else None
     except SpecError:
         held = None
-    if held != array.dtype:
+    if not isinstance(torch_dtype, torch.dtype) or held != array.dtype:
         raise CorruptBankError(f"{where}: array {index} is {array.dtype}, which does not hold torch {dtype}")
     tensor = torch.from_numpy(np.array(array, copy=True))
     return tensor.view(torch_dtype) if tensor.dtype != torch_dtype else tensor
