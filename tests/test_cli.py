@@ -267,3 +267,17 @@ def test_help_imports_neither_torch_nor_the_buffers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert "Usage:" in out.stdout and out.stdout.strip().endswith("[]")
     assert "<bool>" not in out.stdout
+
+
+def test_ls_does_not_import_tensordict(banks):
+    """Listing reads manifests and checks their options on a tiny buffer: torch is needed,
+    tensordict (~1 s of import, half of ``xpbank ls``) is not until a batch is made."""
+    code = (
+        "import sys\n"
+        "from xpbank.tools.cli import main\n"
+        f"try:\n    main(['ls', {str(banks)!r}])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert "bank(s) in" in out.stdout and out.stdout.strip().endswith("['torch']")

@@ -15,10 +15,6 @@ PYTHON = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 # pages whose code needs what a test run does not have; each says why
 NOT_RUN = {
     "guides/ray.md": "starts a Ray cluster (tests/test_ray*.py cover the same calls)",
-    # maintained with xpbank.integrations.sb3: its first block trains SB3 agents for ~10 min
-    # here and its second uses an `env` from outside the page; tests/test_sb3_*.py run the
-    # same calls. Drop this line once the page is a short runnable walkthrough.
-    "guides/sb3.md": "trains for minutes; excerpts (tests/test_sb3_*.py run the same calls)",
 }
 # the extras a page's code imports: the page is skipped where one is missing
 NEEDS = {

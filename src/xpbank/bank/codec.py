@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.errors import BankError, CorruptBankError
+from xpbank.errors import BankError, CorruptBankError, SpecError
 from xpbank.storage.dtypes import numpy_dtype, to_numpy
 
 __all__ = ["encode", "decode"]
@@ -123,7 +123,11 @@ def _decode_array(ref: dict[str, Any], arrays: Sequence[np.ndarray], where: str)
             raise CorruptBankError(f"{where}: array {index} is {array.dtype.str}, the manifest says {dtype}")
         return array
     torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype) or numpy_dtype(torch_dtype) != array.dtype:
+    try:  # a torch dtype NumPy cannot hold (uint1, qint8 ...) is no array of a bank either
+        held = numpy_dtype(torch_dtype) if isinstance(torch_dtype, torch.dtype) else None
+    except SpecError:
+        held = None
+    if not isinstance(torch_dtype, torch.dtype) or held != array.dtype:
         raise CorruptBankError(f"{where}: array {index} is {array.dtype}, which does not hold torch {dtype}")
     tensor = torch.from_numpy(np.array(array, copy=True))
     return tensor.view(torch_dtype) if tensor.dtype != torch_dtype else tensor

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from xpbank.errors import PriorityError, SpecError
 from xpbank.nstep.option import NStep
@@ -38,6 +37,8 @@ from xpbank.storage import Storage
 from xpbank.storage.base import check_capacity, check_device
 
 __all__ = ["ReplayBuffer"]
+if TYPE_CHECKING:  # imported on first use: see xpbank.spec.batch.is_tensordict
+    from tensordict import TensorDict
 
 
 class ReplayBuffer:

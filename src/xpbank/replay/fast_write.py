@@ -35,12 +35,12 @@ transition of NumPy arrays and Python numbers falls from ~40 µs to a few µs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from xpbank.errors import XpbankError
 from xpbank.ring.episode_step import lockstep_step, record_step
@@ -174,7 +174,7 @@ def signature_of(rb: Any, batch: Any, n: int) -> Signature | None:
         return None
     if type(batch) is dict:
         src: Mapping[Any, Any] = batch
-    elif type(batch) is TensorDict:
+    elif type(batch) is getattr(sys.modules.get("tensordict"), "TensorDict", None):
         src = batch._tensordict
     else:
         return None

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-from tensordict import TensorDictBase
 
 from xpbank.errors import CapacityError, SpecError
 from xpbank.nstep.option import NStep
 from xpbank.ring.episodes import EpisodeKeys
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler
+from xpbank.spec.batch import is_tensordict
 from xpbank.spec.spec import Spec, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_device
@@ -78,7 +78,7 @@ def check_item_dims(batch: Any, batch_ndim: int) -> Any:
     ``[B]`` batches with ``[B, T, ...]`` fields, and a loss that reads the time dim
     from the batch size (TD(lambda), GAE) would compute something else without an error.
     """
-    if isinstance(batch, TensorDictBase) and batch.batch_dims > batch_ndim:
+    if is_tensordict(batch) and batch.batch_dims > batch_ndim:
         call, shape = ("extend", "[N]") if batch_ndim else ("add", "[]")
         size, own = list(batch.batch_size), list(batch.batch_size[batch_ndim:])
         raise SpecError(

@@ -12,10 +12,9 @@ hands it the fields it already read as ``flat``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
 from xpbank.replay.parts import BufferParts
@@ -23,6 +22,9 @@ from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = [
     "epochs",

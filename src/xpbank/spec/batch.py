@@ -7,17 +7,20 @@ batch is a flat dict keyed by normalized keys (see :func:`xpbank.spec.keys.norma
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from xpbank.errors import BatchTypeError, DeviceError
 from xpbank.spec.keys import NestedKey, key_str, normalize_key
 
-__all__ = ["flatten", "as_tensor", "check_tensor", "to_tensordict"]
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+__all__ = ["flatten", "as_tensor", "check_tensor", "is_tensordict", "to_tensordict"]
 
 
 def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
@@ -67,6 +70,26 @@ def as_tensor(value: Any, key: NestedKey) -> torch.Tensor:
     )
 
 
+def is_tensordict(value: Any) -> bool:
+    """Whether ``value`` is a TensorDict, without importing tensordict (~1 s of import
+    time that ``xpbank ls`` and ``import xpbank.bank`` do not need): an instance
+    exists only once its module is imported.
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> is_tensordict(TensorDict({}, batch_size=[])), is_tensordict({})
+        (True, False)
+    """
+    td = sys.modules.get("tensordict")
+    return td is not None and isinstance(value, td.TensorDictBase)
+
+
+def _import_tensordict() -> Any:
+    import tensordict  # on first use (see is_tensordict); sys.modules has it afterwards
+
+    return tensordict
+
+
 def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
     """``batch`` as a flat ``{key: tensor}`` dict. Tensors are not copied.
 
@@ -74,7 +97,7 @@ def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
         BatchTypeError: ``batch`` is not a TensorDict or mapping, or a value is not
             tensor-like.
     """
-    if isinstance(batch, TensorDictBase):
+    if is_tensordict(batch):
         return {
             (k if isinstance(k, str) else normalize_key(k)): v
             for k, v in batch.items(include_nested=True, leaves_only=True)
@@ -101,7 +124,7 @@ def _flatten_mapping(
             full = normalize_key(prefix + (key if isinstance(key, tuple) else (key,)))
         if isinstance(value, torch.Tensor):
             out[full] = value
-        elif isinstance(value, (Mapping, TensorDictBase)):
+        elif isinstance(value, Mapping) or is_tensordict(value):
             sub = value if isinstance(value, Mapping) else value.to_dict()
             _flatten_mapping(sub, full if isinstance(full, tuple) else (full,), out)
         else:
@@ -130,6 +153,7 @@ def to_tensordict(
         node[key[-1]] = value
     # _new_unsafe skips TensorDict's per-entry checks (~10 us saved per batch); the
     # tensors were checked against the spec already. Public constructor as fallback.
+    TensorDict = (sys.modules.get("tensordict") or _import_tensordict()).TensorDict
     new_unsafe = getattr(TensorDict, "_new_unsafe", None)
     if new_unsafe is not None:
         return _assemble(new_unsafe, root, size, None if device is None else torch.device(device))

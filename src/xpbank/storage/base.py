@@ -23,15 +23,17 @@ bad batch is refused before anything is written).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import torch
-from tensordict import TensorDict
 
 from xpbank.errors import CapacityError, DeviceError, SpecError, check_positive_int
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.keys import NestedKey
 from xpbank.spec.spec import Spec
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = [
     "Storage",
