@@ -21,6 +21,7 @@ from xpbank.compat._rsl_rl_steps import (
 from xpbank.compat._rsl_rl_types import Batch, Transition
 from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Attribute, Views
 from xpbank.errors import BufferChangedError, NotReadyError, SpecError, check_positive_int
+from xpbank.replay.state import seed_from
 from xpbank.rollout import RolloutBuffer, RolloutKeys
 from xpbank.rollout.minibatch import flat_plan
 from xpbank.spec.spec import Field, NestedKey, Spec
@@ -124,7 +125,7 @@ class RolloutStorage:
             }
         )
         if seed is None and not parity:  # reproducible after torch.manual_seed, as rsl_rl's own
-            seed = int(torch.randint(2**62, (), dtype=torch.int64))
+            seed = seed_from()
         self._seed = seed
         self._rb: RolloutBuffer | None = None
         self._views: Views | None = None

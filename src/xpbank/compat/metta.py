@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from xpbank.errors import CapacityError, SpecError
+from xpbank.replay.state import seed_from
 from xpbank.rollout import RolloutBuffer, RolloutKeys
 from xpbank.rollout.direct import host
 from xpbank.spec.batch import flatten, to_tensordict
@@ -161,7 +162,7 @@ class Experience:
             spec,
             device=device,
             keys=KEYS,
-            seed=int(torch.randint(2**62, (), dtype=torch.int64)),  # reproducible after torch.manual_seed
+            seed=seed_from(),  # reproducible after torch.manual_seed
             pack=False,  # a block per field: ``buffer``'s views are contiguous, a store one copy each
         )
         sizes = self._rb.sizes

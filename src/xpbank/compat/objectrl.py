@@ -33,6 +33,7 @@ from xpbank.bank import load as load_bank
 from xpbank.bank import save as save_bank
 from xpbank.errors import BankError, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer as _Buffer
+from xpbank.replay.state import seed_from
 from xpbank.sampler import epoch_plan
 from xpbank.storage.base import check_device
 
@@ -43,12 +44,6 @@ def _positions(indices: Any) -> Any:
     if isinstance(indices, range):
         return np.arange(indices.start, indices.stop, indices.step)
     return indices
-
-
-def _torch_seed() -> int:
-    """A seed drawn from torch's global RNG (objectrl samples from it, through TorchRL): runs
-    after the same ``torch.manual_seed`` sample alike."""
-    return int(torch.randint(2**62, (), dtype=torch.int64))
 
 
 class ReplayBuffer:
@@ -96,7 +91,7 @@ class ReplayBuffer:
         if buffer_size is not None:
             self.buffer_size = check_positive_int("buffer_size", buffer_size)
         self.memory = _Buffer(
-            self.buffer_size, storing_device=self.storing_device, device=self.device, seed=_torch_seed()
+            self.buffer_size, storing_device=self.storing_device, device=self.device, seed=seed_from()
         )
         self.epoch_iterator = None
         self._written = 0
@@ -215,7 +210,7 @@ class ReplayBuffer:
             )
         loaded = load_bank(root, device=self.storing_device)
         self.memory = _Buffer(
-            loaded.capacity, storing_device=self.storing_device, device=self.device, seed=_torch_seed()
+            loaded.capacity, storing_device=self.storing_device, device=self.device, seed=seed_from()
         )
         self.memory.load_state_dict(loaded.state_dict())
         self.buffer_size = loaded.capacity

@@ -39,6 +39,7 @@ from xpbank.bank import bank_metadata, bank_of, list_banks, load, new_session_id
 from xpbank.bank.manifest import json_problem
 from xpbank.errors import BankError, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
+from xpbank.replay.state import seed_from
 from xpbank.spec.spec import NestedKey
 
 __all__ = ["Experience", "ExperienceBank", "create_experience"]
@@ -145,9 +146,7 @@ class ExperienceBank:
         self.max_size = max_size
         self.session_id = session_id or new_session_id()
         # seeded from torch's global RNG: runs after the same torch.manual_seed sample alike
-        self._rb = ReplayBuffer(
-            max_size or _FIRST_CAPACITY, seed=int(torch.randint(2**62, (), dtype=torch.int64))
-        )
+        self._rb = ReplayBuffer(max_size or _FIRST_CAPACITY, seed=seed_from())
         self._infos: list[dict[str, Any] | None] = [None] * self._rb.capacity  # by slot
 
     @property
@@ -193,9 +192,7 @@ class ExperienceBank:
         if self.max_size is not None or len(self._rb) + n <= self._rb.capacity:
             return
         infos = self._ordered_infos()
-        seed = int(
-            torch.randint(2**62, (), dtype=torch.int64, generator=self._rb.generator)
-        )  # its stream goes on
+        seed = seed_from(self._rb.generator)  # its stream goes on
         bigger = ReplayBuffer(max(2 * self._rb.capacity, len(self._rb) + n), self._rb.spec, seed=seed)
         self._rb = bigger.merge_(self._rb)  # new ids 0 .. len - 1, oldest first
         self._infos = infos + [None] * (bigger.capacity - len(infos))

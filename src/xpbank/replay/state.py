@@ -16,12 +16,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from xpbank.errors import CapacityError, SpecError
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys
 from xpbank.sampler import sampler_config
 
-__all__ = ["STATE_VERSION", "config", "load_state_dict", "state_dict"]
+__all__ = ["STATE_VERSION", "config", "load_state_dict", "seed_from", "state_dict"]
+
+
+def seed_from(generator: torch.Generator | None = None) -> int:
+    """A seed for a new buffer, drawn from ``generator`` (torch's global one by default).
+
+    Front-ends that build buffers the user gave no seed for (the SB3 buffers, the seed
+    APIs) use it, so runs after the same ``torch.manual_seed`` sample alike, as the
+    libraries they mirror do.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> a = seed_from()
+        >>> _ = torch.manual_seed(0)
+        >>> a == seed_from()
+        True
+    """
+    return int(torch.randint(2**62, (), dtype=torch.int64, generator=generator))
+
 
 #: the layout version of a state dict; :func:`load_state_dict` accepts only this one
 STATE_VERSION = 1

@@ -41,6 +41,7 @@ from xpbank.integrations.sb3 import nstep as _nstep
 from xpbank.integrations.sb3 import views as _views
 from xpbank.integrations.sb3.cursor import RingCursor
 from xpbank.replay.buffer import ReplayBuffer
+from xpbank.replay.state import seed_from
 from xpbank.sampler import Sampler
 from xpbank.spec.spaces import field_from_space
 from xpbank.spec.spec import Field, Spec
@@ -175,7 +176,7 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         self.n_steps, self.gamma = int(n_steps), float(gamma)
         if _xp is None:
             if seed is None:
-                seed = int(torch.randint(2**62, (), dtype=torch.int64))
+                seed = seed_from()
             capacity = self.buffer_size * self.n_envs
             store: Any = FrameStorage(capacity, spec, stacked=False) if optimize_memory_usage else storage
             _xp = ReplayBuffer(

@@ -38,6 +38,7 @@ from xpbank.her.sampler import HerSampler
 from xpbank.integrations.sb3.buffer import transition_spec
 from xpbank.integrations.sb3.cursor import RingCursor
 from xpbank.replay.buffer import ReplayBuffer
+from xpbank.replay.state import seed_from
 from xpbank.sampler import Sampler
 from xpbank.spec.spec import Field, Spec
 
@@ -150,7 +151,7 @@ class XpbankHerReplayBuffer(RingCursor, _SB3Her):  # type: ignore[override]
         )  # fmt: skip
         if _xp is None:
             if seed is None:
-                seed = int(torch.randint(2**62, (), dtype=torch.int64))
+                seed = seed_from()
             _xp = ReplayBuffer(capacity, spec, storage=storage, sampler=her, seed=seed, num_envs=self.n_envs)
         elif _xp.spec != spec or _xp.capacity != capacity or not isinstance(_xp.sampler, HerSampler):
             raise SpecError(
