@@ -100,7 +100,7 @@ class Signature:
         self.mapping = mapping  # dict or TensorDict
         self.entries = entries
         self.count = len(entries)
-        self.keys = [e[0] for e in entries]
+        self.keys = keys
         self.views = [block.np_views[key] for key in self.keys]
         self.records = block.np_records
 
@@ -294,9 +294,7 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         for view, v in zip(sig.views, values, strict=True):
             view[slot:stop] = v
     rb._sampler.on_write(slice(slot, slot + rows), ring)
-    ring.next_id = first + rows
-    if ring.size < ring.capacity:
-        ring.size = min(ring.size + rows, ring.capacity)
+    ring.advance(rows)
     if plan is not None:
         episodes.apply(plan)
     elif step is not None:  # one lockstep step: nothing to refuse, recorded after the write

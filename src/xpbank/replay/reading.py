@@ -111,9 +111,8 @@ def sample_slots(rb: BufferParts, slots: torch.Tensor, fields: Sequence[Any] | N
     require_items(rb, "sample_slots")
     keys = read_keys(rb, fields)
     ids = rb._ring.ids_of_slots(slots)
-    if rb._nstep is not None:
-        return gather(rb, slots, ids, keys, None, rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys))
-    return gather(rb, slots, ids, keys)
+    flat = None if rb._nstep is None else rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys)
+    return gather(rb, slots, ids, keys, None, flat)
 
 
 def sample_by_index(rb: BufferParts, indices: Any, fields: Sequence[Any] | None) -> TensorDict:
