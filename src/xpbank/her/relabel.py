@@ -32,7 +32,7 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.nstep.option import NStep
 from xpbank.nstep.returns import nstep_sum
-from xpbank.ring.ids import Ring
+from xpbank.ring.ids import Ring, _to_numpy
 from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
@@ -134,13 +134,6 @@ class GoalKeys:
         return out
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    try:
-        return t.numpy()  # a CPU field of a gathered batch: a view (the common case)
-    except (RuntimeError, TypeError):  # on a device, or a dtype NumPy lacks
-        return t.detach().float().cpu().numpy() if t.dtype == torch.bfloat16 else t.detach().cpu().numpy()
-
-
 def _per_item(name: str, value: Any, n: int) -> np.ndarray:
     arr = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
     if arr.size != n:
@@ -171,7 +164,7 @@ def _read(storage: Storage, key: NestedKey, slots: np.ndarray) -> np.ndarray:
     host_view = getattr(storage, "host_view", None)
     host = host_view(key) if host_view is not None else None
     if host is None or storage.spec is None or not numpy_native(storage.spec[key].dtype):
-        return _numpy(storage.gather(torch.from_numpy(slots), [key])[key])
+        return _to_numpy(storage.gather(torch.from_numpy(slots), [key])[key])
     rows = _row_items(host)
     if rows is None:
         return host[slots]
@@ -230,7 +223,7 @@ def relabel(
     info_fields = [k for k in info_keys if k != "index"]
     if n == 1 and achieved_key in flat and not info_keys and compute_terminated is None:
         # the common case in few calls: the items' next goals are in the batch already
-        achieved, goal = _numpy(flat[achieved_key])[:m], _read(storage, achieved_key, goal_ids % c)
+        achieved, goal = _to_numpy(flat[achieved_key])[:m], _read(storage, achieved_key, goal_ids % c)
         _put(flat, keys["reward"], m, _per_item("compute_reward", compute_reward(achieved, goal, None), m))
         _put(flat, keys["desired"], m, goal)
         _put(flat, keys["next_desired"], m, goal)
@@ -240,7 +233,7 @@ def relabel(
     else:
         window, steps = episodes.walk_slots(item_ids, n)  # [n, m] slots, step-major
     if n == 1 and achieved_key in flat:  # the items' own next goals: in the batch already
-        achieved, goal = _numpy(flat[achieved_key])[:m], _read(storage, achieved_key, goal_ids % c)
+        achieved, goal = _to_numpy(flat[achieved_key])[:m], _read(storage, achieved_key, goal_ids % c)
     else:
         both = _read(storage, achieved_key, np.concatenate([window.reshape(-1), goal_ids % c]))
         achieved, goal = both[: n * m], both[n * m :]
@@ -249,7 +242,7 @@ def relabel(
     if info_keys:
         info = {k: _read(storage, k, window.reshape(-1)) for k in info_fields}
         if "index" in info_keys:
-            info["index"] = _numpy(ring.ids_of_slots(torch.from_numpy(window.reshape(-1))))
+            info["index"] = _to_numpy(ring.ids_of_slots(torch.from_numpy(window.reshape(-1))))
     reward = _per_item("compute_reward", compute_reward(achieved, goals, info), n * m).reshape(n, m)
     term_last = None
     new_steps = steps
@@ -283,5 +276,5 @@ def relabel(
         if done is not None and done in flat:
             ended = np.asarray(term_last, dtype=bool)
             if trunc is not None and trunc in flat:
-                ended = ended | _numpy(flat[trunc][:m]).reshape(-1).astype(bool)
+                ended = ended | _to_numpy(flat[trunc][:m]).reshape(-1).astype(bool)
             _put(flat, done, m, ended)
