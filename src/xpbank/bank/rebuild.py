@@ -134,9 +134,7 @@ def _check_trees(sampler: Any, root: Path, manifest: Manifest) -> None:
 
 def _state_file(manifest: Manifest, path: tuple[str, ...]) -> str | None:
     """The state file the manifest's state tree names at ``path`` (``None``: none)."""
-    node: Any = manifest.state
-    for part in path:
-        node = node.get(part) if isinstance(node, dict) else None
+    node = _node(manifest.state, path)
     index = node.get("__array__") if isinstance(node, dict) else None
     if type(index) is int and 0 <= index < len(manifest.state_files):
         return manifest.state_files[index].path

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from xpbank.compat._rsl_rl_steps import gives_time_outs
 from xpbank.errors import NotReadyError, SpecError
 from xpbank.rollout import RolloutBuffer
 from xpbank.rollout.direct import host
@@ -149,7 +150,7 @@ class Views:
             return False
         if self.time_outs:  # may raise (a time-out without its final value): nothing written yet
             put.extend((self._time_outs[k], _flat(conv(v))) for k, v in time_outs(tr).items())
-        elif getattr(tr, "time_outs", None) is not None or getattr(tr, "final_values", None) is not None:
+        elif gives_time_outs(tr):
             return False  # the layout grows: the checked path
         if any(src is None for _, src in put):
             return False
