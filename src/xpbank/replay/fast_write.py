@@ -294,7 +294,10 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         for view, v in zip(sig.views, values, strict=True):
             view[slot:stop] = v
     rb._sampler.on_write(slice(slot, slot + rows), ring)
-    ring.advance(rows)
+    # Ring.advance inlined: the method call costs ~130 ns, 3% of a one-transition add
+    ring.next_id = first + rows
+    if ring.size < ring.capacity:
+        ring.size = min(ring.size + rows, ring.capacity)
     if plan is not None:
         episodes.apply(plan)
     elif step is not None:  # one lockstep step: nothing to refuse, recorded after the write
