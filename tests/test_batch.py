@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from xpbank import BatchTypeError, SpecError, XpbankError
+from xpbank import BatchTypeError, Field, ReplayBuffer, Spec, SpecError, XpbankError
 from xpbank.spec.batch import as_tensor, flatten, to_tensordict
 
 # -- flatten ----------------------------------------------------------------------
@@ -173,3 +175,42 @@ def test_flatten_and_to_tensordict_round_trip():
     assert set(back) == set(flat)
     for key, value in flat.items():
         assert back[key] is value or back[key].data_ptr() == value.data_ptr()
+
+
+@pytest.mark.parametrize("cast", [True, False])
+def test_python_numbers_take_their_fields_dtype_exactly(cast):
+    """A Python number has no dtype: it becomes the field's dtype from its exact value
+    (never through float32 first), whatever ``cast`` says; an overflow is refused."""
+    spec = Spec(
+        {
+            "r64": Field((), torch.float64),
+            "r32": Field((), torch.float32),
+            "a": Field((2,), torch.int32),
+            "big": Field((), torch.int64),
+        }
+    )
+    rb = ReplayBuffer(8, spec, cast=cast)
+    for _ in range(2):  # the second add may take the fast path: the same result
+        rb.add({"r64": 0.1, "r32": 0.1, "a": [1, -2], "big": 2**62 + 1})
+    got = rb.sample_all()
+    assert got["r64"].tolist() == [0.1, 0.1]  # exact: 0.1 as float64, not float32's 0.1
+    assert got["r32"].tolist() == [np.float32(0.1).item()] * 2
+    assert got["a"].dtype == torch.int32 and got["a"].tolist() == [[1, -2]] * 2
+    assert got["big"].tolist() == [2**62 + 1] * 2  # no trip through a float
+    before = {k: v.clone() for k, v in rb.sample_all().items()}
+    for bad, field in (
+        ({"r64": 0.1, "r32": 1e300, "a": [1, 2], "big": 0}, "'r32': value 1e+300 overflows float32"),
+        ({"r64": 0.1, "r32": 0.0, "a": [1, 2**40], "big": 0}, "'a': expected (2,) int32, got (2,) int64"),
+        ({"r64": 0.1, "r32": 0.0, "a": [1.5, 2], "big": 0}, "'a': expected (2,) int32, got (2,) float64"),
+    ):
+        with pytest.raises(SpecError, match=re.escape(field)):
+            rb.add(bad)
+    after = rb.sample_all()
+    assert len(rb) == 2 and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_python_numbers_without_a_spec_take_torchs_default_dtypes():
+    flat = flatten({"r": 0.1, "n": 3, "d": True, "v": [0.5, 1.5]})
+    assert [flat[k].dtype for k in "rndv"] == [torch.float32, torch.int64, torch.bool, torch.float32]
+    with pytest.raises(SpecError, match=re.escape("field 'r': value 1e+300 overflows float32")):
+        flatten({"r": 1e300})

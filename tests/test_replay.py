@@ -694,7 +694,7 @@ def test_lazy_spec_takes_python_numbers(buffer_factory: BufferFactory) -> None:
     assert all(f.shape == () for f in rb.spec.values())
     with (
         unchanged(rb),
-        pytest.raises(SpecError, match=re.escape("field 'n': expected () int64, got () float32")),
+        pytest.raises(SpecError, match=re.escape("field 'n': expected () int64, got () float64")),
     ):
         rb.add({"x": 1.0, "n": 2.0, "flag": False})
 

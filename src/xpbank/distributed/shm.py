@@ -131,7 +131,7 @@ class ShmWriter:
             ChannelError: the learner closed the buffer (at once, every call after its
                 ``close``); rows of a part published as it closed may not be taken.
         """
-        (n,), flat = self._spec.conform(flatten(batch), 1)
+        (n,), flat = self._spec.conform(flatten(batch, self._spec), 1)
         channel = self._open()
         columns = {f"f{i}": to_numpy(flat[k].detach().cpu()) for i, k in enumerate(self._keys)}
         done = 0

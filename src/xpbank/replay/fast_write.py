@@ -241,9 +241,9 @@ def _number_entry(
         if cast and dtype in (torch.float32, torch.float64):
             return (key, _BOUNDED, t, (), _EXACT_INT)
         return None
-    if t is float and cast and dtype == torch.float32:
-        # the full path makes a tensor of torch's default dtype (float32 unless changed:
-        # then a float64 field would get a float32-rounded value), so only float32 fields
+    if t is float and dtype == torch.float64:
+        return (key, _NUMBER, t, (), None)  # exact, as the full path (spec.batch.as_tensor)
+    if t is float and dtype == torch.float32:  # a Python number takes its field's dtype
         return (key, _BOUNDED, t, (), _F32_MAX)
     return None
 

@@ -40,7 +40,7 @@ def add(rb: BufferParts, item: Any) -> int:
     first = try_write(rb, item, True)  # shaped like the last good item: no full checks needed
     if first is not None:
         return first
-    flat = flatten(item)
+    flat = flatten(item, rb.spec)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=0))
     _, flat = conform(rb, spec, flat, 0)
     first = int(write(rb, {k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
@@ -53,7 +53,7 @@ def extend(rb: BufferParts, batch: Any) -> range:
     first = try_write(rb, batch, False)
     if first is not None:
         return range(first, rb._ring.next_id)
-    flat = flatten(batch)
+    flat = flatten(batch, rb.spec)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
     (n,), flat = conform(rb, spec, flat, 1)
     ids = write(rb, flat, n, spec)
@@ -97,7 +97,7 @@ def update(rb: BufferParts, indices: Any, batch: Any) -> None:
     if rb.spec is None:
         raise EmptyBufferError("update: the buffer is empty (nothing has been written yet)")
     slots = rb._ring.slots_of_ids(indices)
-    flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS}
+    flat = {k: v for k, v in flatten(batch, rb.spec).items() if k not in RESERVED_KEYS}
     if rb._nstep is not None and "nstep_return" in flat and "nstep_return" not in rb.spec:
         raise SpecError(
             "update: got an n-step sample (it has 'nstep_return'); its next fields are its "

@@ -193,7 +193,7 @@ class RolloutBuffer(RolloutReader, DirectWrites):
         self._write(batch, self._layout.ids(env_ids), "store")
 
     def _write(self, batch: Any, ids: np.ndarray, what: str) -> None:
-        flat = flatten(batch)
+        flat = flatten(batch, self.spec)
         spec = self.spec if self.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
         (n,) = spec.validate(flat, batch_ndim=1)
         if n != ids.size:
@@ -251,7 +251,8 @@ class RolloutBuffer(RolloutReader, DirectWrites):
                 f"update: index {bad} is from an earlier rollout (cleared since); ids of this one "
                 f"are in [{gen * cap}, {(gen + 1) * cap})"
             )
-        flat = {k: v for k, v in flatten(batch).items() if k not in RESERVED_KEYS - {"advantage", "return"}}
+        writable = RESERVED_KEYS - {"advantage", "return"}
+        flat = {k: v for k, v in flatten(batch, self.spec).items() if k not in writable}
         rows: dict[NestedKey, torch.Tensor] = {}
         for key, value in flat.items():
             if tuple(value.shape[: len(lead)]) != lead:

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from xpbank.errors import BatchTypeError, DeviceError
+from xpbank.errors import BatchTypeError, DeviceError, SpecError
+from xpbank.spec.cast import check_cast, is_safe_cast
 from xpbank.spec.keys import NestedKey, key_str, normalize_key
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
+
+    from xpbank.spec.spec import Spec
 
 __all__ = ["flatten", "as_tensor", "check_tensor", "is_tensordict", "to_tensordict"]
 
@@ -52,22 +55,76 @@ def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
         )
 
 
-def as_tensor(value: Any, key: NestedKey) -> torch.Tensor:
-    """A tensor view of ``value`` when possible (NumPy arrays share memory)."""
+def as_tensor(value: Any, key: NestedKey, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor view of ``value`` when possible (NumPy arrays share memory).
+
+    Python numbers, bools and (nested) lists of them have no dtype of their own: given
+    the field's ``dtype`` they become that dtype straight from their exact value (a
+    float64 field keeps ``0.1`` as the float64 ``0.1``, never a float32-rounded one), and
+    a finite value that would overflow it is refused. Without a ``dtype`` (a lazily laid
+    out buffer's first write) they take torch's default dtypes, as ``torch.tensor`` does.
+
+    Raises:
+        BatchTypeError: ``value`` is not tensor-like (an object array, a string ...).
+        SpecError: a Python number overflows the dtype it must take.
+
+    Example:
+        >>> as_tensor(0.1, "reward", torch.float64).item() == 0.1
+        True
+        >>> as_tensor(0.1, "reward").dtype
+        torch.float32
+    """
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             raise BatchTypeError(f"field {key_str(key)!r}: object arrays cannot be stored")
         return torch.from_numpy(value) if value.flags.writeable else torch.as_tensor(value.copy())
-    if isinstance(value, (bool, int, float, np.generic, list, tuple)):
+    if isinstance(value, np.generic):  # before float: np.float64 is a Python float too
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise BatchTypeError(f"field {key_str(key)!r}: cannot make a tensor of {value!r}") from exc
+    if isinstance(value, (bool, int, float, list, tuple)):
+        return _python_numbers(value, key, dtype)
     raise BatchTypeError(
         f"field {key_str(key)!r}: expected a tensor, array or number, got {type(value).__name__}"
     )
+
+
+def _python_numbers(value: Any, key: NestedKey, dtype: torch.dtype | None) -> torch.Tensor:
+    """Python numbers (or nested lists of them) as a tensor of ``dtype`` (see :func:`as_tensor`)."""
+    try:
+        exact = np.asarray(value)  # float64 / int64 / bool: every Python value exactly
+    except (TypeError, ValueError, OverflowError):
+        exact = np.asarray(None)
+    if exact.dtype.kind not in "bif":  # ragged, huge ints, strings, tensors inside a list
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BatchTypeError(f"field {key_str(key)!r}: cannot make a tensor of {value!r}") from exc
+    src = torch.from_numpy(exact)
+    if dtype is None:
+        dtype = torch.get_default_dtype() if exact.dtype.kind == "f" else src.dtype
+    if src.dtype == dtype:
+        return src
+    if is_safe_cast(src.dtype, dtype):
+        try:
+            return check_cast(key, src, dtype)  # a finite value that overflows is refused
+        except SpecError as exc:
+            why = str(exc).split(";")[0]
+            raise SpecError(
+                f"{why}; a Python number takes its field's dtype: convert or clip it yourself"
+            ) from None
+    if src.dtype == torch.int64 and _kind_is_int(dtype):
+        info = torch.iinfo(dtype)
+        if exact.size == 0 or (info.min <= exact.min() and exact.max() <= info.max):
+            return src.to(dtype)  # Python ints that fit a narrower int field
+    return src  # not convertible: the spec's check refuses it with its usual message
+
+
+def _kind_is_int(dtype: torch.dtype) -> bool:
+    return not (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex)
 
 
 def is_tensordict(value: Any) -> bool:
@@ -90,8 +147,9 @@ def _import_tensordict() -> Any:
     return tensordict
 
 
-def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
-    """``batch`` as a flat ``{key: tensor}`` dict. Tensors are not copied.
+def flatten(batch: Any, spec: Spec | None = None) -> dict[NestedKey, torch.Tensor]:
+    """``batch`` as a flat ``{key: tensor}`` dict. Tensors are not copied; Python
+    numbers take their field's dtype in ``spec`` exactly (see :func:`as_tensor`).
 
     Raises:
         BatchTypeError: ``batch`` is not a TensorDict or mapping, or a value is not
@@ -104,7 +162,7 @@ def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
         }
     if isinstance(batch, Mapping):
         out: dict[NestedKey, torch.Tensor] = {}
-        _flatten_mapping(batch, (), out)
+        _flatten_mapping(batch, (), out, spec)
         return out
     raise BatchTypeError(
         f"a batch must be a TensorDict or a mapping of tensors/arrays, got {type(batch).__name__}"
@@ -112,7 +170,10 @@ def flatten(batch: Any) -> dict[NestedKey, torch.Tensor]:
 
 
 def _flatten_mapping(
-    batch: Mapping[Any, Any], prefix: tuple[str, ...], out: dict[NestedKey, torch.Tensor]
+    batch: Mapping[Any, Any],
+    prefix: tuple[str, ...],
+    out: dict[NestedKey, torch.Tensor],
+    spec: Spec | None = None,
 ) -> None:
     for key, value in batch.items():
         if type(value) is torch.Tensor and type(key) is str and not prefix:  # the common case
@@ -126,9 +187,10 @@ def _flatten_mapping(
             out[full] = value
         elif isinstance(value, Mapping) or is_tensordict(value):
             sub = value if isinstance(value, Mapping) else value.to_dict()
-            _flatten_mapping(sub, full if isinstance(full, tuple) else (full,), out)
+            _flatten_mapping(sub, full if isinstance(full, tuple) else (full,), out, spec)
         else:
-            out[full] = as_tensor(value, full)
+            field = spec.get(full) if spec is not None else None
+            out[full] = as_tensor(value, full, field.dtype if field is not None else None)
 
 
 def to_tensordict(

@@ -7,6 +7,11 @@ conversion that loses what matters in RL (a fraction, a sign, a large count, a t
 value made from a number, a finite value that overflows to infinity) is refused with the
 usual :class:`~xpbank.SpecError`.
 
+Python numbers, bools and lists of them have no dtype, so this table does not apply to
+them: they take their field's dtype from their exact value, with or without ``cast``
+(a float64 field stores ``0.1`` exactly, never a float32-rounded copy), and a finite
+value that would overflow the field is refused (:func:`xpbank.spec.batch.as_tensor`).
+
 Unsigned inputs: uint8 is an ordinary int; uint16/32/64 (which no field can hold, see
 :func:`~xpbank.spec.field.check_storable`) convert by the same rule as every int, by
 dtype, never by value: uint16 -> int32/int64 and uint32 -> int64 (every value fits),

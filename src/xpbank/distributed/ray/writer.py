@@ -107,7 +107,7 @@ class RayWriter:
         Raises:
             SpecError: as :meth:`ReplayBuffer.add` (shapes named without a batch dim).
         """
-        flat = flatten(item)
+        flat = flatten(item, self._spec)
         spec = self._spec
         if spec is None:
             why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
@@ -125,7 +125,7 @@ class RayWriter:
             SpecError: as :meth:`ReplayBuffer.extend`, or an env id outside ``[0, 2**20)``.
             BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
         """
-        flat = flatten(batch)
+        flat = flatten(batch, self._spec)
         spec = self._spec
         if spec is None:
             why = "sampled batches carry the items' ids under 'index', which would hide the stored field"
