@@ -44,6 +44,24 @@ README_FIGURES = [
      ["rsl_rl RolloutStorage", "SB3 RolloutBuffer", "TorchRL (GAE + buffer)"]),
 ]  # fmt: skip
 
+# Rows of the small loops users write: (what, benchmark, table title prefix, row label
+# prefix, the baseline's column, xpbank's column, peers' columns). Each cell is a time;
+# the README shows each as a ratio to the baseline's (median) time in the same row.
+README_ROWS = [
+    ("add one transition, NumPy (time vs SB3's add; lower is faster)", "bench_small_calls",
+     "Small calls", "add: NumPy", "SB3", "xpbank", ["cpprb", "TorchRL"]),
+    ("add one transition, torch tensors (time vs SB3's add)", "bench_small_calls",
+     "Small calls", "add: torch", "SB3", "xpbank", ["cpprb", "TorchRL"]),
+    ("extend one step of 8 envs, NumPy (time vs SB3's add)", "bench_small_calls",
+     "Small calls", "extend [8]: NumPy", "SB3", "xpbank", ["cpprb", "TorchRL"]),
+    ("sample 32 of 100k (time vs SB3's sample)", "bench_small_calls", "Small calls",
+     "sample(32) of 100k", "SB3", "xpbank", ["cpprb", "TorchRL"]),
+    ("SB3 DQN learn() on CartPole, whole loop (time vs SB3's own buffer)", "bench_in_loop",
+     "Whole training loops", "SB3 DQN / CartPole", "original s", "xpbank s", []),
+    ("HER sample 256 (time vs SB3's HerReplayBuffer)", "bench_her", "HER sample(256)",
+     "xpbank HER (future", None, "per call: median (range)", []),
+]  # fmt: skip
+
 # the order of the page; files of other benchmarks follow, by name
 ORDER = [
     "bench_replay", "bench_prioritized", "bench_sequence", "bench_images", "bench_rollout",
@@ -248,7 +266,46 @@ def readme_table(docs: list[dict[str, Any]]) -> str:
             continue
         others = ", ".join(f"{name} {_ratio(rows[name])}" for name in peers if name in rows)
         lines.append(f"| {what} | {_ratio(rows[ours])} | {others or '-'} |")
-    return "\n".join(lines)
+    return "\n".join(lines + readme_rows(docs))
+
+
+def _median(cell: str) -> float | None:
+    """``'10.9 µs (3.3-59.6)'`` or ``'118.66'`` -> the leading number; ``'—'`` -> None."""
+    head = cell.strip().split(" ")[0].replace(",", "")
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def readme_rows(docs: list[dict[str, Any]]) -> list[str]:
+    """The README's rows for small calls and whole loops (:data:`README_ROWS`)."""
+    by_stem = {d["benchmark"]: d for d in docs}
+    lines = []
+    for what, stem, title, label, base, ours, peers in README_ROWS:
+        doc = by_stem.get(stem)
+        tables = [t for t in (doc or {}).get("tables", []) if t["title"].startswith(title)]
+        if not tables:
+            continue
+        headers, rows = tables[0]["headers"], tables[0]["rows"]
+        row = next((r for r in rows if r[0].startswith(label)), None)
+        if row is None or ours not in headers:
+            continue
+        if base is None:  # a ratio against another row: SB3's HER, by its label
+            ref = next((r for r in rows if r[0].startswith("SB3")), None)
+            reference = _median(ref[headers.index(ours)]) if ref else None
+        else:
+            reference = _median(row[headers.index(base)]) if base in headers else None
+        mine = _median(row[headers.index(ours)])
+        if not reference or mine is None:
+            continue
+        others = []
+        for name in peers:
+            value = _median(row[headers.index(name)]) if name in headers else None
+            if value is not None:
+                others.append(f"{name} {value / reference:.2f}x")
+        lines.append(f"| {what} | {mine / reference:.2f}x | {', '.join(others) or '-'} |")
+    return lines
 
 
 def render_readme(text: str, docs: list[dict[str, Any]]) -> str:
