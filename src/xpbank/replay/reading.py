@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
+from xpbank.replay.fast_read import try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
@@ -82,6 +83,10 @@ def gather(
 
 def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
     """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
+    if replace and fields is None:  # every field of a uniform CPU buffer: see fast_read.py
+        batch = try_sample(rb, batch_size)
+        if batch is not None:
+            return batch
     batch_size = check_positive_int("batch_size", batch_size)
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory

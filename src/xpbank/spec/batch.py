@@ -203,12 +203,16 @@ def to_tensordict(
     The tensors are taken as they are (no copy, no shape check): callers pass tensors
     whose leading dims are ``batch_size``, all on ``device`` (when given).
     """
-    size = torch.Size(batch_size)
+    size = batch_size if type(batch_size) is torch.Size else torch.Size(batch_size)
+    if device is not None and type(device) is not torch.device:
+        device = torch.device(device)
     root: dict[str, Any] = {}
+    nested = False
     for key, value in flat.items():
         if isinstance(key, str):
             root[key] = value
             continue
+        nested = True
         node = root
         for part in key[:-1]:
             node = node.setdefault(part, {})
@@ -217,9 +221,13 @@ def to_tensordict(
     # tensors were checked against the spec already. Public constructor as fallback.
     TensorDict = (sys.modules.get("tensordict") or _import_tensordict()).TensorDict
     new_unsafe = getattr(TensorDict, "_new_unsafe", None)
-    if new_unsafe is not None:
-        return _assemble(new_unsafe, root, size, None if device is None else torch.device(device))
-    return TensorDict(root, batch_size=size, device=device)
+    if new_unsafe is None:
+        return TensorDict(root, batch_size=size, device=device)
+    if nested:
+        return _assemble(new_unsafe, root, size, device)
+    td = new_unsafe(root, batch_size=size)  # as _assemble does, without its walk for nested dicts
+    td._device = device
+    return td
 
 
 def _assemble(

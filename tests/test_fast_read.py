@@ -1,0 +1,178 @@
+"""The read fast path (replay/fast_read.py): ``sample(B)`` of every field from a uniform
+CPU buffer. It must give exactly the batch the general path gives (same draws, keys in
+the same order, dtypes, values, ids, device) and leave the generator in the same state.
+
+Each test runs the same calls on two buffers built alike, one with the fast path
+switched off (``rb._fast_read = False``, the private switch), and compares the batches.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from xpbank import Field, NStep, ReplayBuffer, Spec
+from xpbank.replay.fast_read import ids_of_rows
+from xpbank.ring.ids import Ring
+from xpbank.sampler import PrioritizedSampler
+
+SPEC = Spec(
+    {
+        "obs": Field((3,)),
+        "action": Field((), torch.int64),
+        "reward": Field(()),
+        "terminated": Field((), torch.bool),
+        ("next", "obs"): Field((3,)),
+        "h": Field((2,), torch.bfloat16),
+    }
+)
+
+
+def batch(rng: np.random.Generator, n: int) -> dict:
+    return {
+        "obs": torch.from_numpy(rng.standard_normal((n, 3)).astype(np.float32)),
+        "action": torch.from_numpy(rng.integers(0, 5, n)),
+        "reward": torch.from_numpy(rng.standard_normal(n).astype(np.float32)),
+        "terminated": torch.from_numpy(rng.random(n) < 0.2),
+        ("next", "obs"): torch.from_numpy(rng.standard_normal((n, 3)).astype(np.float32)),
+        "h": torch.from_numpy(rng.standard_normal((n, 2)).astype(np.float32)).to(torch.bfloat16),
+    }
+
+
+def pair(capacity: int = 16, spec: Spec | None = SPEC, **kw) -> tuple[ReplayBuffer, ReplayBuffer]:
+    fast = ReplayBuffer(capacity, spec, seed=3, **kw)
+    slow = ReplayBuffer(capacity, spec, seed=3, **kw)
+    slow._fast_read = False
+    return fast, slow
+
+
+def assert_same_batch(a, b) -> None:
+    assert list(a.keys(include_nested=True, leaves_only=True)) == list(
+        b.keys(include_nested=True, leaves_only=True)
+    )
+    assert a.batch_size == b.batch_size and a.device == b.device
+    for key in b.keys(include_nested=True, leaves_only=True):
+        x, y = a[key], b[key]
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        if x.dtype == torch.bfloat16:  # the bits (torch.equal of bfloat16 compares as floats)
+            x, y = x.view(torch.int16), y.view(torch.int16)
+        assert torch.equal(x, y), key
+
+
+def test_fast_sample_is_the_general_sample_through_wraps_and_clears():
+    rng = np.random.default_rng(0)
+    fast, slow = pair()
+    for step in range(40):
+        n = int(rng.integers(1, 7))
+        data = batch(rng, n)
+        fast.extend(data)
+        slow.extend(data)
+        if step % 13 == 12:
+            fast.clear()
+            slow.clear()
+            continue
+        for b in (1, 5, 32):
+            assert_same_batch(fast.sample(b), slow.sample(b))
+    assert fast.__dict__.get("_read_plan") is not None  # the fast path was taken
+    assert slow.__dict__.get("_read_plan") is None
+    assert torch.equal(fast.generator.get_state(), slow.generator.get_state())
+
+
+def test_batches_are_fresh_memory_and_the_slot_tensor_never_leaks():
+    rng = np.random.default_rng(1)
+    rb = ReplayBuffer(16, SPEC, seed=0)
+    rb.extend(batch(rng, 16))
+    first = rb.sample(8)
+    kept = first.clone()
+    first["obs"].fill_(7.0)  # the batch is a copy: the storage is unchanged
+    second = rb.sample(8)  # a new draw into the same slot tensor
+    assert torch.equal(first["index"], kept["index"])  # the first batch's ids stay as they were
+    assert not torch.equal(rb.sample_all()["obs"], torch.full((16, 3), 7.0))
+    assert second["index"].data_ptr() != first["index"].data_ptr()
+
+
+def test_many_batch_sizes_and_what_takes_the_general_path():
+    fast, slow = pair()
+    for rb in (fast, slow):
+        rb.extend(batch(np.random.default_rng(5), 12))
+    for b in [*range(1, 20), 3, 1 << 17]:  # more sizes than kept, and one past the fast path's
+        assert_same_batch(fast.sample(b), slow.sample(b))
+    for kw in ({"replace": False}, {"fields": ["obs"]}):
+        assert_same_batch(fast.sample(4, **kw), slow.sample(4, **kw))
+    with pytest.raises(ValueError, match="batch_size"):
+        fast.sample(0)
+    with pytest.raises(ValueError, match="batch_size"):
+        fast.sample(True)
+    with pytest.raises(ValueError, match="empty"):
+        ReplayBuffer(4, SPEC).sample(2)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"sampler": PrioritizedSampler()},
+        {"nstep": NStep(2, 0.9), "num_envs": 1},
+        {"storage": "memmap"},
+        {"device": "meta"},
+    ],
+    ids=["prioritized", "nstep", "memmap", "other-device"],
+)
+def test_other_buffers_take_the_general_path(kw):
+    keys = ("terminated", "truncated")
+    spec = Spec({"obs": Field((3,)), "reward": Field(()), **{k: Field((), torch.bool) for k in keys}})
+    rb = ReplayBuffer(8, spec, seed=0, **kw)
+    rb.extend(
+        {
+            "obs": torch.randn(4, 3),
+            "reward": torch.ones(4),
+            **{k: torch.zeros(4, dtype=torch.bool) for k in keys},
+        }
+    )
+    assert rb.sample(2).batch_size == (2,)
+    assert rb.__dict__.get("_read_plan") is None
+
+
+def test_a_relaid_or_unpickled_storage_is_read_through_a_new_plan():
+    rng = np.random.default_rng(4)
+    fast, slow = pair()
+    data = batch(rng, 10)
+    fast.extend(data)
+    slow.extend(data)
+    assert_same_batch(fast.sample(4), slow.sample(4))
+    plan = fast._read_plan
+    copy = pickle.loads(pickle.dumps(fast))
+    assert copy.__dict__.get("_read_plan") is None  # never pickled: it holds NumPy views
+    assert_same_batch(copy.sample(4), slow.sample(4))
+    fast.storage.initialize(SPEC)  # a new layout: the old plan reads a stale block
+    fast.extend(data)
+    fast.sample(3)
+    assert fast._read_plan is not plan
+
+
+def test_a_lazy_buffer_samples_the_same():
+    rng = np.random.default_rng(6)
+    fast, slow = pair(spec=None)
+    data = {"obs": torch.from_numpy(rng.standard_normal((9, 2)).astype(np.float32)), "r": torch.arange(9)}
+    fast.extend(data)
+    slow.extend(data)
+    assert_same_batch(fast.sample(6), slow.sample(6))
+
+
+def test_ids_of_rows_is_the_rings_ids_of_slots():
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        capacity = int(rng.integers(1, 12))
+        ring = Ring(capacity)
+        for _ in range(int(rng.integers(0, 6))):
+            if rng.random() < 0.2:
+                ring.clear()
+            else:
+                ring.advance(int(rng.integers(0, 3 * capacity)))
+        if ring.size == 0:
+            continue
+        rows = rng.integers(0, ring.size, 6)  # the live slots: [0, size) until full
+        want = ring.ids_of_slots(torch.from_numpy(rows)).numpy()
+        assert np.array_equal(ids_of_rows(ring, rows), want)
