@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from xpbank.sampler.uniform import UniformSampler
-from xpbank.spec.batch import to_tensordict
+from xpbank.spec.batch import flat_tensordict, to_tensordict
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -47,6 +47,7 @@ class ReadPlan:
     def __init__(self, rb: Any, reader: Any):
         self.storage, self.reader, self.sampler = rb._storage, reader, rb._sampler
         self.device = rb._device
+        self.flat = all(type(k) is str for k in reader.keys)  # no nested keys: flat_tensordict
         # batch size -> (slot tensor, its NumPy view, the batch's torch.Size)
         self.draws: dict[int, tuple[torch.Tensor, Any, torch.Size]] = {}
 
@@ -106,6 +107,8 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     ids = ids_of_rows(ring, rows)  # a new array: the slot tensor stays here
     flat = plan.reader.read(rows)
     flat["index"] = torch.from_numpy(ids)
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
     return to_tensordict(flat, size, plan.device)
 
 

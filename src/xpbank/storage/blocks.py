@@ -153,6 +153,7 @@ class RecordReader:
         self.fields = [
             (k, name_of[k][0], None if numpy_native(name_of[k][1]) else name_of[k][1]) for k in order
         ]
+        self.keys = list(order)
 
     def read(self, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         """The fields of ``rows`` (an int index), fresh tensors (they alias only the taken copy)."""
