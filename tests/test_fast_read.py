@@ -43,8 +43,8 @@ def batch(rng: np.random.Generator, n: int) -> dict:
 
 
 def pair(capacity: int = 16, spec: Spec | None = SPEC, **kw) -> tuple[ReplayBuffer, ReplayBuffer]:
-    fast = ReplayBuffer(capacity, spec, seed=3, **kw)
-    slow = ReplayBuffer(capacity, spec, seed=3, **kw)
+    fast = ReplayBuffer(capacity, spec, seed=3, **{k: v() if callable(v) else v for k, v in kw.items()})
+    slow = ReplayBuffer(capacity, spec, seed=3, **{k: v() if callable(v) else v for k, v in kw.items()})
     slow._fast_read = False
     return fast, slow
 
@@ -111,28 +111,38 @@ def test_many_batch_sizes_and_what_takes_the_general_path():
 
 
 @pytest.mark.parametrize(
-    "kw",
+    ("kw", "fast_tail"),
     [
-        {"sampler": PrioritizedSampler()},
-        {"nstep": NStep(2, 0.9), "num_envs": 1},
-        {"storage": "memmap"},
-        {"device": "meta"},
+        ({"sampler": PrioritizedSampler}, True),  # its own draw, then the fast read
+        ({"sampler": lambda: PrioritizedSampler(tree_device="cpu")}, True),
+        ({"nstep": lambda: NStep(2, 0.9), "num_envs": 1}, False),
+        ({"storage": "memmap"}, False),
+        ({"device": "meta"}, False),
     ],
-    ids=["prioritized", "nstep", "memmap", "other-device"],
+    ids=["prioritized", "prioritized-torch", "nstep", "memmap", "other-device"],
 )
-def test_other_buffers_take_the_general_path(kw):
+def test_other_buffers_sample_the_same(kw, fast_tail):
     keys = ("terminated", "truncated")
     spec = Spec({"obs": Field((3,)), "reward": Field(()), **{k: Field((), torch.bool) for k in keys}})
-    rb = ReplayBuffer(8, spec, seed=0, **kw)
-    rb.extend(
-        {
-            "obs": torch.randn(4, 3),
-            "reward": torch.ones(4),
-            **{k: torch.zeros(4, dtype=torch.bool) for k in keys},
+    fast, slow = pair(8, spec, **kw)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        data = {
+            "obs": torch.from_numpy(rng.standard_normal((3, 3)).astype(np.float32)),
+            "reward": torch.ones(3),
+            **{k: torch.from_numpy(rng.random(3) < 0.3) for k in keys},
         }
-    )
-    assert rb.sample(2).batch_size == (2,)
-    assert rb.__dict__.get("_read_plan") is None
+        fast.extend(data)
+        slow.extend(data)
+        a, b = fast.sample(4), slow.sample(4)
+        if kw.get("device") != "meta":
+            assert_same_batch(a, b)
+        if "weight" in b:  # the same priorities back: the same trees after
+            for rb, batch in ((fast, a), (slow, b)):
+                rb.update_priority(batch["index"], batch["obs"].abs().sum(-1))
+    plan = fast.__dict__.get("_read_plan")
+    assert (plan is not None and plan.usable and not plan.uniform) == fast_tail
+    assert plan is None or not (plan.usable and plan.uniform)  # none of them draws here
 
 
 def test_a_relaid_or_unpickled_storage_is_read_through_a_new_plan():

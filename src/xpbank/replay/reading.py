@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
-from xpbank.replay.fast_read import try_sample
+from xpbank.replay.fast_read import try_read, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
@@ -99,11 +99,15 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
         )
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
     slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
+    if keys is None and rb._nstep is None and relabel is None:
+        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
+        if batch is not None:
+            return batch
     ids = rb._ring.ids_of_slots(slots)
     flat = None
     if rb._nstep is not None:  # the items' fields and their n-step entries in one read
         flat = rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys)
-    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
     if relabel is not None:
         flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
     return gather(rb, slots, ids, keys, info, flat)
