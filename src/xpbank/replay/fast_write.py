@@ -287,13 +287,13 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
             plan = episodes.plan(dict(zip(sig.keys, values, strict=True)), rows, sig.spec)
         except XpbankError:
             return None
+    written = slice(slot, slot + rows)  # made once, not per field
     if n == 0:
         sig.records[slot] = tuple(values)
     else:
-        stop = slot + n
         for view, v in zip(sig.views, values, strict=True):
-            view[slot:stop] = v
-    rb._sampler.on_write(slice(slot, slot + rows), ring)
+            view[written] = v
+    rb._sampler.on_write(written, ring)
     # Ring.advance inlined: the method call costs ~130 ns, 3% of a one-transition add
     ring.next_id = first + rows
     if ring.size < ring.capacity:

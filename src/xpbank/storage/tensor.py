@@ -98,6 +98,7 @@ class TensorStorage(StorageBase):
         self._blocks: list[Block] = []
         self._block_of: dict[NestedKey, Block] = {}
         self._reader: RecordReader | None = None  # gather() of every field: see _lay_out
+        self._host_block: Block | None = None
         if spec is not None:
             self.initialize(spec)
 
@@ -137,8 +138,9 @@ class TensorStorage(StorageBase):
         field at once where they are one packed CPU block of narrow rows (a sample)."""
         self._blocks = blocks
         self._block_of = {m.key: b for b in blocks for m in b.members}
-        one = blocks[0] if len(blocks) == 1 else None
-        narrow = one is not None and one.np_records is not None and not _by_field(one, one.members)
+        one = blocks[0] if len(blocks) == 1 and blocks[0].np_data is not None else None
+        self._host_block = one  # host_block: looked up on every add
+        narrow = one is not None and not _by_field(one, one.members)
         self._reader = RecordReader(one, list(self._spec)) if narrow else None  # type: ignore[arg-type]
 
     def _to_device(self, value: torch.Tensor) -> torch.Tensor:
@@ -275,8 +277,7 @@ class TensorStorage(StorageBase):
         (:mod:`xpbank.replay.fast_write`) stores checked rows straight into its NumPy
         views; a new layout (:meth:`initialize`, unpickling) makes a new block, which
         tells it that what it kept is stale."""
-        blocks = self._blocks
-        return blocks[0] if len(blocks) == 1 and blocks[0].np_data is not None else None
+        return self._host_block
 
     @property
     def host_reader(self) -> RecordReader | None:
@@ -327,7 +328,11 @@ class TensorStorage(StorageBase):
     def __getstate__(self) -> dict[str, Any]:
         # Send the tensors (shared ones travel by handle through torch.multiprocessing)
         # and rebuild the NumPy views on arrival: pickled views would be private copies.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_blocks", "_block_of", "_reader")}
+        state = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_blocks", "_block_of", "_reader", "_host_block")
+        }
         state["_block_parts"] = [(b.members, b.row_bytes, b.data) for b in self._blocks]
         return state
 
