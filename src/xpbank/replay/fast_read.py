@@ -132,8 +132,11 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
         rows = slots.numpy()
     except (RuntimeError, TypeError):  # not on the CPU
         return None
-    if rows.dtype != np.int64 or not all(v.device.type == "cpu" for v in info.values()):
+    if rows.dtype != np.int64:
         return None
+    for value in info.values():  # a loop, not all(...): ~0.3 µs less for one entry
+        if not value.is_cpu:
+            return None
     return _batch(plan, rb._ring, rows, slots.shape, info)
 
 

@@ -117,32 +117,16 @@ class Signature:
         if len(src) != self.count:
             return None
         out = []
+        # module globals as locals: each global (and torch.Tensor's attribute) lookup
+        # per field added ~0.1 µs to a call of six fields
+        ndarray, tensor, strided = np.ndarray, torch.Tensor, _STRIDED
         for key, kind, want, shape, bound in self.entries:
             v = src.get(key)
             if kind == _ARRAY:
-                if (
-                    type(v) is not np.ndarray
-                    or v.shape != shape
-                    or ((d := v.dtype) is not want and d != want)
-                ):
-                    return None
-            elif kind == _NUMBER:
-                if type(v) is not want:
-                    return None
-            elif kind == _BOUNDED:
-                if type(v) is not want or not -bound <= v <= bound:
-                    return None
-            elif kind == _TENSOR:
-                if type(v) is not torch.Tensor or v.dtype is not want:
-                    return None
-                try:  # a dense CPU tensor without grad: a view (raises for any other)
-                    v = v.numpy()
-                except (RuntimeError, TypeError):
-                    return None
-                if v.shape != shape:
+                if type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
                     return None
             elif kind == _TENSOR0:
-                if type(v) is not torch.Tensor or v.dtype is not want or v.layout is not _STRIDED:
+                if type(v) is not tensor or v.dtype is not want or v.layout is not strided:
                     return None
                 try:
                     if v.dim():
@@ -151,6 +135,21 @@ class Signature:
                 except (RuntimeError, TypeError):
                     return None
                 if bound is not None and not -bound <= v <= bound:
+                    return None
+            elif kind == _TENSOR:
+                if type(v) is not tensor or v.dtype is not want:
+                    return None
+                try:  # a dense CPU tensor without grad: a view (raises for any other)
+                    v = v.numpy()
+                except (RuntimeError, TypeError):
+                    return None
+                if v.shape != shape:
+                    return None
+            elif kind == _NUMBER:
+                if type(v) is not want:
+                    return None
+            elif kind == _BOUNDED:
+                if type(v) is not want or not -bound <= v <= bound:
                     return None
             else:  # _ARRAY_NARROW
                 if type(v) is not np.ndarray or v.dtype != want or v.shape != shape:

@@ -19,7 +19,7 @@ import torch
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
 from xpbank.replay.fast_read import try_read, try_sample
 from xpbank.replay.parts import BufferParts
-from xpbank.sampler import epoch_plan
+from xpbank.sampler import UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
@@ -83,7 +83,7 @@ def gather(
 
 def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
     """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
-    if replace and fields is None:  # every field of a uniform CPU buffer: see fast_read.py
+    if replace and fields is None and type(rb._sampler) is UniformSampler:  # see fast_read.py
         batch = try_sample(rb, batch_size)
         if batch is not None:
             return batch
