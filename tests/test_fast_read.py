@@ -186,3 +186,16 @@ def test_ids_of_rows_is_the_rings_ids_of_slots():
         rows = rng.integers(0, ring.size, 6)  # the live slots: [0, size) until full
         want = ring.ids_of_slots(torch.from_numpy(rows)).numpy()
         assert np.array_equal(ids_of_rows(ring, rows), want)
+
+
+@pytest.mark.parametrize("batch_size", [1, 32, 257])
+def test_draw_into_draws_what_randint_draws(batch_size):
+    from xpbank.sampler import UniformSampler
+
+    ring = Ring(1000, next_id=1234, size=1000)
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    kept = torch.empty(batch_size, dtype=torch.int64)
+    for _ in range(3):  # the same tensor refilled: the same stream as fresh randint calls
+        out = UniformSampler().draw_into(ring, kept, a)
+        assert out is kept
+        assert torch.equal(out, torch.randint(0, ring.size, (batch_size,), generator=b))
