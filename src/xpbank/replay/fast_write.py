@@ -87,7 +87,14 @@ class Signature:
     """
 
     def __init__(
-        self, rb: Any, block: Any, spec: Spec, n: int, mapping: type, entries: list[tuple[Any, ...]]
+        self,
+        rb: Any,
+        block: Any,
+        spec: Spec,
+        n: int,
+        mapping: type,
+        batch_dims: int,
+        entries: list[tuple[Any, ...]],
     ):
         self.storage, self.block, self.spec = rb._storage, block, spec
         self.episodes = episodes = rb._ring.episodes
@@ -98,6 +105,7 @@ class Signature:
         self.step = None if step is None else tuple(-1 if k is None else keys.index(k) for k in step)
         self.n = n  # rows per call; 0: an add (no batch dim)
         self.mapping = mapping  # dict or TensorDict
+        self.batch_dims = batch_dims  # a TensorDict's batch dims (0 for a dict)
         self.entries = entries
         self.count = len(entries)
         self.keys = keys
@@ -112,8 +120,12 @@ class Signature:
         """The values to store, in record order, or ``None``: not this signature."""
         if type(batch) is not self.mapping:
             return None
-        # a TensorDict's own dict of entries (flat where every value is a tensor)
-        src: Any = batch if self.mapping is dict else batch._tensordict  # type: ignore[attr-defined]
+        if self.mapping is dict:
+            src: Any = batch
+        else:  # a TensorDict's own dict of entries (flat where every value is a tensor)
+            if len(batch._batch_size) != self.batch_dims:  # check_item_dims passed these
+                return None
+            src = batch._tensordict
         if len(src) != self.count:
             return None
         out = []
@@ -171,10 +183,11 @@ def signature_of(rb: Any, batch: Any, n: int) -> Signature | None:
     block = getattr(storage, "host_block", None)
     if block is None or spec is None or hasattr(storage, "prepare_write"):
         return None
+    batch_dims = 0
     if type(batch) is dict:
         src: Mapping[Any, Any] = batch
     elif type(batch) is getattr(sys.modules.get("tensordict"), "TensorDict", None):
-        src = batch._tensordict
+        src, batch_dims = batch._tensordict, batch.batch_dims
     else:
         return None
     if len(src) != len(spec):
@@ -189,7 +202,7 @@ def signature_of(rb: Any, batch: Any, n: int) -> Signature | None:
             return None
         entries.append((order[key], entry))
     entries.sort(key=lambda e: e[0])
-    return Signature(rb, block, spec, n, type(batch), [e for _, e in entries])
+    return Signature(rb, block, spec, n, type(batch), batch_dims, [e for _, e in entries])
 
 
 def _entry(
