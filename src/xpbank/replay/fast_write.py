@@ -123,9 +123,10 @@ class Signature:
         if self.mapping is dict:
             src: Any = batch
         else:  # a TensorDict's own dict of entries (flat where every value is a tensor)
-            if len(batch._batch_size) != self.batch_dims:  # check_item_dims passed these
+            # the batch dims check_item_dims passed (a TensorDict keeps them as _batch_size)
+            if len(batch._batch_size) != self.batch_dims:  # type: ignore[attr-defined]
                 return None
-            src = batch._tensordict
+            src = batch._tensordict  # type: ignore[attr-defined]
         if len(src) != self.count:
             return None
         out = []
