@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from xpbank.bank.manifest_check import ALGORITHMS
 from xpbank.errors import CorruptBankError, require
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "new_hasher",
 ]
 
-ALGORITHMS = ("xxh3_64", "crc32")
 CHUNK_BYTES = 16 << 20  # checksums and copies go chunk by chunk, never a whole file at once
 
 
