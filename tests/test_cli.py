@@ -210,16 +210,21 @@ def test_python_dash_m_in_a_subprocess(banks):
 
 
 def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
-    from xpbank.errors import MissingExtraError
+    """Without typer (every command) or rich (``ls`` too, which runs without typer), the
+    command names the extra, installed from a clone or, once published, from the index."""
+    from xpbank import errors
     from xpbank.tools import cli as cli_module
+    from xpbank.tools import listing
 
     def missing(module: str, extra: str) -> None:
-        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+        errors.require("xpbank_not_installed", extra)
 
-    monkeypatch.setattr(cli_module, "require", missing)
-    with pytest.raises(SystemExit) as exc:
-        cli_module.main(["ls", "."])
-    assert exc.value.code == 2 and "pip install 'xpbank[cli]'" in capsys.readouterr().err
+    hint = "pip install -e '.[cli]' in a clone of xpbank (once published: pip install 'xpbank[cli]')"
+    for module, args in ((cli_module, ["verify", "."]), (listing, ["ls", "."])):
+        monkeypatch.setattr(module, "require", missing)
+        with pytest.raises(SystemExit) as exc:
+            cli_module.main(args)
+        assert exc.value.code == 2 and hint in capsys.readouterr().err, args
 
 
 def test_verify_checks_the_stored_rows_of_a_bank_not_full(banks):
@@ -300,6 +305,7 @@ def test_ls_does_not_import_torch(banks):
     assert out.stdout.strip().endswith("[]"), out.stdout
     listed = {b.path.name: b for b in xpbank.list_banks(banks)}
     assert listed["broken"].error is not None and "broken: manifest.json: 'capacity'" in out.stdout
+    assert out.stdout.removesuffix("[]\n") == cli("ls", "--long", banks)[1]  # the same as through typer
     flat = re.sub(r"\s", "", out.stdout)  # --long wraps at 80 columns
     for name in ("per", "seq", "plain", "empty", "a", "b"):
         assert re.sub(r"\s", "", f"{name}session_id:{listed[name].session_id}") in flat
