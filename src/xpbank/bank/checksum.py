@@ -2,7 +2,7 @@
 
 A checksum covers the data bytes of a ``.npy`` file (after its header) for ``bytes``
 bytes: the counted rows. New banks use ``xxh3_64`` when ``xxhash`` is installed
-(``pip install 'xpbank[bank]'``; measured ~8 GB/s here against ~2-3 GB/s for
+(the ``bank`` extra; measured ~8 GB/s here against ~2-3 GB/s for
 ``zlib.crc32``, which is as slow as the disk and so would halve save and load), else
 ``crc32``. Both are read; each is computed in chunks, overlapped with the file I/O.
 

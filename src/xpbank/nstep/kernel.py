@@ -3,7 +3,7 @@
 :meth:`NStep.gather <xpbank.NStep.gather>` walks each sampled item's window
 (:meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`), reads the window's
 rewards and reduces them (:func:`~xpbank.nstep.returns.nstep_sum`): a dozen NumPy calls,
-each costing its per-call overhead. With numba installed (``pip install xpbank[fast]``)
+each costing its per-call overhead. With numba installed (the ``fast`` extra)
 the whole of it is one compiled loop over the batch, :func:`nstep_window`, with the same
 results: the same slots, steps and flags, and the return summed in float64 one step
 after another from step 0 (as :func:`~xpbank.nstep.returns.nstep_sum`), then cast to
