@@ -10,6 +10,8 @@ check gives the full check's answer (summary or error message) or ``None`` (unde
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import random
 from pathlib import Path
@@ -25,7 +27,7 @@ from xpbank import PrioritizedSampler, SequenceSampler
 from xpbank.bank import manifest_check, summary
 from xpbank.bank.ops import bank_summary
 from xpbank.bank.summary import quick_summary
-from xpbank.her import HerSampler
+from xpbank.her import GoalKeys, HerSampler
 from xpbank.storage import memmap
 from xpbank.storage.dtypes import numpy_dtype
 
@@ -52,7 +54,16 @@ BANKS = {  # name -> (make, whether the quick check must decide it)
     "nstep": (lambda p: small_bank(p, nstep=xpbank.NStep(3, 0.9), num_envs=1), True),
     "bfloat16": (_bf16_bank, True),
     "empty": (lambda p: xpbank.save(xpbank.ReplayBuffer(8), p), True),
-    "her": (lambda p: small_bank(p, sampler=HerSampler(strategy="final")), False),
+    "her": (lambda p: small_bank(p, sampler=HerSampler(strategy="final")), True),
+    "her_per": (
+        lambda p: small_bank(
+            p,
+            sampler=HerSampler(
+                PrioritizedSampler(), relabel_fraction=0.5, info_keys=["index", ("next", "obs")]
+            ),
+        ),
+        True,
+    ),
 }
 
 
@@ -130,6 +141,47 @@ def test_quick_listing_agrees_on_option_edges(tmp_path: Path) -> None:
         for value in [good, *edges, {"n": 2}, {"n": 0, "gamma": 0.5}, {"n": 2, "gamma": 1.5}]:
             _agree(bank, _edited(manifest, ("buffer", option), value))
     _agree(bank, _edited(manifest, ("buffer", "unknown_option"), 1))
+
+
+def test_quick_listing_agrees_on_hindsight_options(tmp_path: Path) -> None:
+    """HerSampler's options (its base sampler, goal keys, info keys) at and past their edges."""
+    bank = small_bank(tmp_path / "b")
+    manifest = json.loads((bank / "manifest.json").read_text())
+    config = HerSampler().config()
+    base = {"name": "prioritized", "config": PrioritizedSampler().config()}
+    edits = {
+        "base": [None, base, {"name": "her", "config": config}, {"name": "uniform"}, "uniform"],
+        "strategy": ["future", "episode", "last", None],
+        "n_sampled_goal": [None, 1, 0, -2, 1.5, True],
+        "relabel_fraction": [None, 0, 1, 0.5, 1.5, -0.1, float("nan"), True],
+        "keys": [
+            None,
+            {},
+            {"desired": "goal"},
+            {"desired": ["obs", "goal"]},
+            {"goal": "x"},
+            {"reward": []},
+            [],
+        ],
+        "info_keys": [[], ["index"], [["next", "obs"]], [[]], [1], "obs", None],
+        "compute_reward": [None],
+    }
+    for option, values in edits.items():
+        for value in values:
+            for goals in ({"n_sampled_goal": 4}, {"relabel_fraction": 0.5}, {}):
+                sampler = {"name": "her", "config": {**config, **goals, option: value}}
+                _agree(bank, _edited(manifest, ("buffer", "sampler"), sampler))
+
+
+def test_rule_tables_name_what_the_constructors_take() -> None:
+    """The quick rules list the constructors' own option names and choices."""
+    assert set(summary._GOAL_ROLES) == {f.name for f in dataclasses.fields(GoalKeys)}
+    assert set(summary._SAMPLERS["prioritized"]) == set(PrioritizedSampler().config())
+    assert set(summary._SAMPLERS["sequence"]) == set(SequenceSampler(1).config())
+    assert set(summary._NSTEP) == set(xpbank.NStep(1, 0.5).config())
+    assert summary.NOT_OPTIONS | set(summary._OPTIONS) | {"episode_keys"} == set(
+        inspect.signature(xpbank.ReplayBuffer).parameters
+    ) | {"capacity"}
 
 
 def test_dtype_tables_are_numpys_and_torchs() -> None:

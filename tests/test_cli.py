@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 import xpbank
 from episode_data import filled_buffer, reference_episodes
+from xpbank.her import HerSampler
 from xpbank.tools.cli import build_app
 from xpbank.tools.listing import compact_spec, human_bytes
 
@@ -286,6 +287,7 @@ def test_ls_does_not_import_torch(banks):
         "per": {"sampler": per, "nstep": xpbank.NStep(3, 0.9)},
         "seq": {"sampler": xpbank.SequenceSampler(2, burn_in=1, prioritized=True), "num_envs": 2},
         "plain": {"cast": False},
+        "her": {"sampler": HerSampler(strategy="episode", info_keys=["index"])},
     }.items():
         rb = xpbank.ReplayBuffer(16, spec, **options)
         rb.extend(batch)
@@ -301,12 +303,12 @@ def test_ls_does_not_import_torch(banks):
     )
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert "6 bank(s) in" in out.stdout and "1 corrupt" in out.stdout, out.stdout
+    assert "7 bank(s) in" in out.stdout and "1 corrupt" in out.stdout, out.stdout
     assert out.stdout.strip().endswith("[]"), out.stdout
     listed = {b.path.name: b for b in xpbank.list_banks(banks)}
     assert listed["broken"].error is not None and "broken: manifest.json: 'capacity'" in out.stdout
     assert out.stdout.removesuffix("[]\n") == cli("ls", "--long", banks)[1]  # the same as through typer
     flat = re.sub(r"\s", "", out.stdout)  # --long wraps at 80 columns
-    for name in ("per", "seq", "plain", "empty", "a", "b"):
+    for name in ("per", "seq", "plain", "her", "empty", "a", "b"):
         assert re.sub(r"\s", "", f"{name}session_id:{listed[name].session_id}") in flat
         assert re.sub(r"\s", "", f"fields:{listed[name].spec}") in flat

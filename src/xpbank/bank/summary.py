@@ -6,8 +6,8 @@ manifest parsed with NumPy and torch, the options rebuilt on a 16-slot buffer).
 ``xpbank ls`` first tries :func:`quick_summary`, which imports neither: the same
 manifest checks (:func:`~xpbank.bank.manifest_check.check_manifest`, with a table of
 the dtypes banks hold) and the same size limits (:func:`check_sized`), then the options
-xpbank writes (uniform, prioritized and sequence samplers, ``num_envs``, ``nstep``,
-``cast``) checked against the constructors' rules. It answers only when it is sure:
+xpbank writes (uniform, prioritized, sequence and hindsight samplers, ``num_envs``,
+``nstep``, ``cast``) checked against the constructors' rules. It answers only when it is sure:
 an error raised by the shared checks (the same message the full check gives), or a
 summary the full check would give; anything else (a dtype or sampler it does not know,
 an option it cannot judge) is ``None`` and the full check decides.
@@ -242,6 +242,35 @@ _SAMPLERS: dict[str, dict[str, Callable[[Any], bool]]] = {  # name -> {option: v
     },
 }
 _REQUIRED = {"sequence": {"length"}}
+_GOAL_ROLES = ("desired", "next_achieved", "next_desired", "reward", "terminated", "truncated", "done")
+
+
+def _key(value: Any) -> bool:
+    """A spec key as a config holds it: a str or a non-empty list of str."""
+    return isinstance(value, str) or (
+        isinstance(value, list) and bool(value) and all(isinstance(p, str) for p in value)
+    )
+
+
+def _her(config: dict[str, Any]) -> bool:
+    """HerSampler.__init__ (its base: a registered sampler other than "her")."""
+    rules: dict[str, Callable[[Any], bool]] = {
+        "base": lambda v: v is None or (_sampler_ok(v) and v.get("name") != "her"),
+        "strategy": lambda v: v in ("future", "final", "episode"),
+        "n_sampled_goal": lambda v: v is None or _int(v, 1),
+        "relabel_fraction": lambda v: v is None or _real(v, 0.0, 1.0),
+        "keys": lambda v: (
+            v is None
+            or (
+                isinstance(v, dict) and all(k in _GOAL_ROLES and (x is None or _key(x)) for k, x in v.items())
+            )
+        ),
+        "info_keys": lambda v: isinstance(v, list) and all(_key(k) for k in v),
+    }
+    both = config.get("n_sampled_goal") is not None and config.get("relabel_fraction") is not None
+    return not both and _valid(config, rules)
+
+
 _NSTEP: dict[str, Callable[[Any], bool]] = {  # NStep.__post_init__
     "n": lambda v: _int(v, 1),
     "gamma": lambda v: _real(v, 0.0, 1.0),
@@ -263,11 +292,17 @@ def _options_surely_valid(config: dict[str, Any]) -> bool:
     """Whether ``ReplayBuffer(16, sampler=make_sampler(...), **options)`` surely accepts
     ``config`` (what :func:`~xpbank.bank.rebuild.check_options` builds); ``False`` also
     where it cannot tell."""
-    sampler = config.get("sampler")
+    rest = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
+    return _sampler_ok(config.get("sampler")) and _valid(rest, _OPTIONS)
+
+
+def _sampler_ok(sampler: Any) -> bool:
+    """Whether ``make_sampler(sampler)`` surely succeeds."""
     if not isinstance(sampler, dict) or not isinstance(sampler.get("config"), dict):
         return False
     name, options = sampler.get("name"), sampler["config"]
+    if name == "her":
+        return _her(options)
     if not isinstance(name, str) or name not in _SAMPLERS or not _REQUIRED.get(name, set()) <= set(options):
         return False
-    rest = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
-    return _valid(options, _SAMPLERS[name]) and _valid(rest, _OPTIONS)
+    return _valid(options, _SAMPLERS[name])
