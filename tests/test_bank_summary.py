@@ -32,7 +32,7 @@ from xpbank.storage import memmap
 from xpbank.storage.dtypes import numpy_dtype
 
 VALUES: list[Any] = [
-    None, True, False, 0, -1, 1, 2, 16, 0.5, 1.5, -0.0, 1e-300, 2**64, 10**30, float("nan"),
+    None, True, False, 0, -1, 1, 2, 16, 0.5, 1.5, -0.0, 1e-300, 2**64, 10**30, 10**400, float("nan"),
     float("inf"), "", "x", "cpu", "numpy", "strict", "float32", "<f4", [], {}, ["x"], [1, 2],
 ]  # fmt: skip
 
@@ -126,7 +126,7 @@ def test_quick_listing_agrees_on_option_edges(tmp_path: Path) -> None:
     """Each sampler and buffer option at and past the edges the constructors draw."""
     bank = small_bank(tmp_path / "b")
     manifest = json.loads((bank / "manifest.json").read_text())
-    edges = [0, 1, -1, 0.0, 1.0, 1.0000001, -1e-12, 1e-12, 1e308, True, "1", None]
+    edges = [0, 1, -1, 0.0, 1.0, 1.0000001, -1e-12, 1e-12, 1e308, 10**400, -(10**400), True, "1", None]
     samplers = {
         "prioritized": xpbank.PrioritizedSampler().config(),
         "sequence": xpbank.SequenceSampler(2, mode="padded").config(),

@@ -45,7 +45,8 @@ def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
     try:
         sampler = make_sampler(config.get("sampler", {}))
         return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
-    except (SpecError, TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: out of range
+    # ValueError: out of range; OverflowError: float() of an int past 1e308
+    except (SpecError, TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
         raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
 
 

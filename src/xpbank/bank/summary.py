@@ -214,8 +214,14 @@ def _int(value: Any, low: int) -> bool:
 
 
 def _real(value: Any, low: float, high: float = math.inf, strict: bool = False) -> bool:
-    ok = type(value) in (int, float) and math.isfinite(value) and low <= value <= high
+    """A number the constructors' ``float(value)`` takes, finite and in range."""
+    if type(value) not in (int, float) or abs(value) > _FLOAT_MAX:  # float(10**400) overflows
+        return False
+    ok = math.isfinite(value) and low <= value <= high
     return ok and not (strict and value == low)
+
+
+_FLOAT_MAX = sys.float_info.max
 
 
 _SAMPLERS: dict[str, dict[str, Callable[[Any], bool]]] = {  # name -> {option: valid?}
