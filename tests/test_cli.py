@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 import xpbank
+from bank_cases import small_bank
 from episode_data import filled_buffer, reference_episodes
 from xpbank.her import HerSampler
 from xpbank.tools.cli import build_app
@@ -260,6 +261,22 @@ def test_every_writing_command_takes_relative_paths_and_makes_parents(banks, tmp
     assert Path("figs/a.png").stat().st_size > 0 and Path("new/deeper/ds/main_data.hdf5").exists()
     exported = xpbank.export_minari(xpbank.load(a), "py/ds")  # the Python function too
     assert exported == Path("py/ds") and (tmp_path / "py/ds/main_data.hdf5").exists()
+
+
+def test_a_hindsight_bank_reads_in_a_fresh_process(tmp_path):
+    """A bank names its sampler; "her" is known to the bank layer whatever the process
+    imported first (``xpbank verify`` and ``ls``' full check once called it unregistered)."""
+    small_bank(tmp_path / "her", sampler=HerSampler())
+    code = (
+        "import sys\n"
+        "from xpbank.bank.ops import bank_summary\n"
+        f"print(bank_summary(__import__('pathlib').Path({str(tmp_path / 'her')!r})).error)\n"
+        "from xpbank.tools.cli import main\n"
+        f"main(['verify', {str(tmp_path / 'her')!r}])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.startswith("None\nOK "), out.stdout + out.stderr
 
 
 def test_help_imports_neither_torch_nor_the_buffers():

@@ -17,6 +17,7 @@ from xpbank.bank.format import MANIFEST
 from xpbank.bank.manifest import Manifest
 from xpbank.bank.summary import NOT_OPTIONS, SIZED, check_sized, node
 from xpbank.errors import CorruptBankError, SpecError
+from xpbank.her import HerSampler  # noqa: F401  (registers "her": a bank names its sampler)
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler, make_sampler
 from xpbank.sampler.sumtree import level_sizes
@@ -34,7 +35,9 @@ _PROBE_SLOTS = 16
 def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
     """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
     ``storage``. Every other key of the config (e.g. ``num_envs``) is passed on as a
-    keyword argument, so a new constructor option needs no change here.
+    keyword argument, so a new constructor option needs no change here. Every sampler
+    xpbank ships is registered by then (this module imports them, ``HerSampler`` too),
+    whatever the caller imported.
 
     Raises:
         CorruptBankError: an option the constructor refuses (out of range, unknown).
