@@ -6,6 +6,10 @@ The agent is ``src/xpbank/demo/dqn.py`` (one file, read it top to bottom), the s
 ``xpbank demo`` runs: a Collector steps 4 envs into a ReplayBuffer with a
 PrioritizedSampler and NStep(3); the loss is weighted by the importance weights and the
 TD errors go back as priorities.
+
+What it reaches at the defaults (``docs/demo.md``): a greedy return of 201 to 418 over
+seeds 0, 1, 2 on the project's 2-core machine.
+The exact numbers depend on the CPU (floating-point rounding): compare ranges over seeds.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ The agent is ``src/xpbank/demo/ppo.py`` (one file, read it top to bottom), the s
 ``xpbank demo`` runs: a Collector steps 8 envs, a RolloutSink stores each env's
 transitions at its own cursor and bootstraps GAE from the value of the true final
 observation at truncations; 20 epochs of clipped PPO over each rollout.
+
+What it reaches at the defaults (``docs/demo.md``): a greedy return of 500 (the maximum)
+on seeds 0, 1 and 2 on the project's 2-core machine.
+The exact numbers depend on the CPU (floating-point rounding): compare ranges over seeds.
 """
 
 from __future__ import annotations

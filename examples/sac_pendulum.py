@@ -7,6 +7,10 @@ temperature learn from minibatches sampled from it. Pendulum only ever truncates
 every target bootstraps: storing the reset observation as "next" would be a silent bug.
 
     python examples/sac_pendulum.py [--steps 12000] [--seed 0]
+
+What it reaches at the defaults (``docs/demo.md``): a greedy return of -109.1 for seed 0
+on the project's 2-core machine; other seeds have not been measured.
+The exact numbers depend on the CPU (floating-point rounding): compare ranges over seeds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 
 import xpbank
 from xpbank.demo.evaluate import evaluate  # mean return of the deterministic policy
+from xpbank.demo.report import NOTE
 
 log = logging.getLogger("sac_pendulum")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -168,6 +173,7 @@ def main() -> None:
     torch.set_num_threads(1)
     for name, value in train(args).items():
         log.info("%-20s %s", name, f"{value:.1f}" if isinstance(value, float) else value)
+    log.info("seed %d. %s", args.seed, NOTE)
 
 
 if __name__ == "__main__":

@@ -124,5 +124,5 @@ def test_both_checksum_algorithms_round_trip(tmp_path: Path, monkeypatch: pytest
         with pytest.raises(CorruptBankError, match="checksum mismatch"):
             xpbank.load(path)
     monkeypatch.setitem(sys.modules, "xxhash", None)  # not installed
-    with pytest.raises(xpbank.MissingExtraError, match=r"pip install 'xpbank\[bank\]'"):
+    with pytest.raises(xpbank.MissingExtraError, match=r"install -e '\.\[bank\]'.*'xpbank\[bank\]'"):
         xpbank.load(fast)

@@ -447,7 +447,6 @@ def test_a_malformed_state_reference_names_the_manifest(bank: Path) -> None:
             reader(bank)
 
 
-
 @pytest.mark.parametrize("dtype", ["uint1", "qint8", "int16"])  # int16: NumPy has it, not these bytes
 def test_a_state_array_of_a_dtype_numpy_cannot_hold_names_the_manifest(bank: Path, dtype: str) -> None:
     """Found by tests/adversarial (a digit of "uint8" changed): a torch dtype without a NumPy
@@ -456,6 +455,7 @@ def test_a_state_array_of_a_dtype_numpy_cannot_hold_names_the_manifest(bank: Pat
     for reader in (xpbank.load, xpbank.open_bank):
         with pytest.raises(CorruptBankError, match=rf"bank/manifest.json: state.generator: .*torch {dtype}"):
             reader(bank)
+
 
 def test_a_npy_header_with_an_unclosed_bracket_is_corrupt(tmp_path: Path) -> None:
     """Found by the adversarial fuzz: NumPy retries a header that does not parse through

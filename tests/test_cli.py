@@ -14,7 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 import xpbank
+from bank_cases import small_bank
 from episode_data import filled_buffer, reference_episodes
+from xpbank.her import HerSampler
 from xpbank.tools.cli import build_app
 from xpbank.tools.listing import compact_spec, human_bytes
 
@@ -210,16 +212,21 @@ def test_python_dash_m_in_a_subprocess(banks):
 
 
 def test_a_missing_cli_extra_names_its_pip_install(monkeypatch, capsys):
-    from xpbank.errors import MissingExtraError
+    """Without typer (every command) or rich (``ls`` too, which runs without typer), the
+    command names the extra, installed from a clone or, once published, from the index."""
+    from xpbank import errors
     from xpbank.tools import cli as cli_module
+    from xpbank.tools import listing
 
     def missing(module: str, extra: str) -> None:
-        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+        errors.require("xpbank_not_installed", extra)
 
-    monkeypatch.setattr(cli_module, "require", missing)
-    with pytest.raises(SystemExit) as exc:
-        cli_module.main(["ls", "."])
-    assert exc.value.code == 2 and "pip install 'xpbank[cli]'" in capsys.readouterr().err
+    hint = "pip install -e '.[cli]' in a clone of xpbank (once published: pip install 'xpbank[cli]')"
+    for module, args in ((cli_module, ["verify", "."]), (listing, ["ls", "."])):
+        monkeypatch.setattr(module, "require", missing)
+        with pytest.raises(SystemExit) as exc:
+            cli_module.main(args)
+        assert exc.value.code == 2 and hint in capsys.readouterr().err, args
 
 
 def test_verify_checks_the_stored_rows_of_a_bank_not_full(banks):
@@ -256,6 +263,22 @@ def test_every_writing_command_takes_relative_paths_and_makes_parents(banks, tmp
     assert exported == Path("py/ds") and (tmp_path / "py/ds/main_data.hdf5").exists()
 
 
+def test_a_hindsight_bank_reads_in_a_fresh_process(tmp_path):
+    """A bank names its sampler; "her" is known to the bank layer whatever the process
+    imported first (``xpbank verify`` and ``ls``' full check once called it unregistered)."""
+    small_bank(tmp_path / "her", sampler=HerSampler())
+    code = (
+        "import sys\n"
+        "from xpbank.bank.ops import bank_summary\n"
+        f"print(bank_summary(__import__('pathlib').Path({str(tmp_path / 'her')!r})).error)\n"
+        "from xpbank.tools.cli import main\n"
+        f"main(['verify', {str(tmp_path / 'her')!r}])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.startswith("None\nOK "), out.stdout + out.stderr
+
+
 def test_help_imports_neither_torch_nor_the_buffers():
     code = (
         "import sys\n"
@@ -269,15 +292,40 @@ def test_help_imports_neither_torch_nor_the_buffers():
     assert "<bool>" not in out.stdout
 
 
-def test_ls_does_not_import_tensordict(banks):
-    """Listing reads manifests and checks their options on a tiny buffer: torch is needed,
-    tensordict (~1 s of import, half of ``xpbank ls``) is not until a batch is made."""
+def test_ls_does_not_import_torch(banks):
+    """``python -m xpbank ls`` reads manifests and checks options without torch, tensordict
+    or NumPy (:mod:`xpbank.bank.summary`), for the samplers and options xpbank writes and
+    for a corrupt manifest; the same banks through ``list_banks`` (torch) agree."""
+    bf16, flag = xpbank.Field((3,), torch.bfloat16), xpbank.Field((), torch.bool)
+    spec = xpbank.Spec({"obs": bf16, ("next", "done"): flag})
+    batch = {"obs": torch.zeros(4, 3, dtype=torch.bfloat16), ("next", "done"): torch.zeros(4) > 0}
+    per = xpbank.PrioritizedSampler(alpha=0.7, beta_steps=100)
+    for name, options in {
+        "per": {"sampler": per, "nstep": xpbank.NStep(3, 0.9)},
+        "seq": {"sampler": xpbank.SequenceSampler(2, burn_in=1, prioritized=True), "num_envs": 2},
+        "plain": {"cast": False},
+        "her": {"sampler": HerSampler(strategy="episode", info_keys=["index"])},
+    }.items():
+        rb = xpbank.ReplayBuffer(16, spec, **options)
+        rb.extend(batch)
+        xpbank.save(rb, banks / name)
+    xpbank.save(xpbank.ReplayBuffer(8), banks / "empty")
+    (banks / "broken").mkdir()
+    (banks / "broken" / "manifest.json").write_text('{"format": "xpbank-bank", "format_version": 1}')
     code = (
-        "import sys\n"
-        "from xpbank.tools.cli import main\n"
-        f"try:\n    main(['ls', {str(banks)!r}])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))"
+        "import runpy, sys\n"
+        f"sys.argv = ['xpbank', 'ls', '--long', {str(banks)!r}]\n"
+        "try:\n    runpy.run_module('xpbank', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'tensordict', 'numpy') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert "bank(s) in" in out.stdout and out.stdout.strip().endswith("['torch']")
+    assert "7 bank(s) in" in out.stdout and "1 corrupt" in out.stdout, out.stdout
+    assert out.stdout.strip().endswith("[]"), out.stdout
+    listed = {b.path.name: b for b in xpbank.list_banks(banks)}
+    assert listed["broken"].error is not None and "broken: manifest.json: 'capacity'" in out.stdout
+    assert out.stdout.removesuffix("[]\n") == cli("ls", "--long", banks)[1]  # the same as through typer
+    flat = re.sub(r"\s", "", out.stdout)  # --long wraps at 80 columns
+    for name in ("per", "seq", "plain", "her", "empty", "a", "b"):
+        assert re.sub(r"\s", "", f"{name}session_id:{listed[name].session_id}") in flat
+        assert re.sub(r"\s", "", f"fields:{listed[name].spec}") in flat

@@ -20,7 +20,6 @@ pytest.importorskip("tqdm")
 pytest.importorskip("matplotlib")
 
 import xpbank  # noqa: E402
-from xpbank import MissingExtraError  # noqa: E402
 from xpbank.demo import dqn  # noqa: E402
 from xpbank.tools import cli  # noqa: E402
 
@@ -93,14 +92,16 @@ def test_python_dash_m_xpbank_shows_help(
 def test_missing_extra_names_the_pip_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from xpbank import errors
+
     def missing(module: str, extra: str) -> None:
-        raise MissingExtraError(f"needs {module}; run: pip install 'xpbank[{extra}]'")
+        errors.require("xpbank_not_installed", extra)
 
     monkeypatch.setattr(cli, "require", missing)
     with pytest.raises(SystemExit) as exc:
         cli.main(["demo"])
     assert exc.value.code == 2
-    assert "pip install 'xpbank[demo]'" in capsys.readouterr().err
+    assert "pip install -e '.[demo]' in a clone of xpbank" in capsys.readouterr().err
 
 
 def _load_example(name: str) -> ModuleType:

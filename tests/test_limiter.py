@@ -201,5 +201,5 @@ def test_ray_module_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     ]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(MissingExtraError, match=r"pip install 'xpbank\[ray\]'"):
+    with pytest.raises(MissingExtraError, match=r"install -e '\.\[ray\]'.*'xpbank\[ray\]'"):
         importlib.import_module("xpbank.distributed.ray")

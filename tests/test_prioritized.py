@@ -250,6 +250,7 @@ def test_uniform_buffer_and_bad_arguments() -> None:
         ({"beta": float("nan")}, r"beta: expected a finite number"),
         ({"max_priority": 0}, r"max_priority: expected a finite number > 0.0, got 0"),
         ({"eps": "x"}, r"eps: expected a finite number"),
+        ({"alpha": 10**400}, r"alpha: expected a finite number >= 0.0, got 1000"),  # past float's range
     ]:
         with pytest.raises(PriorityError, match=match):
             PrioritizedSampler(**kwargs)

@@ -189,7 +189,7 @@ def test_real_env_reward_as_float64_is_caught(spaces):
 
 def test_missing_gymnasium_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnasium.spaces", None)
-    with pytest.raises(MissingExtraError, match=r"pip install 'xpbank\[gym\]'"):
+    with pytest.raises(MissingExtraError, match=r"install -e '\.\[gym\]'.*'xpbank\[gym\]'"):
         Spec.from_gymnasium(object(), object())
 
 
@@ -257,5 +257,5 @@ def test_from_torchrl_empty_composite(trl):
 
 def test_missing_torchrl_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchrl.data", None)
-    with pytest.raises(MissingExtraError, match=r"pip install 'xpbank\[torchrl\]'"):
+    with pytest.raises(MissingExtraError, match=r"install -e '\.\[torchrl\]'.*'xpbank\[torchrl\]'"):
         Spec.from_torchrl(object())

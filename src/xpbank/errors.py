@@ -130,12 +130,29 @@ def check_positive_int(name: str, value: Any) -> int:
     return number
 
 
+def install_hint(extra: str) -> str:
+    """How to install an xpbank extra, as every message that names one says it.
+
+    xpbank is installed from a clone for now (``pip install -e .``); the published
+    spelling is given beside it.
+
+    Example:
+        >>> install_hint("cli")
+        "pip install -e '.[cli]' in a clone of xpbank (once published: pip install 'xpbank[cli]')"
+    """
+    return f"pip install -e '.[{extra}]' in a clone of xpbank (once published: pip install 'xpbank[{extra}]')"
+
+
 def require(module: str, extra: str) -> Any:
-    """Import an optional dependency, or fail with the ``pip install`` to run.
+    """Import an optional dependency, or fail naming the extra to install.
 
     Args:
         module: the module to import, e.g. ``"gymnasium"``.
         extra: the xpbank extra that provides it, e.g. ``"gym"``.
+
+    Raises:
+        MissingExtraError: ``module`` is not installed; the message gives
+            :func:`install_hint` for ``extra``.
     """
     import importlib
 
@@ -143,6 +160,6 @@ def require(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingExtraError(
-            f"this feature needs the optional dependency {module!r}, which is not "
-            f"installed; run: pip install 'xpbank[{extra}]'"
+            f"this feature needs the optional dependency {module!r} (the {extra!r} extra), which is "
+            f"not installed; run: {install_hint(extra)}"
         ) from exc

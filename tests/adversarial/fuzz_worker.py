@@ -49,10 +49,21 @@ def _digest(buffer: Any) -> dict[str, Any]:
 
 
 def _listing(directory: Path) -> dict[str, Any]:
-    return {
-        b.path.name: {"error": b.error, "size": b.size, "capacity": b.capacity, "session": b.session_id}
-        for b in xpbank.list_banks(directory)
-    }
+    """``list_banks``, and whether ``xpbank ls``'s quick check (no torch) says the same of
+    each bank (``None``: it left the bank to the full check)."""
+    from xpbank.bank.summary import quick_summary
+
+    out = {}
+    for b in xpbank.list_banks(directory):
+        quick = quick_summary(b.path)
+        out[b.path.name] = {
+            "error": b.error,
+            "size": b.size,
+            "capacity": b.capacity,
+            "session": b.session_id,
+            "quick_agrees": None if quick is None else quick == b,
+        }
+    return out
 
 
 def _cli(args: list[str]) -> dict[str, Any]:

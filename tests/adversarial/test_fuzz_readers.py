@@ -16,6 +16,8 @@ must, for each case:
   must return, and what it returns equals what the intact bank gives; when only bytes
   of data or state files changed, a reader that checks checksums returns the intact
   bank's contents or fails (damage is never laundered into a result);
+* ``list_banks`` and the quick check of ``xpbank ls`` (no torch) say the same of the
+  bank, or the quick check leaves it to the full one;
 * write nothing outside the bank: the bank's parent directory (with a sentinel
   directory of link targets) is the same, entry by entry, before and after; a command
   that writes a new bank or file leaves nothing else behind.
@@ -258,6 +260,8 @@ def judge(
     assert "hang" not in reply, f"{reader} hangs: {reply['hang']}"
     assert "crash" not in reply, f"{reader} crashed the worker: {reply['crash']}"
     assert reply.get("error") != "MemoryError", f"{reader} went past the address-space bound"
+    for name, summary in reply.get("ok", {}).get("banks", {}).items():  # ls's quick check
+        assert summary["quick_agrees"] is not False, f"xpbank ls and list_banks disagree on {name}: {summary}"
     named = str(bank)
     reply = json.loads(json.dumps(reply).replace(named, "BANK"))
     named, intact = "BANK", fuzz.intact(template, reader)

@@ -26,6 +26,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from xpbank.errors import install_hint
+
 __all__ = ["ENABLED", "compile_kernels"]
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ def compile_kernels(
     try:
         import numba  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        log.debug("numba is not installed: xpbank runs its NumPy paths (pip install xpbank[fast])")
+        log.debug("numba is not installed: xpbank runs its NumPy paths (for numba: %s)", install_hint("fast"))
         return None
     from numba.extending import register_jitable  # type: ignore[import-untyped, unused-ignore]
 

@@ -2,7 +2,7 @@
 
 A checksum covers the data bytes of a ``.npy`` file (after its header) for ``bytes``
 bytes: the counted rows. New banks use ``xxh3_64`` when ``xxhash`` is installed
-(``pip install 'xpbank[bank]'``; measured ~8 GB/s here against ~2-3 GB/s for
+(the ``bank`` extra; measured ~8 GB/s here against ~2-3 GB/s for
 ``zlib.crc32``, which is as slow as the disk and so would halve save and load), else
 ``crc32``. Both are read; each is computed in chunks, overlapped with the file I/O.
 
@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from xpbank.bank.manifest_check import ALGORITHMS
 from xpbank.errors import CorruptBankError, require
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "new_hasher",
 ]
 
-ALGORITHMS = ("xxh3_64", "crc32")
 CHUNK_BYTES = 16 << 20  # checksums and copies go chunk by chunk, never a whole file at once
 
 

@@ -21,7 +21,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import tokenize
 from collections.abc import Iterator
@@ -30,10 +29,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from xpbank.bank.safeio import MANIFEST_MAX_BYTES, open_regular, read_bounded
-from xpbank.errors import BankError, CorruptBankError, SpecError
-from xpbank.spec.spec import NestedKey
-from xpbank.storage.memmap import field_path
+from xpbank.bank.manifest_check import (  # re-exported: the torch-free half of the format
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    check_spec_key,
+    data_relpath,
+    read_manifest,
+    state_relpath,
+)
+from xpbank.errors import BankError, CorruptBankError
 
 __all__ = [
     "FORMAT_NAME",
@@ -49,23 +54,16 @@ __all__ = [
     "read_npy_header",
     "write_json_atomic",
     "write_npy_header",
+    "check_spec_key",
+    "data_relpath",
+    "state_relpath",
 ]
 
-FORMAT_NAME = "xpbank-bank"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 DATA_DIR = "data"
 STATE_DIR = "state"
-_STATE_NAME = re.compile(r"^state/g[0-9]+_[0-9]+\.npy$")
 
 
 # -- paths -------------------------------------------------------------------------
-def data_relpath(key: NestedKey) -> str:
-    """``data/next/obs.npy`` for ``("next", "obs")`` (a key part that is not a plain
-    file name raises :class:`SpecError`)."""
-    return field_path(Path(DATA_DIR), key).as_posix()
-
-
 def bank_file(root: Path, rel: str, what: str) -> Path:
     """``root / rel``, refused when it could leave the bank (``..``, absolute, symlink out).
 
@@ -152,49 +150,6 @@ def _check_header_length(f: BinaryIO, major: int) -> None:
 
 
 # -- manifest ----------------------------------------------------------------------
-def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
-    """The manifest of the bank at ``root`` as a dict, after checking its format header.
-
-    The caller checks the other entries field by field (:mod:`xpbank.bank.manifest`).
-
-    Raises:
-        BankError: there is no manifest (``root`` is not a bank).
-        CorruptBankError: not JSON, not an object, or an unknown format/version.
-    """
-    name = root / MANIFEST
-    own = dir_fd is None
-    try:
-        if dir_fd is None:
-            dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            raw = read_bounded(open_regular(dir_fd, MANIFEST, str(name)), str(name), MANIFEST_MAX_BYTES)
-        finally:
-            if own:
-                os.close(dir_fd)
-    except FileNotFoundError as exc:
-        raise BankError(f"{root}: not a bank (no {MANIFEST})") from exc
-    except BankError:
-        raise
-    except OSError as exc:
-        raise BankError(f"{name}: cannot be read ({exc.strerror or exc})") from exc
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, an int past the digit limit
-        raise CorruptBankError(f"{name}: is not valid JSON ({exc})") from exc
-    except RecursionError as exc:
-        raise CorruptBankError(f"{name}: is nested too deeply to be a bank manifest") from exc
-    if not isinstance(data, dict):
-        raise CorruptBankError(f"{name}: expected a JSON object, got {type(data).__name__}")
-    if data.get("format") != FORMAT_NAME:
-        raise CorruptBankError(f"{name}: 'format' is {data.get('format')!r}, expected {FORMAT_NAME!r}")
-    version = data.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
-        raise CorruptBankError(
-            f"{name}: unknown 'format_version' {version!r}; this xpbank reads versions 1..{FORMAT_VERSION}"
-        )
-    return data
-
-
 def write_json_atomic(root: Path, data: dict[str, Any]) -> None:
     """Replace ``root/manifest.json`` atomically: temp file, fsync, rename, fsync dir."""
     tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
@@ -338,21 +293,3 @@ def as_bank_error(exc: OSError, what: str, path: Path) -> BankError:
         errno.EPERM: "operation not permitted",
     }.get(exc.errno or 0, exc.strerror or str(exc))
     return BankError(f"{what} {path}: {reason} ({getattr(exc, 'filename', None) or path})")
-
-
-def check_spec_key(key: Any, where: str) -> NestedKey:
-    """A manifest key (list of str) as a spec key, or :class:`CorruptBankError`."""
-    if not isinstance(key, list) or not key or not all(isinstance(p, str) for p in key):
-        raise CorruptBankError(f"{where}: a field key must be a non-empty list of strings, got {key!r}")
-    try:
-        data_relpath(tuple(key))
-    except SpecError as exc:
-        raise CorruptBankError(f"{where}: {exc}; the field path would escape the bank directory") from exc
-    return key[0] if len(key) == 1 else tuple(key)
-
-
-def state_relpath(rel: Any, where: str) -> str:
-    """Check a state file name from the manifest (``state/g<gen>_<i>.npy``)."""
-    if not isinstance(rel, str) or not _STATE_NAME.fullmatch(rel):
-        raise CorruptBankError(f"{where}: state file {rel!r} is not named state/g<N>_<i>.npy")
-    return rel

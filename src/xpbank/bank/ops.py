@@ -4,41 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xpbank.bank.format import MANIFEST, read_manifest
+from xpbank.bank.format import read_manifest
 from xpbank.bank.manifest import Manifest
 from xpbank.bank.opened import open_bank
 from xpbank.bank.rebuild import check_options
+from xpbank.bank.summary import BankSummary, list_summaries, spec_text
 from xpbank.errors import BankError, SpecError
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import make_sampler, sampler_config
+from xpbank.spec.field import dtype_name
 from xpbank.spec.spec import Spec, key_str
 
-__all__ = ["BankSummary", "list_banks", "merge", "merge_into"]
+__all__ = ["BankSummary", "bank_summary", "list_banks", "merge", "merge_into"]
 
 _MERGE_CHUNK = 4096  # items copied per step
-
-
-@dataclass(frozen=True)
-class BankSummary:
-    """What :func:`list_banks` says about one bank (read from its manifest only).
-
-    ``error`` is set, and the other fields may be empty, for a corrupt manifest.
-    """
-
-    path: Path
-    session_id: str = ""
-    size: int = 0
-    capacity: int = 0
-    spec: str = ""
-    created: str = ""
-    updated: str = ""
-    error: str | None = None
 
 
 def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
@@ -58,23 +42,19 @@ def list_banks(directory: str | os.PathLike[str] = ".") -> list[BankSummary]:
         >>> [(b.path.name, b.size, b.capacity, b.spec) for b in xpbank.list_banks(root)]
         [('a', 2, 10, "{'x': (*) float32}")]
     """
-    root = Path(os.fspath(directory))
-    if not root.is_dir():
-        raise BankError(f"list_banks: {root} is not a directory")
-    found, broken = [], []
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or not entry.is_dir() or not (entry / MANIFEST).exists():
-            continue
-        try:
-            m = Manifest.parse(read_manifest(entry), entry)
-            check_options(m, entry)  # alpha, num_envs, nstep ... in range (no data read)
-        except BankError as exc:
-            broken.append(BankSummary(entry, error=str(exc)))
-            continue
-        spec = "{}" if m.spec is None else repr(m.spec).removeprefix("Spec(").removesuffix(")")
-        found.append(BankSummary(entry, m.session_id, m.size, m.capacity, spec, m.created, m.updated))
-    found.sort(key=lambda b: b.updated, reverse=True)
-    return found + broken
+    return list_summaries(directory, bank_summary)
+
+
+def bank_summary(entry: Path) -> BankSummary:
+    """What :func:`list_banks` says about the bank at ``entry``: its manifest parsed and
+    its options checked (:func:`~xpbank.bank.rebuild.check_options`), or the error."""
+    try:
+        m = Manifest.parse(read_manifest(entry), entry)
+        check_options(m, entry)  # alpha, num_envs, nstep ... in range (no data read)
+    except BankError as exc:
+        return BankSummary(entry, error=str(exc))
+    spec = None if m.spec is None else [(k, f.shape, dtype_name(f.dtype)) for k, f in m.spec.items()]
+    return BankSummary(entry, m.session_id, m.size, m.capacity, spec_text(spec), m.created, m.updated)
 
 
 def _as_buffer(source: Any, name: str, verify: bool) -> ReplayBuffer:

@@ -15,16 +15,14 @@ from typing import Any
 
 from xpbank.bank.format import MANIFEST
 from xpbank.bank.manifest import Manifest
-from xpbank.bank.snapshot import FREE_SLOTS
+from xpbank.bank.summary import NOT_OPTIONS, SIZED, check_sized, node
 from xpbank.errors import CorruptBankError, SpecError
+from xpbank.her import HerSampler  # noqa: F401  (registers "her": a bank names its sampler)
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.sampler import PrioritizedSampler, make_sampler
 from xpbank.sampler.sumtree import level_sizes
 
 __all__ = ["new_buffer", "check_options", "restore"]
-
-# config() keys a bank never passes on: where the data lives is the bank's choice
-_NOT_OPTIONS = frozenset({"capacity", "sampler", "spec", "storage", "storing_device", "device", "seed"})
 
 # what the buffer's parts raise for a state node of the wrong type or value (``None`` where
 # a dict is expected: AttributeError, a list too short: IndexError ...)
@@ -33,26 +31,25 @@ _MALFORMED = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, Ind
 # the ring :func:`check_options` builds (options do not depend on the capacity)
 _PROBE_SLOTS = 16
 
-# options that size arrays of the buffer (per env, per n-step window): at most as large
-# as the per-slot ones a bank may claim (its capacity, or FREE_SLOTS without bytes)
-_SIZED = (("num_envs",), ("nstep", "n"))
-
 
 def new_buffer(manifest: Manifest, root: Path, storage: Any) -> ReplayBuffer:
     """The buffer ``manifest['buffer']`` (a ``ReplayBuffer.config()``) describes, over
     ``storage``. Every other key of the config (e.g. ``num_envs``) is passed on as a
-    keyword argument, so a new constructor option needs no change here.
+    keyword argument, so a new constructor option needs no change here. Every sampler
+    xpbank ships is registered by then (this module imports them, ``HerSampler`` too),
+    whatever the caller imported.
 
     Raises:
         CorruptBankError: an option the constructor refuses (out of range, unknown).
     """
     config = manifest.buffer
-    _check_sized(config, max(FREE_SLOTS, manifest.capacity), root)
-    options = {k: v for k, v in config.items() if k not in _NOT_OPTIONS}
+    check_sized(config, manifest.capacity, root)
+    options = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
     try:
         sampler = make_sampler(config.get("sampler", {}))
         return ReplayBuffer(manifest.capacity, manifest.spec, storage=storage, sampler=sampler, **options)
-    except (SpecError, TypeError, ValueError, KeyError, AttributeError) as exc:  # ValueError: out of range
+    # ValueError: out of range; OverflowError: float() of an int past 1e308
+    except (SpecError, TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
         raise CorruptBankError(f"{root / MANIFEST}: 'buffer' cannot be rebuilt: {exc}") from exc
 
 
@@ -64,32 +61,14 @@ def check_options(manifest: Manifest, root: Path) -> None:
     Raises:
         CorruptBankError: an option out of range or unknown, naming ``manifest.json``.
     """
-    _check_sized(manifest.buffer, max(FREE_SLOTS, manifest.capacity), root)
+    check_sized(manifest.buffer, manifest.capacity, root)
     config = copy.deepcopy(manifest.buffer)
-    for path in _SIZED:  # checked: as small as the probe's ring, same validity
-        parent = _node(config, path[:-1])
+    for path in SIZED:  # checked: as small as the probe's ring, same validity
+        parent = node(config, path[:-1])
         if isinstance(parent, dict) and type(parent.get(path[-1])) is int:
             parent[path[-1]] = min(parent[path[-1]], _PROBE_SLOTS)
     probe = dataclasses.replace(manifest, capacity=_PROBE_SLOTS, spec=None, buffer=config)
     new_buffer(probe, root, "memory")
-
-
-def _node(tree: Any, path: tuple[str, ...]) -> Any:
-    for part in path:
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
-def _check_sized(config: dict[str, Any], limit: int, root: Path) -> None:
-    """``num_envs`` and the n-step ``n`` size arrays: refuse them above ``limit`` before any
-    is allocated (``num_envs: 10**18`` would ask for exabytes)."""
-    for path in _SIZED:
-        value = _node(config, path)
-        if type(value) is int and value > limit:
-            raise CorruptBankError(
-                f"{root / MANIFEST}: 'buffer.{'.'.join(path)}' {value:,} is larger than the bank "
-                f"can hold ({limit:,}: its capacity, or {FREE_SLOTS:,})"
-            )
 
 
 def restore(buffer: ReplayBuffer, state: dict[str, Any], root: Path, manifest: Manifest) -> None:
@@ -134,8 +113,8 @@ def _check_trees(sampler: Any, root: Path, manifest: Manifest) -> None:
 
 def _state_file(manifest: Manifest, path: tuple[str, ...]) -> str | None:
     """The state file the manifest's state tree names at ``path`` (``None``: none)."""
-    node = _node(manifest.state, path)
-    index = node.get("__array__") if isinstance(node, dict) else None
+    leaf = node(manifest.state, path)
+    index = leaf.get("__array__") if isinstance(leaf, dict) else None
     if type(index) is int and 0 <= index < len(manifest.state_files):
         return manifest.state_files[index].path
     return None

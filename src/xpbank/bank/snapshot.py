@@ -28,6 +28,7 @@ from xpbank.bank.format import (
     recover,
 )
 from xpbank.bank.manifest import FileEntry, Manifest
+from xpbank.bank.manifest_check import FREE_SLOTS
 from xpbank.bank.safeio import open_regular
 from xpbank.errors import BankError, CorruptBankError, XpbankError
 
@@ -42,11 +43,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# Slots a bank may claim without bytes on disk behind them (fields of zero bytes, no spec
-# yet): a buffer keeps some bookkeeping per slot (ids, episode links: ~25 bytes), so a
-# larger capacity must be backed by at least one byte a slot in the bank's files.
-FREE_SLOTS = 1 << 24
 
 
 class Snapshot:

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from xpbank.demo.report import NOTE
+
 __all__ = ["parse_config", "run_agent"]
 
 log = logging.getLogger(__name__)
@@ -50,5 +52,6 @@ def run_agent(
         "eval_return": result.eval_return,
         "cpu_seconds": result.cpu_seconds,
     }
-    log.warning("%s: %s", cls.__name__, out)
+    seed = getattr(config, "seed", None)
+    log.warning("%s, seed %s: %s\n%s Ranges over seeds: docs/demo.md.", cls.__name__, seed, out, NOTE)
     return out

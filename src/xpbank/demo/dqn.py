@@ -40,7 +40,7 @@ __all__ = ["DQNConfig", "make_buffer", "train", "td_errors"]
 
 @dataclass(frozen=True)
 class DQNConfig:
-    """Hyper-parameters, tuned on CartPole-v1 (see the README for the seeds measured).
+    """Hyper-parameters, tuned on CartPole-v1 (``docs/demo.md`` gives what they reach over seeds).
 
     Bursts of ``gradient_steps`` minibatches every ``train_freq`` env steps, the target
     copied after each burst (RL Zoo's schedule for CartPole), a linearly decaying

@@ -15,7 +15,7 @@ ring's wrap or unfinished is skipped, and counted in the log). An imported episo
 ends neither terminated nor truncated is marked truncated at its last step, so its end
 stays an episode end in the bank.
 
-Needs the ``minari`` extra (``pip install 'xpbank[minari]'``: minari with h5py).
+Needs the ``minari`` extra (minari with h5py; from a clone: ``pip install -e '.[minari]'``).
 
 Example:
     >>> import tempfile, torch, xpbank

@@ -3,7 +3,7 @@
 :meth:`NStep.gather <xpbank.NStep.gather>` walks each sampled item's window
 (:meth:`EpisodeIndex.walk_slots <xpbank.EpisodeIndex.walk_slots>`), reads the window's
 rewards and reduces them (:func:`~xpbank.nstep.returns.nstep_sum`): a dozen NumPy calls,
-each costing its per-call overhead. With numba installed (``pip install xpbank[fast]``)
+each costing its per-call overhead. With numba installed (the ``fast`` extra)
 the whole of it is one compiled loop over the batch, :func:`nstep_window`, with the same
 results: the same slots, steps and flags, and the return summed in float64 one step
 after another from step 0 (as :func:`~xpbank.nstep.returns.nstep_sum`), then cast to
@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
+from xpbank.errors import install_hint
 from xpbank.nstep.kernel_loop import AHEAD as AHEAD  # the kernel's prefetch distance
 from xpbank.nstep.kernel_loop import _cell, _nstep_gather, _window
 from xpbank.nstep.table import NO_TABLE, WindowTable
@@ -169,7 +170,7 @@ def nstep_window(
     """
     fn = kernel()
     if fn is None:
-        raise RuntimeError("nstep_window: numba is not available (pip install xpbank[fast])")
+        raise RuntimeError(f"nstep_window: numba is not available ({install_hint('fast')})")
     b = ids.shape[0]
     rows = np.empty((b, _EXTRA_WORDS), dtype=np.uint64)
     t = table if table is not None else NO_TABLE
@@ -221,7 +222,7 @@ def nstep_gather(
     """
     fn = kernel()
     if fn is None:
-        raise RuntimeError("nstep_gather: numba is not available (pip install xpbank[fast])")
+        raise RuntimeError(f"nstep_gather: numba is not available ({install_hint('fast')})")
     out = nstep_rows(pairs)
     runs, mixed, offsets = kernel_plan(out)
     rows = out.empty(ids.shape[0])

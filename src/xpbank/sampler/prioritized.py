@@ -65,7 +65,7 @@ def _check_tree_device(value: Any) -> str | None:
 def _check_number(name: str, value: Any, low: float, strict: bool = False) -> float:
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past 1e308
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number) or number < low or (strict and number == low):
         sign = ">" if strict else ">="

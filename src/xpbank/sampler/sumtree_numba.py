@@ -3,7 +3,7 @@
 :mod:`xpbank.sampler.sumtree` does a batch in a few NumPy calls per level; each call
 costs a few µs whatever its size, which dominates at B=256. These kernels do the same
 work in compiled loops over the batch. They are used when numba is installed (the
-``fast`` extra: ``pip install xpbank[fast]``) unless the environment variable
+``fast`` extra) unless the environment variable
 ``XPBANK_NO_NUMBA=1`` is set (read once, when this module is imported). The NumPy
 code stays the reference and runs unchanged without numba.
 

@@ -23,8 +23,6 @@ from xpbank.spec.keys import NestedKey, key_str, normalize_key
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from xpbank.spec.spec import Spec
-
 __all__ = ["flatten", "as_tensor", "check_tensor", "is_tensordict", "to_tensordict", "flat_tensordict"]
 
 
@@ -149,7 +147,7 @@ def _import_tensordict() -> Any:
     return tensordict
 
 
-def flatten(batch: Any, spec: Spec | None = None) -> dict[NestedKey, torch.Tensor]:
+def flatten(batch: Any, spec: Mapping[NestedKey, Any] | None = None) -> dict[NestedKey, torch.Tensor]:
     """``batch`` as a flat ``{key: tensor}`` dict. Tensors are not copied; Python
     numbers take their field's dtype in ``spec`` exactly (see :func:`as_tensor`).
 
@@ -175,7 +173,7 @@ def _flatten_mapping(
     batch: Mapping[Any, Any],
     prefix: tuple[str, ...],
     out: dict[NestedKey, torch.Tensor],
-    spec: Spec | None = None,
+    spec: Mapping[NestedKey, Any] | None = None,
 ) -> None:
     for key, value in batch.items():
         if type(value) is torch.Tensor and type(key) is str and not prefix:  # the common case

@@ -3,7 +3,8 @@
 One row per bank (name, items/capacity, a compact field summary, last update, size on
 disk); banks whose manifest is corrupt follow in their own section, one line each with
 the reason. ``--long`` prints every manifest entry :func:`~xpbank.list_banks` returns
-(session id, created, the full spec) instead of the table.
+(session id, created, the full spec) instead of the table. Manifests are read without
+torch (:func:`summarize`), so ``ls`` starts in a fraction of a second.
 
 Example:
     >>> compact_spec("{'obs': (*, 4) float32, 'next.obs': (*, 4) float32, 'action': (*) int64}")
@@ -18,11 +19,14 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpbank.errors import require
 
-__all__ = ["cmd_ls", "compact_spec", "human_bytes", "bank_bytes"]
+if TYPE_CHECKING:
+    from xpbank.bank.summary import BankSummary
+
+__all__ = ["cmd_ls", "compact_spec", "human_bytes", "bank_bytes", "summarize"]
 
 # one field of a Spec's repr: 'next.obs': (*, 4) float32
 _FIELD = re.compile(r"'(?P<key>(?:[^'\\]|\\.)*)': \(\*(?:, (?P<shape>[^)]*))?\) (?P<dtype>\w+)")
@@ -71,14 +75,27 @@ def _short_time(stamp: str) -> str:
     return stamp[:16].replace("T", " ") if len(stamp) >= 16 else stamp
 
 
+def summarize(bank: Path) -> BankSummary:
+    """What :func:`~xpbank.list_banks` says about ``bank``, without torch where the quick
+    check can tell (:func:`~xpbank.bank.summary.quick_summary`), else by the full check."""
+    from xpbank.bank.summary import quick_summary
+
+    summary = quick_summary(bank)
+    if summary is None:
+        from xpbank.bank.ops import bank_summary  # torch, NumPy
+
+        summary = bank_summary(bank)
+    return summary
+
+
 def cmd_ls(directory: Path, long: bool = False, console: Any = None) -> None:
     """Print the banks in ``directory`` (see the module docstring)."""
-    from xpbank.bank import list_banks
+    from xpbank.bank.summary import list_summaries
 
     rich_table = require("rich.table", "cli")
     if console is None:  # the terminal's width; 80 columns into a pipe or a file
         console = require("rich.console", "cli").Console(width=None if sys.stdout.isatty() else 80)
-    banks = list_banks(directory)
+    banks = list_summaries(directory, summarize)
     good = [b for b in banks if b.error is None]
     bad = [b for b in banks if b.error is not None]
     console.print(f"{len(good)} bank(s) in {directory}" + (f", {len(bad)} corrupt" if bad else ""))

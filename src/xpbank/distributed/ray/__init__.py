@@ -25,7 +25,7 @@ and ``priorities.check_values`` (the ring-free half of ``check_update``) exist f
 client.
 
 Importing this module without Ray installed raises :class:`~xpbank.MissingExtraError`
-naming ``pip install 'xpbank[ray]'``.
+naming the ``ray`` extra and how to install it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 - :class:`PrioritizedDQN`: SB3's DQN with prioritized replay (importance weights in the
   loss, priorities from the TD errors).
 
-Needs the ``sb3`` extra (``pip install 'xpbank[sb3]'``); importing :mod:`xpbank` does not
-import this package.
+Needs the ``sb3`` extra (from a clone: ``pip install -e '.[sb3]'``); importing
+:mod:`xpbank` does not import this package.
 """
 
 from __future__ import annotations
