@@ -2,13 +2,14 @@
 
 Checking a batch against the spec (:meth:`Spec.conform <xpbank.Spec.conform>`) and
 turning it into tensors costs tens of µs, which is all of an ``add`` of one transition.
-Most of that depends only on the batch's *signature*: its type, keys, and each value's
-type, dtype, shape and device. So after a call that went through the full checks, the
-buffer keeps a :class:`Signature` of that batch: for each field, which kind of value
-came (a NumPy array, a Python number, a 0-d or n-d torch tensor) and how it lands in the
-storage. A later batch that matches it field by field is written without the full
-checks; anything else (a new key, dtype, shape, device, a nested mapping, a value the
-signature's kind cannot take) is handed to the full path, which raises its usual error
+Most of that depends only on the batch's *signature*: its type (and a TensorDict's
+batch dims), keys, and each value's type, dtype, shape and device. So after a call that
+went through the full checks, the buffer keeps a :class:`Signature` of that batch: for
+each field, which kind of value came (a NumPy array, a Python number, a 0-d or n-d
+torch tensor) and how it lands in the storage. A later batch that matches it field by
+field is written without the full checks; anything else (a new key, dtype, shape,
+device, a nested mapping, a value the signature's kind cannot take) is handed to the
+full path, which raises its usual error
 or writes it and keys the signature on it.
 
 What still runs on every fast call, because it depends on values, not signatures:
