@@ -9,8 +9,7 @@ each field, which kind of value came (a NumPy array, a Python number, a 0-d or n
 torch tensor) and how it lands in the storage. A later batch that matches it field by
 field is written without the full checks; anything else (a new key, dtype, shape,
 device, a nested mapping, a value the signature's kind cannot take) is handed to the
-full path, which raises its usual error
-or writes it and keys the signature on it.
+full path, which raises its usual error or writes it and keys the signature on it.
 
 What still runs on every fast call, because it depends on values, not signatures:
 
