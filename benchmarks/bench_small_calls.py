@@ -27,10 +27,11 @@ write is a steady-state write into a full ring):
   tree is what both implement).
 
 Timing: ``--rounds`` rounds; each round times one block of calls of every (row,
-library) case in turn, in an order rotated per round, so every number of a round shares
-the machine's load of the same moments. Tables show the median per-call time and the
-min-max over rounds; ratios are medians of per-round ratios (xpbank / peer, lower is
-better for xpbank). No timing is asserted anywhere.
+library) case in turn (wall time, or with ``--clock cpu`` this thread's CPU time, which
+a loaded machine's preemption does not inflate), in an order rotated per round, so
+every number of a round shares the machine's load of the same moments. Tables show the
+median per-call time and the min-max over rounds; ratios are medians of per-round ratios
+(xpbank / peer, lower is better for xpbank). No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -439,7 +440,9 @@ def frame_steps(rng: np.random.Generator, k: int) -> list[dict[str, Any]]:
 
 
 # -- timing and report ---------------------------------------------------------------
-def run(rows: dict[str, dict[str, Call]], rounds: int, calls: int) -> dict[str, dict[str, list[float]]]:
+def run(
+    rows: dict[str, dict[str, Call]], rounds: int, calls: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, dict[str, list[float]]]:
     cases = [(row, lib, fn) for row, libs in rows.items() for lib, fn in libs.items()]
     times: dict[str, dict[str, list[float]]] = {row: {lib: [] for lib in libs} for row, libs in rows.items()}
     for _, _, fn in cases:  # warm up every call once (lazy layouts, caches, first-touch pages)
@@ -451,10 +454,10 @@ def run(rows: dict[str, dict[str, Call]], rounds: int, calls: int) -> dict[str, 
         for row, lib, fn in cases[shift:] + cases[:shift]:
             n = max(10, calls // 10) if row.startswith(("frames", "prioritized")) else calls
             settle()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(n):
                 fn()
-            times[row][lib].append((time.perf_counter() - start) / n)
+            times[row][lib].append((clock() - start) / n)
     return times
 
 
@@ -508,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 1000; quick 300)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time, or this thread's CPU time (on a loaded machine a block preempted "
+        "midway counts only the time it ran)",
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -516,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     log("building buffers ...")
     rows, targets, skipped = build(args.quick)
     freeze_heap()
-    times = run(rows, rounds, calls)
+    times = run(rows, rounds, calls, time.thread_time if args.clock == "cpu" else time.perf_counter)
     out = tables(times, targets)
-    notes = f"{rounds} rounds of {calls} calls ({calls // 10} for frames and prioritized rows)."
+    notes = f"{rounds} rounds of {calls} calls ({calls // 10} for frames and prioritized rows)"
+    notes += ", thread CPU time." if args.clock == "cpu" else ", wall time."
     if skipped:
         notes += " Skipped: " + "; ".join(skipped) + "."
     out[0]["notes"] = notes

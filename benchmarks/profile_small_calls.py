@@ -1,10 +1,10 @@
 """Where the time of one small call goes: a per-phase profile of ``add``, ``extend`` of
-one ``[8]`` step and ``sample(32)`` (issue 21).
+one ``[8]`` step, ``sample(32)`` / ``sample(256)`` and a prioritized sample + update (issue 21).
 
     .venv/bin/python benchmarks/profile_small_calls.py --threads 1 [--quick] [--json out.json]
 
 Each phase is the library's own function for that step, timed on its own over many
-calls (best of ``--rounds`` blocks) with the input it gets inside the real call; the
+calls (best of ``--rounds`` blocks, thread CPU time) with the input it gets inside the real call; the
 whole call is timed the same way, so the phases' sum can be compared with it (the rest
 is the call's own glue: the lock, argument passing). Phases of a write:
 
@@ -16,8 +16,13 @@ is the call's own glue: the lock, argument passing). Phases of a write:
   for one lockstep env step one compiled call (``episode_step.record_step``), else
   ``EpisodeIndex.plan`` of the values and ``apply``.
 
-A sample: the sampler's draw, ids from slots, the storage gather, the TensorDict's
-construction. The same items as ``bench_small_calls.py`` (CartPole transitions).
+A uniform sample, general path (``rb._fast_read = False``): the sampler's draw, ids
+from slots, the storage gather, the TensorDict's construction; fast path
+(:mod:`xpbank.replay.fast_read`): the draw into the kept slot tensor, the ids by NumPy
+arithmetic, one take of whole records and a tensor per field, the TensorDict. A
+prioritized ``sample(32)`` then ``update_priority`` of its 32 ids: the sampler's draw,
+the batch of its slots, the update's checks and the sampler's update. The same items as
+``bench_small_calls.py`` (CartPole transitions).
 """
 
 from __future__ import annotations
@@ -36,21 +41,25 @@ import torch
 from _common import environment, log, markdown_table
 from bench_small_calls import SPEC, fill, np_items, np_steps, torch_item, torch_step
 from xpbank import NStep, ReplayBuffer
-from xpbank.replay import fast_write, writing
+from xpbank.replay import fast_read, fast_write, writing
 from xpbank.ring.episode_step import record_step
-from xpbank.spec.batch import flatten, to_tensordict
+from xpbank.sampler import PrioritizedSampler
+from xpbank.sampler.priorities import check_update
+from xpbank.spec.batch import flat_tensordict, flatten, to_tensordict
 
 
 def best(fn: Callable[[], object], calls: int, rounds: int) -> float:
-    """µs per call: the fastest of ``rounds`` blocks of ``calls`` calls."""
+    """µs per call: the fastest of ``rounds`` blocks of ``calls`` calls, in this thread's
+    CPU time (on a shared machine a block of whole calls, longer than a scheduler time
+    slice, was preempted in every round and read 3-4x its phases' sum in wall time)."""
     for _ in range(min(calls, 50)):
         fn()
     out = float("inf")
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(calls):
             fn()
-        out = min(out, (time.perf_counter() - start) / calls)
+        out = min(out, (time.thread_time() - start) / calls)
     return out * 1e6
 
 
@@ -149,6 +158,7 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
 
 
 def sample_phases(rb: ReplayBuffer, b: int, calls: int, rounds: int) -> list[tuple[str, float]]:
+    """A uniform sample's phases: the general path's, then the fast path's (fast_read.py)."""
     ring, gen = rb._ring, rb._generator
     slots, _ = rb._sampler.sample(ring, b, gen)
     ids = ring.ids_of_slots(slots)
@@ -157,12 +167,64 @@ def sample_phases(rb: ReplayBuffer, b: int, calls: int, rounds: int) -> list[tup
     def build() -> object:
         return to_tensordict({**flat, "index": ids}, (b,), rb._storage.device)
 
+    rb._fast_read = False
+    out = [
+        ("general: sampler.sample", best(lambda: rb._sampler.sample(ring, b, gen), calls, rounds)),
+        ("general: ids of slots (Ring.ids_of_slots)", best(lambda: ring.ids_of_slots(slots), calls, rounds)),
+        ("general: storage gather", best(lambda: rb._storage.gather(slots, None), calls, rounds)),
+        ("general: TensorDict construction (to_tensordict)", best(build, calls, rounds)),
+        ("general: whole call", best(lambda: rb.sample(b), calls, rounds)),
+    ]
+    rb._fast_read = True
+    rb.sample(b)  # makes the read plan and the slot tensor of this size
+    plan = rb.__dict__["_read_plan"]
+    kept, rows, size = plan.draw(b)
+    reader = plan.reader
+    fields = {**reader.read(rows), "index": torch.from_numpy(fast_read.ids_of_rows(ring, rows))}
+    phases: list[tuple[str, Callable[[], object]]] = [
+        ("fast: draw into the kept slot tensor (draw_into)", lambda: plan.sampler.draw_into(ring, kept, gen)),
+        ("fast: ids (ids_of_rows) + from_numpy", lambda: torch.from_numpy(fast_read.ids_of_rows(ring, rows))),
+        ("fast: one take of records, a tensor per field (RecordReader.read)", lambda: reader.read(rows)),
+        (
+            "fast: TensorDict construction (flat_tensordict)",
+            lambda: flat_tensordict(dict(fields), size, plan.device),
+        ),
+        ("fast: whole call", lambda: rb.sample(b)),
+    ]
+    out += [(name, best(fn, calls, rounds)) for name, fn in phases]
+    return out
+
+
+def prioritized_phases(rb: ReplayBuffer, calls: int, rounds: int) -> list[tuple[str, float]]:
+    """A prioritized ``sample(32)`` and ``update_priority`` of its 32 ids, phase by phase."""
+    ring, gen, sampler = rb._ring, rb._generator, rb._sampler
+    prios = torch.rand(32) + 0.01
+    batch = rb.sample(32)
+    index = batch["index"]
+    slots, info = sampler.sample(ring, 32, gen)
+    checked = check_update(ring, index, prios, "raise")
+
+    def pair() -> None:
+        rb.update_priority(rb.sample(32)["index"], prios)
+
     return [
-        ("sampler.sample", best(lambda: rb._sampler.sample(ring, b, gen), calls, rounds)),
-        ("ids of slots", best(lambda: ring.ids_of_slots(slots), calls, rounds)),
-        ("storage gather", best(lambda: rb._storage.gather(slots, None), calls, rounds)),
-        ("TensorDict construction", best(build, calls, rounds)),
-        ("whole call", best(lambda: rb.sample(b), calls, rounds)),
+        (
+            "sampler.sample (draw, descent, weights)",
+            best(lambda: sampler.sample(ring, 32, gen), calls, rounds),
+        ),
+        (
+            "the batch of its slots (fast_read.try_read)",
+            best(lambda: fast_read.try_read(rb, slots, info), calls, rounds),
+        ),
+        ("sample: whole call", best(lambda: rb.sample(32), calls, rounds)),
+        ('batch["index"] (TensorDict lookup)', best(lambda: batch["index"], calls, rounds)),
+        (
+            "update: checks (check_update)",
+            best(lambda: check_update(ring, index, prios, "raise"), calls, rounds),
+        ),
+        ("update: sampler.update_priority", best(lambda: sampler.update_priority(*checked), calls, rounds)),
+        ("update_priority: whole call", best(lambda: rb.update_priority(index, prios), calls, rounds)),
+        ("sample + update_priority (the loop's pair)", best(pair, calls, rounds)),
     ]
 
 
@@ -213,6 +275,16 @@ def main(argv: list[str] | None = None) -> int:
                 "notes": "",
             }
         )
+    log("prioritized sample(32) + update(32)")
+    prb = fill(ReplayBuffer(cap, SPEC, sampler=PrioritizedSampler(), seed=0), cap, rng)
+    tables.append(
+        {
+            "title": "prioritized sample(32) + update_priority(32) of 100k",
+            "headers": ["phase", "µs"],
+            "rows": [[k, f"{v:.2f}"] for k, v in prioritized_phases(prb, calls, args.rounds)],
+            "notes": "",
+        }
+    )
     for t in tables:
         print(f"\n### {t['title']}\n\n{markdown_table(t['headers'], t['rows'])}")
     if args.json:

@@ -390,3 +390,24 @@ def test_other_dtypes_and_empty_fields_match_the_full_path(odd):
         assert call(fast, "add", batch) == call(slow, "add", batch)
         assert (fast.__dict__.get("_signature") is None) == odd
     assert_same(fast, slow)
+
+
+def test_a_tensordict_with_batch_dims_of_its_own_is_refused_after_a_good_one():
+    spec = Spec({"obs": Field((2,)), "reward": Field((2,))})
+    fast, slow = pair(8, spec)
+    good = TensorDict({"obs": torch.ones(2), "reward": torch.zeros(2)}, batch_size=[])
+    # leaves of the item's shapes, but a batch dim of their own: check_item_dims refuses it
+    bad = TensorDict({"obs": torch.ones(2), "reward": torch.zeros(2)}, batch_size=[2])
+    for rb in (fast, slow):
+        rb.add(good)
+    assert fast._signature is not None
+    got = call(fast, "add", bad)
+    assert got == call(slow, "add", bad) and got[0] == "SpecError" and "batch dims" in got[1]
+    assert_same(fast, slow)
+    steps = TensorDict({"obs": torch.ones(3, 2), "reward": torch.zeros(3, 2)}, batch_size=[3])
+    for rb in (fast, slow):
+        rb.extend(steps)
+    windows = TensorDict({"obs": torch.ones(3, 2), "reward": torch.zeros(3, 2)}, batch_size=[3, 2])
+    got = call(fast, "extend", windows)
+    assert got == call(slow, "extend", windows) and got[0] == "SpecError"
+    assert_same(fast, slow)

@@ -27,7 +27,7 @@ from xpbank.errors import PriorityError, SpecError
 from xpbank.nstep.option import NStep
 from xpbank.replay import reading, writing
 from xpbank.replay import state as buffer_state
-from xpbank.replay.parts import check_item_dims, check_reserved, locked, make_storage
+from xpbank.replay.parts import check_reserved, locked, make_storage
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler
@@ -209,7 +209,7 @@ class ReplayBuffer:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id.
 
         Threads: one step under rb.lock."""
-        return writing.add(self, check_item_dims(item, 0))
+        return writing.add(self, item)  # a TensorDict's batch dims: checked there
 
     @locked
     def extend(self, batch: Any) -> range:
@@ -226,7 +226,7 @@ class ReplayBuffer:
             SpecError: missing/unknown keys, or a field's shape or dtype differs from the spec.
             BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
         """
-        return writing.extend(self, check_item_dims(batch, 1))
+        return writing.extend(self, batch)  # as add
 
     @locked
     def update(self, indices: Any, batch: Any) -> None:

@@ -78,6 +78,8 @@ def check_item_dims(batch: Any, batch_ndim: int) -> Any:
     ``[B]`` batches with ``[B, T, ...]`` fields, and a loss that reads the time dim
     from the batch size (TD(lambda), GAE) would compute something else without an error.
     """
+    if type(batch) is dict:  # the usual batch, on every add: no TensorDict lookup
+        return batch
     if is_tensordict(batch) and batch.batch_dims > batch_ndim:
         call, shape = ("extend", "[N]") if batch_ndim else ("add", "[]")
         size, own = list(batch.batch_size), list(batch.batch_size[batch_ndim:])

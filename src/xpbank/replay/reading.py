@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
+from xpbank.replay.fast_read import try_read, try_sample
 from xpbank.replay.parts import BufferParts
-from xpbank.sampler import epoch_plan
+from xpbank.sampler import UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
@@ -82,6 +83,10 @@ def gather(
 
 def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
     """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
+    if replace and fields is None and type(rb._sampler) is UniformSampler:  # see fast_read.py
+        batch = try_sample(rb, batch_size)
+        if batch is not None:
+            return batch
     batch_size = check_positive_int("batch_size", batch_size)
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
@@ -94,11 +99,15 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
         )
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
     slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
+    if keys is None and rb._nstep is None and relabel is None:
+        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
+        if batch is not None:
+            return batch
     ids = rb._ring.ids_of_slots(slots)
     flat = None
     if rb._nstep is not None:  # the items' fields and their n-step entries in one read
         flat = rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys)
-    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
     if relabel is not None:
         flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
     return gather(rb, slots, ids, keys, info, flat)

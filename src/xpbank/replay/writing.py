@@ -26,7 +26,7 @@ import torch
 
 from xpbank.errors import EmptyBufferError, SpecError
 from xpbank.replay.fast_write import remember, try_write
-from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_reserved
+from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_item_dims, check_reserved
 from xpbank.ring.episode_update import check_episode_update
 from xpbank.ring.episodes import EpisodeIndex, wants_episodes
 from xpbank.spec.batch import flatten
@@ -40,7 +40,7 @@ def add(rb: BufferParts, item: Any) -> int:
     first = try_write(rb, item, True)  # shaped like the last good item: no full checks needed
     if first is not None:
         return first
-    flat = flatten(item, rb.spec)
+    flat = flatten(check_item_dims(item, 0), rb.spec)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=0))
     _, flat = conform(rb, spec, flat, 0)
     first = int(write(rb, {k: v.unsqueeze(0) for k, v in flat.items()}, 1, spec)[0])
@@ -53,7 +53,7 @@ def extend(rb: BufferParts, batch: Any) -> range:
     first = try_write(rb, batch, False)
     if first is not None:
         return range(first, rb._ring.next_id)
-    flat = flatten(batch, rb.spec)
+    flat = flatten(check_item_dims(batch, 1), rb.spec)
     spec = rb.spec if rb.spec is not None else check_reserved(Spec.from_batch(flat, batch_ndim=1))
     (n,), flat = conform(rb, spec, flat, 1)
     ids = write(rb, flat, n, spec)

@@ -7,6 +7,8 @@ batch is a flat dict keyed by normalized keys (see :func:`xpbank.spec.keys.norma
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from xpbank.spec.keys import NestedKey, key_str, normalize_key
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["flatten", "as_tensor", "check_tensor", "is_tensordict", "to_tensordict"]
+__all__ = ["flatten", "as_tensor", "check_tensor", "is_tensordict", "to_tensordict", "flat_tensordict"]
 
 
 def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
@@ -201,12 +203,16 @@ def to_tensordict(
     The tensors are taken as they are (no copy, no shape check): callers pass tensors
     whose leading dims are ``batch_size``, all on ``device`` (when given).
     """
-    size = torch.Size(batch_size)
+    size = batch_size if type(batch_size) is torch.Size else torch.Size(batch_size)
+    if device is not None and type(device) is not torch.device:
+        device = torch.device(device)
     root: dict[str, Any] = {}
+    nested = False
     for key, value in flat.items():
         if isinstance(key, str):
             root[key] = value
             continue
+        nested = True
         node = root
         for part in key[:-1]:
             node = node.setdefault(part, {})
@@ -215,9 +221,44 @@ def to_tensordict(
     # tensors were checked against the spec already. Public constructor as fallback.
     TensorDict = (sys.modules.get("tensordict") or _import_tensordict()).TensorDict
     new_unsafe = getattr(TensorDict, "_new_unsafe", None)
-    if new_unsafe is not None:
-        return _assemble(new_unsafe, root, size, None if device is None else torch.device(device))
-    return TensorDict(root, batch_size=size, device=device)
+    if new_unsafe is None:
+        return TensorDict(root, batch_size=size, device=device)
+    if nested:
+        return _assemble(new_unsafe, root, size, device)
+    td = new_unsafe(root, batch_size=size)  # as _assemble does, without its walk for nested dicts
+    td._device = device
+    return td
+
+
+def flat_tensordict(
+    flat: dict[str, torch.Tensor], size: torch.Size, device: torch.device | None
+) -> TensorDict:
+    """:func:`to_tensordict` of a dict whose keys are all strings, for a caller that
+    holds ``size`` as a ``torch.Size`` and ``device`` as a ``torch.device`` already (a
+    sample's hot path): no walk of the keys, no conversions. ``flat`` becomes the
+    TensorDict's (the caller passes a dict it made for it)."""
+    new = _flat_new or _find_flat_new()
+    td = new(flat, batch_size=size)
+    td._device = device
+    return td
+
+
+# how flat_tensordict makes one: _new_unsafe told not to look for nested dicts where it
+# takes that argument (newer tensordicts), found on first use
+_flat_new: Any = None
+
+
+def _find_flat_new() -> Any:
+    global _flat_new
+    TensorDict = (sys.modules.get("tensordict") or _import_tensordict()).TensorDict
+    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+    if new_unsafe is None:
+        _flat_new = TensorDict
+    elif "nested" in inspect.signature(new_unsafe).parameters:
+        _flat_new = functools.partial(new_unsafe, nested=False)
+    else:
+        _flat_new = new_unsafe
+    return _flat_new
 
 
 def _assemble(

@@ -30,10 +30,10 @@ import torch
 
 from xpbank.spec.keys import NestedKey, is_next_key
 from xpbank.spec.spec import Spec
-from xpbank.storage.dtypes import numpy_dtype, to_numpy
+from xpbank.storage.dtypes import numpy_dtype, numpy_native, to_numpy
 from xpbank.storage.pair_rows import PairRows
 
-__all__ = ["Block", "Member", "as_numpy", "layout", "numpy_view", "torch_view"]
+__all__ = ["Block", "Member", "RecordReader", "as_numpy", "layout", "numpy_view", "torch_view"]
 
 
 @dataclass
@@ -125,3 +125,42 @@ class Block:
             except (RuntimeError, TypeError):  # grad, device or dtype NumPy lacks
                 view[...] = to_numpy(value.detach().cpu())
         return self._scratch
+
+
+class RecordReader:
+    """Fields of a CPU block's rows read as whole records: one NumPy ``take`` of the
+    rows, then each field a tensor viewing the taken records (no copy), in ``order``.
+
+    The per-field choices (record field name, the view of a dtype NumPy lacks) are
+    made once here, so a read of ``B`` rows is the ``take`` and one ``from_numpy`` per
+    field: at ``B = 32`` the ``take`` costs ~1 µs, each field ~0.4 µs.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from xpbank import Field, Spec
+        >>> members, row = layout(Spec({"a": Field(()), "b": Field((2,), torch.bfloat16)}), ["a", "b"])
+        >>> reader = RecordReader(Block(members, row, torch.zeros(4, row, dtype=torch.uint8)), ["b", "a"])
+        >>> {k: (v.dtype, tuple(v.shape)) for k, v in reader.read(np.array([0, 3])).items()}
+        {'b': (torch.bfloat16, (2, 2)), 'a': (torch.float32, (2,))}
+    """
+
+    def __init__(self, block: Block, order: Sequence[NestedKey]):
+        if block.np_records is None:
+            raise ValueError("RecordReader: the block is not on the CPU")
+        self.records = block.np_records
+        name_of = {m.key: (name, m.dtype) for name, m in zip(block.names, block.members, strict=True)}
+        # (key, record field, the torch dtype to view it as when NumPy holds it as ints)
+        self.fields = [
+            (k, name_of[k][0], None if numpy_native(name_of[k][1]) else name_of[k][1]) for k in order
+        ]
+        self.keys = list(order)
+
+    def read(self, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
+        """The fields of ``rows`` (an int index), fresh tensors (they alias only the taken copy)."""
+        # one take of whole records: fancy indexing, unlike take, copies them field by field
+        records = self.records.take(rows)
+        out = {}
+        for key, name, bits in self.fields:
+            value = torch.from_numpy(records[name])
+            out[key] = value if bits is None else value.view(bits)
+        return out

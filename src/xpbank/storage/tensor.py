@@ -31,7 +31,7 @@ from xpbank.errors import CapacityError, DeviceError
 from xpbank.spec.keys import NestedKey
 from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_alloc, check_capacity, check_device
-from xpbank.storage.blocks import Block, Member, as_numpy, layout, torch_view
+from xpbank.storage.blocks import Block, Member, RecordReader, as_numpy, layout, torch_view
 from xpbank.storage.dtypes import as_torch
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.pair_rows import PairRows, block_pair_rows
@@ -97,6 +97,8 @@ class TensorStorage(StorageBase):
         self._spec: Spec | None = None
         self._blocks: list[Block] = []
         self._block_of: dict[NestedKey, Block] = {}
+        self._reader: RecordReader | None = None  # gather() of every field: see _lay_out
+        self._host_block: Block | None = None
         if spec is not None:
             self.initialize(spec)
 
@@ -128,9 +130,18 @@ class TensorStorage(StorageBase):
             elif not self.pin_memory:
                 advise_huge_pages(data)
             blocks.append(Block(members, row, data))
+        self._spec = spec
+        self._lay_out(blocks)
+
+    def _lay_out(self, blocks: list[Block]) -> None:
+        """Take ``blocks`` (of ``self._spec``) as the storage's, with the reader of every
+        field at once where they are one packed CPU block of narrow rows (a sample)."""
         self._blocks = blocks
         self._block_of = {m.key: b for b in blocks for m in b.members}
-        self._spec = spec
+        one = blocks[0] if len(blocks) == 1 and blocks[0].np_data is not None else None
+        self._host_block = one  # host_block: looked up on every add
+        narrow = one is not None and not _by_field(one, one.members)
+        self._reader = RecordReader(one, list(self._spec)) if narrow else None  # type: ignore[arg-type]
 
     def _to_device(self, value: torch.Tensor) -> torch.Tensor:
         if value.device == self.device:
@@ -171,6 +182,8 @@ class TensorStorage(StorageBase):
     ) -> dict[NestedKey, torch.Tensor]:
         if self._spec is None:
             raise RuntimeError("TensorStorage.gather before initialize(spec)")
+        if keys is None and self._reader is not None and slots.device.type == "cpu":
+            return self._reader.read(slots.numpy())  # every field: one take of whole rows
         index = self._to_device(slots)
         out: dict[NestedKey, torch.Tensor] = {}
         wanted = None if keys is None else set(keys)
@@ -264,8 +277,14 @@ class TensorStorage(StorageBase):
         (:mod:`xpbank.replay.fast_write`) stores checked rows straight into its NumPy
         views; a new layout (:meth:`initialize`, unpickling) makes a new block, which
         tells it that what it kept is stale."""
-        blocks = self._blocks
-        return blocks[0] if len(blocks) == 1 and blocks[0].np_data is not None else None
+        return self._host_block
+
+    @property
+    def host_reader(self) -> RecordReader | None:
+        """What :meth:`gather` of every field reads through where they all live in one
+        packed CPU block of narrow rows (spec order), else ``None``. The front-end's read
+        fast path (:mod:`xpbank.replay.fast_read`) keeps it; a new layout makes a new one."""
+        return self._reader
 
     def view(self, key: NestedKey) -> torch.Tensor:
         """Field ``key`` of every slot, ``[capacity, *shape]``, as a view of the storage.
@@ -309,15 +328,18 @@ class TensorStorage(StorageBase):
     def __getstate__(self) -> dict[str, Any]:
         # Send the tensors (shared ones travel by handle through torch.multiprocessing)
         # and rebuild the NumPy views on arrival: pickled views would be private copies.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_blocks", "_block_of")}
+        state = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_blocks", "_block_of", "_reader", "_host_block")
+        }
         state["_block_parts"] = [(b.members, b.row_bytes, b.data) for b in self._blocks]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         parts = state.pop("_block_parts")
         self.__dict__.update(state)
-        self._blocks = [Block(members, row, data) for members, row, data in parts]
-        self._block_of = {m.key: b for b in self._blocks for m in b.members}
+        self._lay_out([Block(members, row, data) for members, row, data in parts])
 
     def nbytes(self) -> int:
         """Bytes allocated for the data."""
