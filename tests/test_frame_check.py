@@ -17,12 +17,18 @@ pytestmark = pytest.mark.skipif(frame_check._compiled is None, reason="numba is 
 
 
 @pytest.mark.parametrize(
-    "frame,pad,dtype",
-    [((3, 4), "repeat", torch.uint8), ((5, 3), "zero", torch.uint8), ((2, 4), "repeat", torch.int16)],
+    "frame,pad,dtype,stack",
+    [
+        ((3, 4), "repeat", torch.uint8, 4),
+        ((5, 3), "zero", torch.uint8, 3),
+        ((2, 4), "repeat", torch.int16, 4),
+        ((3, 4), "repeat", torch.uint8, 1),  # whole observations (stacked=False): the SB3 adapter's
+    ],
 )
-def test_kernel_answers_as_numpy_on_good_and_broken_steps(frame, pad, dtype, monkeypatch) -> None:
-    envs = StackedEnvs(4, 4, seed=len(frame) + frame[0], pad=pad, lengths=(1, 5), frame=frame)
-    rb = ReplayBuffer(40, storage=FrameStorage(40, pad=pad), num_envs=4, seed=0)
+def test_kernel_answers_as_numpy_on_good_and_broken_steps(frame, pad, dtype, stack, monkeypatch) -> None:
+    envs = StackedEnvs(4, stack, seed=len(frame) + frame[0], pad=pad, lengths=(1, 5), frame=frame)
+    storage = FrameStorage(40, pad=pad, stacked=stack > 1)
+    rb = ReplayBuffer(40, storage=storage, num_envs=4, seed=0)
     rng = np.random.default_rng(0)
     answers: list[tuple[bool, bool]] = []
 
@@ -48,10 +54,12 @@ def test_kernel_answers_as_numpy_on_good_and_broken_steps(frame, pad, dtype, mon
         step = envs.step(range(4))
         if dtype != torch.uint8:
             step = {k: v.to(dtype) * 257 if k in ("obs", ("next", "obs")) else v for k, v in step.items()}
+        if stack == 1:
+            step = {k: v[:, -1] if k in ("obs", ("next", "obs")) else v for k, v in step.items()}
         rb.extend(step)
     assert len(answers) > 300
     assert all(a == b for a, b in answers)
-    assert sum(a for a, _ in answers) > 20 and sum(not a for a, _ in answers) > 200  # both answers seen
+    assert sum(a for a, _ in answers) > 20 and sum(not a for a, _ in answers) > 100  # both answers seen
 
 
 def test_words_view_the_same_bytes() -> None:

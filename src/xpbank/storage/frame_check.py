@@ -110,7 +110,7 @@ def step_obeys(
     begin an episode, ``None``: none does; ``slots``: the other rows' predecessors)
     obeys the frame-stack rules."""
     s = st.stack
-    if s > 1 and _compiled is not None and o.dtype.kind in "iub" and o.shape[0]:
+    if _compiled is not None and o.dtype.kind in "iub" and o.shape[0]:
         width = _width(st, o, x)
         if width:
             n = o.shape[0]
