@@ -27,16 +27,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from xpbank import _jit
+from xpbank.storage.frame_pool import SlotPool
+from xpbank.storage.frame_table import FrameTable
 
-if TYPE_CHECKING:
-    from xpbank.storage.frame_write import FrameSource
+__all__ = ["FrameSource", "step_kernel", "step_obeys", "words"]
 
-__all__ = ["step_kernel", "step_obeys", "words"]
+
+class FrameSource(Protocol):
+    """What the checks read of a :class:`~xpbank.FrameStorage` (a part of
+    :class:`~xpbank.storage.frame_write.FrameSource`)."""
+
+    stack: int
+    pad: str
+    _last: SlotPool
+    _np_frames: np.ndarray
+
+    def _frame_table(self) -> FrameTable: ...
+
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
