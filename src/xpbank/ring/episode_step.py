@@ -37,24 +37,28 @@ __all__ = ["lockstep_step", "record_step", "step_kernel"]
 
 
 def step_kernel(
-    env: np.ndarray,
-    prev: np.ndarray,
-    nxt: np.ndarray,
-    start: np.ndarray,
+    links: np.ndarray,
     flags: np.ndarray,
-    last_id: np.ndarray,
-    last_end: np.ndarray,
-    cur_start: np.ndarray,
-    fresh: np.ndarray,
+    state: np.ndarray,
     term: np.ndarray,
     trunc: np.ndarray,
     first: int,
     first_id: int,
 ) -> None:
     """Record items ``first .. first + E - 1`` (item ``i`` of env ``i``) after the ring
-    advanced past them (``first_id``: its oldest live id then), and each env's state."""
+    advanced past them (``first_id``: its oldest live id then), and each env's state.
+
+    ``links``: the index's ``[4, capacity]`` env, prev, next and start rows; ``flags``
+    its ``[capacity, 2]`` end flags; ``state``: the per-env state packed as bytes (see
+    :func:`_packed`). Few arguments: numba's call costs ~0.2 µs per array."""
+    e = term.shape[0]
+    last_id = state[: 8 * e].view(np.int64)
+    cur_start = state[8 * e : 16 * e].view(np.int64)
+    last_end = state[16 * e : 17 * e].view(np.bool_)
+    fresh = state[17 * e : 18 * e].view(np.bool_)
+    env, prev, nxt, start = links[0], links[1], links[2], links[3]
     c = env.shape[0]
-    for i in range(last_id.shape[0]):
+    for i in range(e):
         item = first + i
         s = item % c
         pred = last_id[i]
@@ -76,6 +80,7 @@ def step_kernel(
 
 
 _compiled = _jit.compile_kernels(step_kernel)
+_kernel = None if _compiled is None else _compiled[0]
 
 
 def lockstep_step(
@@ -97,12 +102,40 @@ def record_step(index: EpisodeIndex, terminated: Any, truncated: Any, first: int
     after the ring advanced past it, from its ``terminated`` / ``truncated`` values
     (NumPy arrays, or one item's numbers; ``None``: no such field). The per-env state
     arrays are written in place: no plan holds them between two calls of this path."""
-    n = index._last_id.shape[0]
-    a = index._arrays
-    _compiled[0](  # type: ignore[index]
-        a.env, a.prev, a.next, a.start, a.flags, index._last_id, index._last_end, index._cur_start,
-        index._fresh, _flags(terminated, n), _flags(truncated, n), first, index._ring.first_id,
-    )  # fmt: skip
+    p = index.__dict__.get("_packed")
+    if (
+        p is None
+        or index._last_end is not p[3]
+        or index._fresh is not p[4]
+        or index._last_id is not p[1]
+        or index._cur_start is not p[2]
+    ):  # first call, or the other paths replaced the arrays since
+        p = _packed(index)
+    n, ring = p[5], index._ring
+    _kernel(p[6], p[7], p[0], _flags(terminated, n), _flags(truncated, n), first, ring.next_id - ring.size)  # type: ignore[misc]
+
+
+def _packed(index: EpisodeIndex) -> tuple[Any, ...]:
+    """The index's per-env state (``last_id``, ``cur_start``: int64; ``last_end``,
+    ``fresh``: bool) moved into one byte array, the index's arrays replaced by views of
+    it (the other paths replace them, never mutate them: a plan may hold the old ones).
+    Returns ``(bytes, *the four views, E, the index's [4, capacity] rows, its flags)``."""
+    e = index._last_id.shape[0]
+    state = np.empty(18 * e, dtype=np.uint8)
+    views = (
+        state[: 8 * e].view(np.int64),
+        state[8 * e : 16 * e].view(np.int64),
+        state[16 * e : 17 * e].view(np.bool_),
+        state[17 * e :].view(np.bool_),
+    )
+    for view, old in zip(
+        views, (index._last_id, index._cur_start, index._last_end, index._fresh), strict=True
+    ):
+        view[...] = old
+    index._last_id, index._cur_start, index._last_end, index._fresh = views
+    packed = (state, *views, e, index._arrays.rows, index._arrays.flags)
+    index.__dict__["_packed"] = packed
+    return packed
 
 
 _ONE = (np.zeros(1, dtype=bool), np.ones(1, dtype=bool))

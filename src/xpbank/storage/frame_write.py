@@ -9,7 +9,8 @@ rules, and which items need a frame or a whole stack kept aside. See
 :func:`plan_frames` plans any write; :func:`plan_step` is the vector-env step (one item
 of each of ``E`` envs in lockstep, the ring holding at least ``stack`` steps): every
 predecessor is the id ``E`` before, every item is its env's newest, so stacks and the
-stacks to keep aside are arithmetic on ids, and each check is one NumPy comparison. It
+stacks to keep aside are arithmetic on ids, and the checks are
+:func:`~xpbank.storage.frame_check.step_obeys` (one compiled pass with numba). It
 returns the same :class:`FrameWrite` as :func:`plan_frames` (``tests/test_frames_step.py``
 compares what the two store on streams with episode ends and ring wraps), or ``None``
 where the batch is not such a step or fails a check: :func:`plan_frames` then plans it,
@@ -28,6 +29,7 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec.keys import NestedKey, key_str
 from xpbank.storage.dtypes import to_numpy
+from xpbank.storage.frame_check import step_obeys
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import FrameTable, walk_stacks
 
@@ -231,7 +233,7 @@ def plan_step(
     begins = bool(start.any())
     follow = ~start if begins else slice(None)
     slots = prev[follow] % c  # the predecessors (all live: see above)
-    if st.verify and not _step_obeys(st, to_numpy(obs), to_numpy(nxt), start if begins else None, slots):
+    if st.verify and not step_obeys(st, to_numpy(obs), to_numpy(nxt), start if begins else None, slots):
         return None
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
     walked = ids[:, None] - _steps_back(n, s)
@@ -243,33 +245,6 @@ def plan_step(
         ids, ids % c, linked, rows, rows[:0], rescue_old, rows, np.maximum(walked, first),
         walked < first, slots, ids[follow] % c,
     )  # fmt: skip
-
-
-def _step_obeys(
-    st: FrameSource, o: np.ndarray, x: np.ndarray, start: np.ndarray | None, slots: np.ndarray
-) -> bool:
-    """Whether a lockstep step (``obs``, ``next obs`` as arrays; ``start``: the rows that
-    begin an episode, ``None``: none does; ``slots``: the other rows' predecessors)
-    obeys the frame-stack rules, one NumPy comparison per rule."""
-    s = st.stack
-    if s > 1 and not np.array_equal(x[:, :-1], o[:, 1:]):  # next obs = obs shifted by one frame
-        return False
-    if start is not None and s > 1:  # an episode's first stack: padding, then its first frame
-        head = o[start]
-        pad = head[:, -1:] if st.pad == "repeat" else np.zeros_like(head[:, -1:])
-        if not (head[:, :-1] == pad).all():
-            return False
-    # the previous step's next observation, as stored: the newest frame aside (each
-    # was its env's newest), the others in the frame array
-    before = o if start is None else o[~start]
-    if slots.shape[0]:
-        if not np.array_equal(before[:, -1], st._last.get_numpy(slots)):
-            return False
-        if s > 1:
-            held = st._np_frames.take(st._frame_table().src[slots, 1:s], axis=0)
-            if not np.array_equal(before[:, :-1], held):
-                return False
-    return True
 
 
 @functools.lru_cache(maxsize=64)
