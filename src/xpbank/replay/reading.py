@@ -27,8 +27,10 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 __all__ = [
+    "draw",
     "epochs",
     "gather",
+    "gather_flat",
     "read_keys",
     "require_items",
     "sample",
@@ -65,6 +67,25 @@ def gather(
     ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
     ``flat``: the fields already read (n-step reads the items with their windows).
     """
+    flat = gather_flat(rb, slots, ids, keys, info, flat)
+    device = rb._storage.device
+    td = to_tensordict(flat, tuple(slots.shape), device)
+    if device != rb._device:
+        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
+    return td
+
+
+def gather_flat(
+    rb: BufferParts,
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    keys: list[NestedKey] | None,
+    info: dict[str, torch.Tensor] | None = None,
+    flat: dict[Any, torch.Tensor] | None = None,
+) -> dict[Any, torch.Tensor]:
+    """:func:`gather`'s entries before they become a TensorDict: ``{key: tensor}`` on the
+    storage's device, ``"index"`` and ``info`` included (a :class:`~xpbank.Mixture` joins
+    several sources' entries into one batch)."""
     if flat is None:
         flat = rb._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
         if slots.ndim > 1:
@@ -73,15 +94,27 @@ def gather(
     device = rb._storage.device
     flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
     if info:
-        flat.update({name: value.to(rb._storage.device) for name, value in info.items()})
-    td = to_tensordict(flat, tuple(slots.shape), device)
-    if device != rb._device:
-        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
-    return td
+        flat.update({name: value.to(device) for name, value in info.items()})
+    return flat
 
 
 def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
     """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
+    return gather(rb, *draw(rb, batch_size, replace, fields))
+
+
+def draw(
+    rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    list[NestedKey] | None,
+    dict[str, torch.Tensor],
+    dict[Any, torch.Tensor] | None,
+]:
+    """:func:`sample` up to the read: ``(slots, ids, keys, info, flat)``, the arguments
+    of :func:`gather` / :func:`gather_flat` (``flat``: the fields n-step or the sampler's
+    ``relabel`` read already, else ``None``). The caller holds the lock."""
     batch_size = check_positive_int("batch_size", batch_size)
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
@@ -101,7 +134,7 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
     relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
     if relabel is not None:
         flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
-    return gather(rb, slots, ids, keys, info, flat)
+    return slots, ids, keys, info, flat
 
 
 def sample_slots(rb: BufferParts, slots: torch.Tensor, fields: Sequence[Any] | None = None) -> TensorDict:
