@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -26,22 +27,55 @@ from xpbank.spec.batch import to_tensordict
 
 __all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
 
-# (source number, its entries {key: tensor}, its batch shape)
-Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]
+# (source number, its entries {key: tensor}, its batch shape, its rows: (taken records,
+# each field's (key, record field, dtype)) where its fields are still whole rows, else None)
+Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...], Any]
 _CACHED = 64  # signatures and "source" columns kept (schedules give many counts)
 
 
 def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> Share:
-    """Source ``s``'s ``k`` items as ``rb.sample(k, replace, fields)`` would give them, flat."""
+    """Source ``s``'s ``k`` items as ``rb.sample(k, replace, fields)`` would give them, flat.
+
+    Where the source reads every field of one packed CPU block (``host_records`` of a
+    :class:`~xpbank.TensorStorage`) and nothing was read yet (no n-step, no relabelling),
+    its rows are taken whole and left as records: :meth:`Assembler.join` joins the
+    records of sources of one layout in one copy and views the fields from it.
+    """
     if type(rb).sample is not ReplayBuffer.sample:  # a subclass samples its own way
         td = rb.sample(k, replace, fields)
-        return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size)
+        return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size), None
+    storage = rb.storage
     with rb.lock:
         slots, ids, keys, info, flat = reading.draw(rb, k, replace, fields)
+        host_records = getattr(storage, "host_records", None)
+        if flat is None and keys is None and slots.ndim == 1 and host_records is not None:
+            found = host_records() if storage.device == rb.device else None
+            if found is not None:
+                records, names = found
+                taken = records.take(slots.numpy())  # one take of whole records, as gather does
+                entries = reading.gather_flat(rb, slots, ids, keys, info, {})  # "index" and info
+                return s, entries, tuple(slots.shape), (taken, names)
         flat = reading.gather_flat(rb, slots, ids, keys, info, flat)
-    if rb.storage.device != rb.device:  # batches delivered elsewhere (e.g. pinned CPU -> CUDA)
+    if storage.device != rb.device:  # batches delivered elsewhere (e.g. pinned CPU -> CUDA)
         flat = {key: v.to(rb.device, non_blocking=rb.device.type == "cuda") for key, v in flat.items()}
-    return s, flat, tuple(slots.shape)
+    return s, flat, tuple(slots.shape), None
+
+
+def _fields(records: np.ndarray, names: list[tuple[Any, str, torch.dtype]]) -> dict[Any, torch.Tensor]:
+    """Each field of taken ``records`` as a tensor viewing them (spec order)."""
+    out = {}
+    for key, name, dtype in names:
+        value = torch.from_numpy(records[name])
+        out[key] = value if value.dtype == dtype else value.view(dtype)  # bfloat16 ...: held as ints
+    return out
+
+
+def _rows_apart(part: Share) -> Share:
+    """``part`` with its rows' fields as entries (before ``"index"``), as gather gives them."""
+    s, entries, shape, rows = part
+    if rows is None:
+        return part
+    return s, {**_fields(*rows), **entries}, shape, None
 
 
 def refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> None:
@@ -72,17 +106,25 @@ class Assembler:
             SpecError: the shares differ in shape beyond the item dim, in keys
                 (``keys="same"``), or in a kept key's shape or dtype.
         """
+        joined = _join_rows(parts)
+        if joined is None:
+            parts = [_rows_apart(p) for p in parts]
         # a source's keys, shapes and dtypes are fixed by its spec, its sampler and the
         # fields asked for: checked once per (sources, their keys, their tails)
-        signature = tuple((s, shape[1:], tuple(flat)) for s, flat, shape in parts)
+        signature = tuple(
+            (s, shape[1:], tuple(flat), None if rows is None else rows[0].dtype)
+            for s, flat, shape, rows in parts
+        )
         plan = self._plans.get(signature)
         if plan is None:
             if len(self._plans) >= _CACHED:
                 self._plans.clear()
             plan = self._plans[signature] = self._plan(parts)
         kept, weighted, tail = plan
-        flats = [flat for _, flat, _ in parts]
-        if len(flats) == 1:
+        flats = [flat for _, flat, _, _ in parts]
+        if joined is not None:  # every field a view of the joined records
+            out = {key: joined[key] if key in joined else torch.cat([f[key] for f in flats]) for key in kept}
+        elif len(flats) == 1:
             out = {key: flats[0][key] for key in kept}
         else:
             out = {key: torch.cat([flat[key] for flat in flats]) for key in kept}
@@ -94,7 +136,7 @@ class Assembler:
                     flat["weight"]
                     if "weight" in flat
                     else torch.ones(shape, dtype=torch.float32, device=device)
-                    for _, flat, shape in parts
+                    for _, flat, shape, _ in parts
                 ]
             )
         out["source"] = self._source_column(counts, batch_size, device)
@@ -102,20 +144,21 @@ class Assembler:
 
     def _plan(self, parts: list[Share]) -> tuple[list[Any], bool, tuple[int, ...]]:
         """The keys a batch of these shares keeps, whether it has weights, the tail shape."""
-        tails = {shape[1:] for _, _, shape in parts}
+        parts = [_rows_apart(p) for p in parts]  # (fields from a few rows: checked like any)
+        tails = {shape[1:] for _, _, shape, _ in parts}
         if len(tails) > 1:
             raise SpecError(
                 f"sample: the sources' batches differ in shape beyond the item dim: {sorted(tails)}"
             )
-        weighted = any("weight" in flat for _, flat, _ in parts)
-        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _ in parts]
+        weighted = any("weight" in flat for _, flat, _, _ in parts)
+        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _, _ in parts]
         if self.keys == "same":
             for s, keys in key_sets[1:]:
                 if keys != key_sets[0][1]:
                     refuse_keys(key_sets[0], (s, keys))
         kept = [k for k in parts[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
         for key in kept:
-            _check_same(key, [(s, flat[key]) for s, flat, _ in parts])
+            _check_same(key, [(s, flat[key]) for s, flat, _, _ in parts])
         return kept, weighted, next(iter(tails))
 
     def _source_column(
@@ -132,6 +175,22 @@ class Assembler:
                 column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
             column = self._columns[key] = column.to(device).contiguous()
         return column.clone()
+
+
+def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
+    """The fields of every part's rows joined in one array (one copy), where every part
+    holds rows of one layout (same record dtype, same fields); else ``None``."""
+    first = parts[0][3]
+    if first is None or len(parts) == 1:
+        return None
+    dtype, names = first[0].dtype, first[1]
+    for part in parts[1:]:
+        rows = part[3]
+        if rows is None or rows[0].dtype != dtype or rows[1] != names:
+            return None
+    raw = np.dtype((np.void, dtype.itemsize))  # records copied as raw bytes, not field by field
+    joined = np.concatenate([part[3][0].view(raw) for part in parts]).view(dtype)
+    return _fields(joined, names)
 
 
 def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
