@@ -60,8 +60,9 @@ def test_the_loop_gives_choose_goals_and_the_goal_reader(strategy: str, envs: in
         rows = np.zeros((40, words.shape[1]), dtype=words.dtype)
         left = ends_table(eps, ring, envs).left
         her_kernel._goals_loop(
-            ids, slots, u, left, envs, ring.capacity, ring.next_id, strategy == "final", words, rows, got_ids
-        )
+            ids, slots, u, left, envs, ring.capacity, ring.next_id, strategy == "final", words, rows, got_ids,
+            np.zeros(40, dtype=np.int64), 3,
+        )  # fmt: skip
         np.testing.assert_array_equal(got_ids, want)
         np.testing.assert_array_equal(rows.view(host.dtype), reader(rb.storage, want % ring.capacity))
         compiled = her_kernel.goal_rows(

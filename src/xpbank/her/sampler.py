@@ -26,7 +26,7 @@ again after loading (``rb.sampler.compute_reward = fn``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ import torch
 
 from xpbank.errors import PriorityError, SpecError, check_positive_int
 from xpbank.her.goals import STRATEGIES, choose_goals, ends_table, stride_of
-from xpbank.her.kernel import goal_rows
+from xpbank.her.kernel import choose_rows, copy_rows
 from xpbank.her.relabel import GoalKeys, GoalReader, RewardFn, relabel, relabel_rows
 from xpbank.nstep.option import NStep
 from xpbank.ring.ids import Ring
@@ -235,71 +235,75 @@ class HerSampler:
         reward = self.compute_reward
         if reward is None:  # sample() checked; a sampler changed in between
             raise SpecError("HerSampler: no compute_reward")
-        if flat is None:
-            flat = storage.gather(slots, keys)
         b = slots.shape[0]
         m = int(self.relabel_fraction * b)
         goal_index = np.empty(b, dtype=np.int64)
         goal_index[m:] = -1
-        if m:
-            uniform = self._draw(m, generator)
-            cpu = ids.device.type == "cpu"
-            item_ids = (ids.numpy() if cpu else ids.cpu().numpy())[:m]
-            item_slots = (slots.numpy() if cpu else slots.cpu().numpy())[:m]
-            if self._kernel_read(
-                storage, ring, flat, nstep, resolved, item_ids, item_slots, uniform, goal_index
-            ):
-                info["her_goal"] = torch.from_numpy(goal_index)
-                return flat
-            goals = choose_goals(
-                episodes, ring, item_ids, self.strategy, uniform, resolved[2], item_slots, goal_index[:m]
-            )
-            relabel(
-                storage, ring, resolved[1], flat, item_ids, goals,
-                reward, self.compute_terminated, self.info_keys, nstep, resolved[3],
-            )  # fmt: skip
         info["her_goal"] = torch.from_numpy(goal_index)
+        if m == 0:
+            return storage.gather(slots, keys) if flat is None else flat
+        uniform = self._draw(m, generator)
+        cpu = ids.device.type == "cpu"
+        item_ids = (ids.numpy() if cpu else ids.cpu().numpy())[:m]
+        item_slots = (slots.numpy() if cpu else slots.cpu().numpy())[:m]
+        achieved = resolved[1]["next_achieved"]
+        fetch = None
+        if achieved in (flat if flat is not None else (spec if keys is None else keys)):
+            fetch = self._kernel_goals(
+                storage, ring, nstep, resolved, item_ids, item_slots, uniform, goal_index
+            )
+        if flat is None:  # (the goal rows' lines arrive meanwhile)
+            flat = storage.gather(slots, keys)
+        if fetch is not None:
+            relabel_rows(flat, resolved[1], m, fetch(), reward)
+            return flat
+        goals = choose_goals(
+            episodes, ring, item_ids, self.strategy, uniform, resolved[2], item_slots, goal_index[:m]
+        )
+        relabel(
+            storage, ring, resolved[1], flat, item_ids, goals,
+            reward, self.compute_terminated, self.info_keys, nstep, resolved[3],
+        )  # fmt: skip
         return flat
 
-    def _kernel_read(
+    def _kernel_goals(
         self,
         storage: Storage,
         ring: Ring,
-        flat: dict[Any, torch.Tensor],
         nstep: NStep | None,
         resolved: tuple[Any, dict[str, NestedKey | None], int | None, GoalReader],
         item_ids: np.ndarray,
         item_slots: np.ndarray,
         uniform: np.ndarray,
         goal_index: np.ndarray,
-    ) -> bool:
+    ) -> Callable[[], np.ndarray] | None:
         """The common case through the compiled kernel (:mod:`xpbank.her.kernel`): lockstep,
-        ``future`` or ``final``, one step, no ``info`` and no ``compute_terminated``; the
-        same goals and rows as :func:`choose_goals` and :func:`relabel`. ``False``: not
+        ``future`` or ``final``, one step, no ``info``, no ``compute_terminated``, and the
+        items' next achieved goals read with them. Chooses the goals (into
+        ``goal_index``; the same as :func:`choose_goals`) and prefetches their rows now;
+        returns the read of the rows (as :class:`GoalReader` gives them). ``None``: not
         this case, or no kernel (nothing written)."""
-        _, keys, stride, reader = resolved
+        stride, reader = resolved[2], resolved[3]
         if (
             stride is None
             or self.strategy == "episode"
             or nstep is not None
             or self.info_keys
             or self.compute_terminated is not None
-            or keys["next_achieved"] not in flat
+            or ring.episodes is None
         ):
-            return False
+            return None
         host = reader.host(storage)
-        if host is None or ring.episodes is None:
-            return False
-        m = item_ids.shape[0]
+        if host is None:
+            return None
         left = ends_table(ring.episodes, ring, stride).left
-        goal = goal_rows(
-            host[1], host[0], item_ids, item_slots, uniform, left, stride,
-            ring.capacity, ring.next_id, self.strategy == "final", goal_index[:m],
+        rows = choose_rows(
+            host[1], item_ids, item_slots, uniform, left, stride, ring.capacity, ring.next_id,
+            self.strategy == "final", goal_index[: item_ids.shape[0]],
         )  # fmt: skip
-        if goal is None:
-            return False
-        relabel_rows(flat, keys, m, goal, self.compute_reward)  # type: ignore[arg-type]
-        return True
+        if rows is None:
+            return None
+        return lambda: copy_rows(host[1], host[0], rows)
 
     def _draw(self, m: int, generator: torch.Generator) -> np.ndarray:
         """``m`` uniform float64 draws from ``generator``: ``torch.rand(m, generator=...,
