@@ -130,3 +130,21 @@ def test_a_buffer_samples_the_same_with_and_without_the_kernel(
         assert list(a.keys(include_nested=True)) == list(b.keys(include_nested=True))
         for key in a.keys(include_nested=True, leaves_only=True):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_a_pickled_buffer_draws_the_same_goals() -> None:
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(2)
+    rb = ReplayBuffer(60, num_envs=2, seed=4, sampler=HerSampler(compute_reward=gap))
+    stream(rb, rng, 20, 2, 0)
+    rb.sample(16)  # the sampler's caches are made
+    for other in (pickle.loads(pickle.dumps(rb)), copy.deepcopy(rb)):
+        state = rb._generator.get_state()
+        a = rb.sample(16)
+        rb._generator.set_state(state)
+        other._generator.set_state(state)
+        b = other.sample(16)
+        for key in a.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a[key], b[key]), key

@@ -133,6 +133,11 @@ class HerSampler:
         self._resolved: tuple[Any, dict[str, NestedKey | None], int | None, GoalReader] | None = None
         self._uniform: tuple[torch.Tensor, np.ndarray] | None = None  # _draw's tensor
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the caches hold views (the draw tensor's NumPy view, the storage's goal rows):
+        # a pickled or copied sampler makes them again, or its view would not alias
+        return {**self.__dict__, "_resolved": None, "_uniform": None}
+
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
         self, ring: Ring, batch_size: int, generator: torch.Generator, replace: bool = True
