@@ -12,9 +12,9 @@ from xpbank import Mixture, NStep, PrioritizedSampler, ReplayBuffer, TensorStora
 from xpbank.mix import assemble
 
 
-def _data(n: int, seed: int) -> dict[str, torch.Tensor]:
+def _data(n: int, seed: int, half: bool = True) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {
+    data = {
         "obs": torch.randn(n, 5, generator=g),
         ("next", "obs"): torch.randn(n, 5, generator=g),
         "action": torch.randint(0, 4, (n,), generator=g),
@@ -22,9 +22,12 @@ def _data(n: int, seed: int) -> dict[str, torch.Tensor]:
         "terminated": torch.rand(n, generator=g) < 0.1,
         "half": torch.randn(n, 2, generator=g).to(torch.bfloat16),
     }
+    if not half:  # every field of a NumPy dtype (bfloat16 is joined by torch.cat)
+        del data["half"]
+    return data
 
 
-def _make(kind: str, seed: int, tmp_path: object) -> ReplayBuffer:
+def _make(kind: str, seed: int, tmp_path: object, half: bool = True) -> ReplayBuffer:
     if kind == "packed":
         rb = ReplayBuffer(64, seed=seed)
     elif kind == "prioritized":
@@ -35,9 +38,9 @@ def _make(kind: str, seed: int, tmp_path: object) -> ReplayBuffer:
         rb = ReplayBuffer(64, seed=seed, nstep=NStep(2, 0.9))
     else:  # a bank opened "r": memmap fields
         src = ReplayBuffer(64, seed=seed)
-        src.extend(_data(80, seed))
+        src.extend(_data(80, seed, half))
         return xpbank.open_bank(xpbank.save(src, f"{tmp_path}/bank{seed}"), "r")
-    rb.extend(_data(80, seed))  # wraps the ring
+    rb.extend(_data(80, seed, half))  # wraps the ring
     if kind == "prioritized":
         rb.update_priority(
             torch.arange(16, 80), torch.rand(64, generator=torch.Generator().manual_seed(seed))
@@ -48,10 +51,13 @@ def _make(kind: str, seed: int, tmp_path: object) -> ReplayBuffer:
 KINDS = ["packed", "prioritized", "unpacked", "nstep", "bank"]
 
 
+@pytest.mark.parametrize("half", [True, False])
 @pytest.mark.parametrize("first", KINDS)
 @pytest.mark.parametrize("second", KINDS)
-def test_a_mixed_batch_is_the_sources_own_samples_concatenated(first: str, second: str, tmp_path) -> None:
-    a, b = _make(first, 1, tmp_path), _make(second, 2, tmp_path)
+def test_a_mixed_batch_is_the_sources_own_samples_concatenated(
+    first: str, second: str, half: bool, tmp_path
+) -> None:
+    a, b = _make(first, 1, tmp_path, half), _make(second, 2, tmp_path, half)
     ga, gb = a._generator.get_state(), b._generator.get_state()
     mix = Mixture([a, b], [0.25, 0.75], keys="common")
     got = [mix.sample(40) for _ in range(3)]

@@ -148,12 +148,13 @@ def _put(flat: dict[Any, torch.Tensor], key: NestedKey | None, m: int, value: An
     out = None if key is None else flat.get(key)
     if out is None:
         return
-    if out.device.type == "cpu" and out.dtype != torch.bfloat16:
-        view = out.numpy()[:m]
-        v = np.asarray(value)
-        view[...] = v if v.shape == view.shape else v.reshape(view.shape)
-    else:
+    try:
+        view = out.numpy()[:m]  # a CPU field of a NumPy dtype (the usual case)
+    except (RuntimeError, TypeError):  # CUDA, bfloat16
         out[:m].copy_(torch.as_tensor(np.asarray(value)).reshape(out[:m].shape))
+        return
+    v = np.asarray(value)
+    view[...] = v if v.shape == view.shape else v.reshape(view.shape)
 
 
 class GoalReader:
