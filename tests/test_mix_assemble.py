@@ -22,7 +22,7 @@ def _data(n: int, seed: int, half: bool = True) -> dict[str, torch.Tensor]:
         "terminated": torch.rand(n, generator=g) < 0.1,
         "half": torch.randn(n, 2, generator=g).to(torch.bfloat16),
     }
-    if not half:  # every field of a NumPy dtype (bfloat16 is joined by torch.cat)
+    if not half:  # every field of a NumPy dtype
         del data["half"]
     return data
 

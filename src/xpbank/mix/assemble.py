@@ -24,7 +24,6 @@ from tensordict import TensorDict
 from xpbank.errors import SpecError
 from xpbank.replay import ReplayBuffer, reading
 from xpbank.spec.batch import to_tensordict
-from xpbank.storage.dtypes import numpy_native
 
 __all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
 
@@ -108,7 +107,6 @@ class Assembler:
                 (``keys="same"``), or in a kept key's shape or dtype.
         """
         joined = _join_rows(parts)
-        given = parts
         if joined is None:
             parts = [_rows_apart(p) for p in parts]
         # a source's keys, shapes and dtypes are fixed by its spec, its sampler and the
@@ -124,8 +122,6 @@ class Assembler:
             plan = self._plans[signature] = self._plan(parts)
         kept, weighted, tail = plan
         flats = [flat for _, flat, _, _ in parts]
-        if joined is None and len(parts) > 1:
-            joined = _join_into_rows(given, flats, set(kept))
         if joined is not None:  # every field a view of the joined records
             out = {key: joined[key] if key in joined else torch.cat([f[key] for f in flats]) for key in kept}
         elif len(flats) == 1:
@@ -195,32 +191,6 @@ def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
     raw = np.dtype((np.void, dtype.itemsize))  # records copied as raw bytes, not field by field
     joined = np.concatenate([part[3][0].view(raw) for part in parts]).view(dtype)
     return _fields(joined, names)
-
-
-def _join_into_rows(given: list[Share], flats: list[dict[Any, torch.Tensor]], kept: set[Any]) -> Any:
-    """Where some share holds rows but the layouts differ (a packed buffer and a bank):
-    the kept fields written into one array of the first rows' layout, rows of that layout
-    copied whole, other shares' fields by NumPy assignment (a copy each, no ``torch.cat``);
-    ``None`` where no share holds rows or a kept field has no NumPy dtype."""
-    first = next((rows for _, _, _, rows in given if rows is not None), None)
-    if first is None:
-        return None
-    dtype, names = first[0].dtype, first[1]
-    todo = [(key, name) for key, name, torch_dtype in names if key in kept]
-    if not all(numpy_native(torch_dtype) for key, _, torch_dtype in names if key in kept):
-        return None  # e.g. bfloat16, which the records hold as int16
-    out = np.empty(sum(shape[0] for _, _, shape, _ in given), dtype=dtype)
-    raw = np.dtype((np.void, dtype.itemsize))
-    lo = 0
-    for (_, _, shape, rows), flat in zip(given, flats, strict=True):
-        hi = lo + shape[0]
-        if rows is not None and rows[0].dtype == dtype and rows[1] == names:
-            out.view(raw)[lo:hi] = rows[0].view(raw)
-        else:
-            for key, name in todo:
-                out[name][lo:hi] = flat[key].numpy()
-        lo = hi
-    return _fields(out, [(key, name, torch_dtype) for key, name, torch_dtype in names if key in kept])
 
 
 def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
