@@ -32,7 +32,17 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fastest_block, fmt_us, freeze_heap, log, markdown_table, report, time_calls
+from _common import (
+    environment,
+    fastest_block,
+    fmt_us,
+    freeze_heap,
+    log,
+    markdown_table,
+    report,
+    set_clock,
+    time_calls,
+)
 from xpbank import NStep, ReplayBuffer
 from xpbank.her import HerSampler
 
@@ -273,7 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--profile", action="store_true", help="also time one HER sample phase by phase")
+    p.add_argument("--clock", choices=["wall", "thread"], default="wall", help="wall time or thread CPU time")
     args = p.parse_args(argv)
+    set_clock(args.clock)
     if args.threads:
         torch.set_num_threads(args.threads)
     size = args.size or (100_000 if args.quick else 1_000_000)
@@ -287,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = ["sample(256)", "per call: median (range)", "vs xpbank uniform", "SB3 HER / this"]
     notes = (
         f"{size:,} transitions of {E} envs in lockstep, episodes of up to {HORIZON} steps; "
-        f"{rounds} interleaved rounds of {calls} calls each; ratios per round, median (range). "
+        f"{rounds} interleaved rounds of {calls} calls each, clock {args.clock}; "
+        "ratios per round, median (range). "
         "Targets: HER at most 1.5x uniform, SB3's at least 3x HER's time."
     )
     title = "HER sample(256): xpbank HerSampler vs uniform vs SB3 HerReplayBuffer"
@@ -305,8 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p_title = "One HER sample(256) (future, k=4), phase by phase"
         p_headers = ["phase", "per call: median (range)", "vs a whole uniform sample"]
         p_notes = (
-            f"{rounds} interleaved rounds of {calls} calls, each call on fresh random items "
-            "(pre-drawn); the phases are the calls HerSampler makes, timed one by one."
+            f"{rounds} interleaved rounds of {calls} calls (clock {args.clock}), each call on fresh "
+            "random items (pre-drawn); the phases are the calls HerSampler makes, timed one by one."
         )
         tables.append({"title": p_title, "headers": p_headers, "rows": p_rows, "notes": p_notes})
         lines += ["", f"# {p_title}", "", markdown_table(p_headers, p_rows)]
