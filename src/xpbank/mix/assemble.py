@@ -31,6 +31,7 @@ __all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
 # each field's (key, record field, dtype)) where its fields are still whole rows, else None)
 Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...], Any]
 _CACHED = 64  # signatures and "source" columns kept (schedules give many counts)
+_RAW: dict[int, np.dtype] = {}  # a record's itemsize -> the void dtype of that many bytes
 
 
 def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> Share:
@@ -188,9 +189,14 @@ def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
         rows = part[3]
         if rows is None or rows[0].dtype != dtype or rows[1] != names:
             return None
-    raw = np.dtype((np.void, dtype.itemsize))  # records copied as raw bytes, not field by field
+    raw = _RAW.get(dtype.itemsize)
+    if raw is None:  # records copied as raw bytes, not field by field
+        raw = _RAW[dtype.itemsize] = np.dtype((np.void, dtype.itemsize))
     joined = np.concatenate([part[3][0].view(raw) for part in parts]).view(dtype)
-    return _fields(joined, names)
+    out = _fields(joined, names)
+    # the items' ids too: NumPy's concatenate (a CPU buffer's ids are NumPy-backed tensors)
+    out["index"] = torch.from_numpy(np.concatenate([part[1]["index"].numpy() for part in parts]))
+    return out
 
 
 def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
