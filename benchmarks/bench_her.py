@@ -32,7 +32,17 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fastest_block, fmt_us, freeze_heap, log, markdown_table, report, time_calls
+from _common import (
+    environment,
+    fastest_block,
+    fmt_us,
+    freeze_heap,
+    log,
+    markdown_table,
+    report,
+    set_clock,
+    time_calls,
+)
 from xpbank import NStep, ReplayBuffer
 from xpbank.her import HerSampler
 
@@ -154,6 +164,9 @@ def run(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, 
     log("filling SB3's HerReplayBuffer ...")
     sb3 = sb3_buffer(data)
     kinds["SB3 HerReplayBuffer (future, k=4)"] = lambda: sb3.sample(BATCH)
+    for fn in kinds.values():  # warm up: first calls load compiled kernels (numba's cache)
+        for _ in range(3):
+            fn()
     times: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(rounds):
         for name, fn in kinds.items():
@@ -188,8 +201,9 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     """One HER sample(256) split into its phases, each timed over the same ``calls``
     pre-drawn batches (fresh random items per call, as a real sample), interleaved with
     whole uniform and HER samples; the phases call the functions ``HerSampler`` calls."""
-    from xpbank.her.goals import choose_goals
-    from xpbank.her.relabel import relabel
+    from xpbank.her.goals import choose_goals, ends_table
+    from xpbank.her.kernel import goal_rows, kernel
+    from xpbank.her.relabel import relabel_rows
     from xpbank.replay.reading import gather
 
     data = make_data(size)
@@ -200,18 +214,29 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     st, ring, gen = her._storage, her._ring, her._generator
     resolved = sampler._resolved
     assert resolved is not None
-    keys, stride, m = resolved[1], resolved[2], int(sampler.relabel_fraction * BATCH)
+    keys, stride, reader, m = resolved[1], resolved[2], resolved[3], int(sampler.relabel_fraction * BATCH)
+    assert stride is not None
     drawn = [sampler.sample(ring, BATCH, gen)[0] for _ in range(calls)]
     ids = [ring.ids_of_slots(s) for s in drawn]
-    items = [i[:m].numpy() for i in ids]
-    draws = [torch.rand(m, generator=gen, dtype=torch.float64).numpy() for _ in range(calls)]
-    pairs = zip(items, draws, strict=True)
-    goals = [choose_goals(ring.episodes, ring, i, "future", u, stride) for i, u in pairs]
+    items = [i.numpy()[:m] for i in ids]
+    slots = [s.numpy()[:m] for s in drawn]
+    draws = [sampler._draw(m, gen).copy() for _ in range(calls)]
+    goal_ids = np.empty(m, dtype=np.int64)
+    host = reader.host(st)
+    left = ends_table(ring.episodes, ring, stride).left
+
+    def choose_and_read(i: int) -> np.ndarray:
+        """The goals and their rows: the compiled kernel where numba is, else NumPy."""
+        if host is not None and kernel() is not None:
+            args = (items[i], slots[i], draws[i], left, stride, ring.capacity, ring.next_id, False, goal_ids)
+            return goal_rows(host[1], host[0], *args)  # type: ignore[return-value]
+        g = choose_goals(ring.episodes, ring, items[i], "future", draws[i], stride, slots[i], goal_ids)
+        return reader(st, g % ring.capacity)
+
+    goals = [choose_and_read(i) for i in range(calls)]
     flats = [st.gather(s) for s in drawn]
-    achieved_key = keys["next_achieved"]
-    achieved = [f[achieved_key].numpy()[:m] for f in flats]
-    goal_slots = [torch.from_numpy(g % ring.capacity) for g in goals]
-    goal_rows = [st.gather(g, [achieved_key])[achieved_key].numpy() for g in goal_slots]
+    achieved = [f[keys["next_achieved"]].numpy()[:m] for f in flats]
+    how = "compiled kernel" if host is not None and kernel() is not None else "NumPy"
     tag = {"her_goal": torch.full((BATCH,), -1)}
     phases: dict[str, Callable[[int], object]] = {
         "whole uniform sample": lambda i: uniform.sample(BATCH),
@@ -219,14 +244,12 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         "  base sampler: draw slots": lambda i: sampler.base.sample(ring, BATCH, gen, True),
         "  ids of slots": lambda i: ring.ids_of_slots(drawn[i]),
         "  read the items (storage.gather)": lambda i: st.gather(drawn[i]),
-        "  HER: draw the offsets (torch.rand)": lambda i: torch.rand(m, generator=gen, dtype=torch.float64),
-        "  HER: choose goals (episode ends)": lambda i: choose_goals(
-            ring.episodes, ring, items[i], "future", draws[i], stride
+        "  HER: draw the offsets (uniform_)": lambda i: sampler._draw(m, gen),
+        f"  HER: choose goals and read their rows ({how})": choose_and_read,
+        "  HER: reward and writes (relabel_rows)": lambda i: relabel_rows(
+            flats[i], keys, m, goals[i], compute_reward
         ),
-        "  HER: relabel rows (read goals, reward, write)": lambda i: relabel(
-            st, ring, keys, flats[i], items[i], goals[i], compute_reward, None, (), None
-        ),
-        "    of which the user's compute_reward": lambda i: compute_reward(achieved[i], goal_rows[i], None),
+        "    of which the user's compute_reward": lambda i: compute_reward(achieved[i], goals[i], None),
         "  assemble the batch (TensorDict)": lambda i: gather(
             her, drawn[i], ids[i], None, tag, dict(flats[i])
         ),
@@ -260,7 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--profile", action="store_true", help="also time one HER sample phase by phase")
+    p.add_argument("--clock", choices=["wall", "thread"], default="wall", help="wall time or thread CPU time")
     args = p.parse_args(argv)
+    set_clock(args.clock)
     if args.threads:
         torch.set_num_threads(args.threads)
     size = args.size or (100_000 if args.quick else 1_000_000)
@@ -274,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = ["sample(256)", "per call: median (range)", "vs xpbank uniform", "SB3 HER / this"]
     notes = (
         f"{size:,} transitions of {E} envs in lockstep, episodes of up to {HORIZON} steps; "
-        f"{rounds} interleaved rounds of {calls} calls each; ratios per round, median (range). "
+        f"{rounds} interleaved rounds of {calls} calls each, clock {args.clock}; "
+        "ratios per round, median (range). "
         "Targets: HER at most 1.5x uniform, SB3's at least 3x HER's time."
     )
     title = "HER sample(256): xpbank HerSampler vs uniform vs SB3 HerReplayBuffer"
@@ -292,8 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p_title = "One HER sample(256) (future, k=4), phase by phase"
         p_headers = ["phase", "per call: median (range)", "vs a whole uniform sample"]
         p_notes = (
-            f"{rounds} interleaved rounds of {calls} calls, each call on fresh random items "
-            "(pre-drawn); the phases are the calls HerSampler makes, timed one by one."
+            f"{rounds} interleaved rounds of {calls} calls (clock {args.clock}), each call on fresh "
+            "random items (pre-drawn); the phases are the calls HerSampler makes, timed one by one."
         )
         tables.append({"title": p_title, "headers": p_headers, "rows": p_rows, "notes": p_notes})
         lines += ["", f"# {p_title}", "", markdown_table(p_headers, p_rows)]

@@ -18,11 +18,14 @@ Two ways to find them, same answers (the tests compare them):
 
 - lockstep (``num_envs=`` or one stream, no env field): an env's next item is
   ``stride`` ids later, so the episode's steps are ``t + stride * j`` and a draw is
-  arithmetic. Each item's ``end`` is kept per slot in an :class:`EpisodeEnds`, caught up
-  at sample time over the items written since (O(1) amortized per item, vectorized): a
-  step ``y`` whose env's next step is written and ``next[y] == -1`` closed its episode,
-  and every live step of that episode gets ``end = y`` in one ragged fill. An item
-  without an ``end`` is in its env's open episode: ``end`` is the env's newest item.
+  arithmetic. Each item's number of steps to its ``end`` (``left``, the item and its
+  ``end`` included) is kept per slot in an :class:`EpisodeEnds`, caught up at sample
+  time over the items written since (O(1) amortized per item, vectorized): a step ``y``
+  whose env's next step is written and ``next[y] == -1`` closed its episode, and every
+  live step of that episode gets its ``left`` in one ragged fill. An item without one
+  (``0``) is in its env's open episode: ``end`` is the env's newest item. A ``future``
+  draw is then ``t + stride * floor(u * left)``: a ``take`` and four small NumPy calls
+  on the batch (``final``: ``left - 1`` steps on).
 - with an env field (items not in lockstep): the episode is walked through the index's
   ``next`` / ``prev`` links, one vectorized step per episode step: the time grows with
   the episode's length (fine for the tens of steps of goal tasks).
@@ -36,14 +39,15 @@ from xpbank.ring.episodes import EpisodeIndex
 from xpbank.ring.ids import Ring
 from xpbank.spec.spec import Spec, normalize_key
 
-__all__ = ["STRATEGIES", "EpisodeEnds", "choose_goals", "episode_bounds", "stride_of"]
+__all__ = ["STRATEGIES", "EpisodeEnds", "choose_goals", "ends_table", "episode_bounds", "stride_of"]
 
 STRATEGIES = ("future", "final", "episode")
 
 
 class EpisodeEnds:
-    """Per slot, the id of the last written step of the item's episode (``-1``: the
-    episode is still open), for a lockstep index; kept in ``episodes.derived``.
+    """Per slot, the number of steps from the item to the last written step of its
+    episode, both included (``0``: the episode is still open), for a lockstep index;
+    kept in ``episodes.derived``.
 
     Args:
         capacity: the ring's capacity.
@@ -51,7 +55,7 @@ class EpisodeEnds:
     """
 
     def __init__(self, capacity: int, stride: int):
-        self.end = np.full(capacity, -1, dtype=np.int64)
+        self.left = np.zeros(capacity, dtype=np.int64)
         self.stride = stride
         self.seen = 0  # items below this id have been looked at
 
@@ -65,7 +69,7 @@ class EpisodeEnds:
         lo = max(self.seen, first)
         if lo >= hi:
             return
-        self.end[np.arange(lo, hi) % c] = -1  # new items: their episode is open so far
+        self.left[np.arange(lo, hi) % c] = 0  # new items: their episode is open so far
         # a step whose env's next step is written closes its episode where next is -1;
         # the env's newest step (the last stride ids) is looked at once its successor is
         cand = np.arange(max(lo - e, first), hi - e, dtype=np.int64)
@@ -79,8 +83,7 @@ class EpisodeEnds:
         start = np.maximum(links.start[closed % c], first)
         count = (closed - start) // e + 1  # the live steps of each closed episode
         offsets = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-        ends = np.repeat(closed, count)
-        self.end[(ends - e * offsets) % c] = ends
+        self.left[(np.repeat(closed, count) - e * offsets) % c] = offsets + 1
 
 
 def stride_of(episodes: EpisodeIndex, spec: Spec) -> int | None:
@@ -91,7 +94,8 @@ def stride_of(episodes: EpisodeIndex, spec: Spec) -> int | None:
     return episodes.num_envs or 1
 
 
-def _ends_table(episodes: EpisodeIndex, ring: Ring, stride: int) -> EpisodeEnds:
+def ends_table(episodes: EpisodeIndex, ring: Ring, stride: int) -> EpisodeEnds:
+    """The index's :class:`EpisodeEnds` for ``stride`` (made on first use), caught up."""
     key = ("her_ends", stride)
     table = episodes.derived.get(key)
     if table is None:
@@ -100,13 +104,17 @@ def _ends_table(episodes: EpisodeIndex, ring: Ring, stride: int) -> EpisodeEnds:
     return table
 
 
-def _lockstep_end(episodes: EpisodeIndex, ring: Ring, ids: np.ndarray, stride: int) -> np.ndarray:
-    """The last written step of each item's episode (lockstep: from the ends table)."""
-    end = _ends_table(episodes, ring, stride).end.take(ids % ring.capacity)  # take: 3x a fancy index
-    open_ = end < 0
-    if open_.any():  # the env's open episode: its newest item
-        end[open_] = ids[open_] + stride * ((ring.next_id - 1 - ids[open_]) // stride)
-    return end
+def _lockstep_left(
+    episodes: EpisodeIndex, ring: Ring, ids: np.ndarray, slots: np.ndarray | None, stride: int
+) -> np.ndarray:
+    """The steps from each item to its episode's last written step, both included
+    (lockstep: from the ends table; ``slots``: ``ids % capacity`` where the caller has them)."""
+    table = ends_table(episodes, ring, stride)
+    left = table.left.take(ids % ring.capacity if slots is None else slots)  # take: 3x a fancy index
+    if not left.all():  # the env's open episode: up to its newest item
+        open_ = left == 0
+        left[open_] = (ring.next_id - 1 - ids[open_]) // stride + 1
+    return left
 
 
 def episode_bounds(
@@ -119,7 +127,7 @@ def episode_bounds(
     c, first_id = ring.capacity, ring.first_id
     links = episodes.links()
     if stride is not None:
-        end = _lockstep_end(episodes, ring, ids, stride)
+        end = ids + stride * (_lockstep_left(episodes, ring, ids, None, stride) - 1)
         start = links.start[ids % c]
         first = np.where(start >= first_id, start, ids - stride * ((ids - first_id) // stride))
         return first, end, None
@@ -157,6 +165,8 @@ def choose_goals(
     strategy: str,
     uniform: np.ndarray,
     stride: int | None,
+    slots: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The id of the step whose next achieved goal relabels each item ``ids`` (live).
 
@@ -167,30 +177,41 @@ def choose_goals(
         strategy: ``"future"``, ``"final"`` or ``"episode"``.
         uniform: one float64 in ``[0, 1)`` per item (the draw; ignored by ``"final"``).
         stride: :func:`stride_of` the index (``None``: walk the links).
+        slots: ``ids % capacity``, where the caller has them (saves a NumPy call).
+        out: an int64 array of ``len(ids)`` to write the goals into (lockstep
+            ``future``/``final``), or ``None``.
     """
     if stride is not None and strategy != "episode":  # the first step is not needed
-        first, end, walked = ids, _lockstep_end(episodes, ring, ids, stride), None
-    else:
-        first, end, walked = episode_bounds(episodes, ring, ids, stride)
+        left = _lockstep_left(episodes, ring, ids, slots, stride)
+        if strategy == "final":
+            left -= 1
+            pick = left
+        else:
+            # floor(u * left) < left for every u < 1 and left < 2**53 (the product rounds
+            # to at most the float below left), so no clamp to left - 1 is needed
+            pick = (uniform * left).astype(np.int64)
+        if stride != 1:
+            pick *= stride
+        return np.add(pick, ids, out=out)
+    first, end, walked = episode_bounds(episodes, ring, ids, stride)
     if strategy == "final":
-        return end
-    step = 1 if stride is None else stride
-    if walked is None:
-        lo = ids if strategy == "future" else first
-        count = end - lo
-        if step != 1:
-            count //= step
-        count += 1
-        pick = (uniform * count).astype(np.int64)
-        np.minimum(pick, count - 1, out=pick)  # in place: a few small NumPy calls fewer
-        if step != 1:
-            pick *= step
-        pick += lo
-        return pick
+        return _into(end, out)
+    if walked is None:  # lockstep "episode"
+        count = (end - first) // stride + 1
+        pick = (uniform * count).astype(np.int64)  # < count, as above
+        pick *= stride
+        return np.add(pick, first, out=out)
     # walked: position of each item in its column, and the column's number of live steps
     live = np.count_nonzero(walked[1:] != walked[:-1], axis=0) + 1
     here = np.argmax(walked == ids, axis=0)
     lo = here if strategy == "future" else np.zeros_like(here)
     count = live - lo
     j = lo + np.minimum((uniform * count).astype(np.int64), count - 1)
-    return walked[j, np.arange(ids.shape[0])]
+    return _into(walked[j, np.arange(ids.shape[0])], out)
+
+
+def _into(values: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return values
+    out[...] = values
+    return out

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import SpecError
+from xpbank.her.kernel import word_rows
 from xpbank.nstep.option import NStep
 from xpbank.nstep.returns import nstep_sum
 from xpbank.ring.ids import Ring, _to_numpy
@@ -37,7 +38,7 @@ from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 from xpbank.storage.base import Storage
 from xpbank.storage.dtypes import numpy_native
 
-__all__ = ["GoalKeys", "relabel"]
+__all__ = ["GoalKeys", "GoalReader", "relabel", "relabel_rows"]
 
 RewardFn = Callable[[np.ndarray, np.ndarray, Any], Any]
 
@@ -144,31 +145,76 @@ def _per_item(name: str, value: Any, n: int) -> np.ndarray:
 def _put(flat: dict[Any, torch.Tensor], key: NestedKey | None, m: int, value: Any) -> None:
     """``flat[key][:m] = value`` where the batch holds ``key`` (cast to its dtype): a
     NumPy write for a CPU field (a torch ``copy_`` into a strided view costs ~10x)."""
-    if key is None or key not in flat:
+    out = None if key is None else flat.get(key)
+    if out is None:
         return
-    out = flat[key]
-    if out.device.type == "cpu" and out.dtype != torch.bfloat16:
-        view = out.numpy()[:m]
-        view[...] = np.asarray(value).reshape(view.shape)
-    else:
+    try:
+        view = out.numpy()[:m]  # a CPU field of a NumPy dtype (the usual case)
+    except (RuntimeError, TypeError):  # CUDA, bfloat16
         out[:m].copy_(torch.as_tensor(np.asarray(value)).reshape(out[:m].shape))
+        return
+    v = np.asarray(value)
+    view[...] = v if v.shape == view.shape else v.reshape(view.shape)
 
 
-def _read(storage: Storage, key: NestedKey, slots: np.ndarray) -> np.ndarray:
-    """Field ``key`` of ``slots``, fresh: a fancy index of the storage's ``host_view``
-    where it has one NumPy holds as itself, else a gather.
+class GoalReader:
+    """Reads field ``key`` of given slots as a fresh NumPy array: a fancy index of the
+    storage's ``host_view`` where it has one NumPy holds as itself, else a gather.
 
     A packed storage's view is strided (one field of wide records): indexing it row by
     row as one opaque ``void`` item per slot copies each row in one move, 2-3x faster
-    than NumPy's element-wise fancy index (12 vs 31 us for 204 goals of a 1M ring)."""
-    host_view = getattr(storage, "host_view", None)
-    host = host_view(key) if host_view is not None else None
-    if host is None or storage.spec is None or not numpy_native(storage.spec[key].dtype):
-        return _to_numpy(storage.gather(torch.from_numpy(slots), [key])[key])
-    rows = _row_items(host)
-    if rows is None:
-        return host[slots]
-    return rows[slots].view(host.dtype).reshape(slots.shape[0], *host.shape[1:])
+    than NumPy's element-wise fancy index (12 vs 31 us for 204 goals of a 1M ring).
+    The row view is made once and kept while the storage hands out the same host view
+    (a :class:`HerSampler <xpbank.her.HerSampler>` keeps one reader per spec).
+
+    Args:
+        key: the field.
+    """
+
+    def __init__(self, key: NestedKey):
+        self.key = key
+        self._host: np.ndarray | None = None  # the host view the rows below are of
+        self._rows: np.ndarray | None = None  # _row_items(host), or None: index host itself
+        self._words: np.ndarray | None = None  # word_rows(host), for the compiled kernel
+        self._native = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key}  # views of a storage: made again on use, never pickled
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["key"])  # type: ignore[misc]
+
+    def host(self, storage: Storage) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(host view, its word_rows)`` for :func:`xpbank.her.kernel.goal_rows`, or
+        ``None`` where the kernel cannot read the field."""
+        self._look(storage)
+        if self._words is None or self._host is None:
+            return None
+        return self._host, self._words
+
+    def _look(self, storage: Storage) -> None:
+        host_view = getattr(storage, "host_view", None)
+        host = host_view(self.key) if host_view is not None else None
+        if host is not self._host:
+            spec = storage.spec
+            self._native = host is not None and spec is not None and numpy_native(spec[self.key].dtype)
+            self._host, self._rows = host, (_row_items(host) if self._native else None)  # type: ignore[arg-type]
+            self._words = word_rows(host) if self._native else None  # type: ignore[arg-type]
+
+    def __call__(self, storage: Storage, slots: np.ndarray) -> np.ndarray:
+        self._look(storage)
+        if not self._native:
+            return _to_numpy(storage.gather(torch.from_numpy(slots), [self.key])[self.key])
+        rows = self._rows
+        if rows is None:
+            return self._host[slots]  # type: ignore[index]
+        host = self._host
+        return rows[slots].view(host.dtype).reshape(slots.shape[0], *host.shape[1:])  # type: ignore[union-attr]
+
+
+def _read(storage: Storage, key: NestedKey, slots: np.ndarray) -> np.ndarray:
+    """Field ``key`` of ``slots``, fresh (:class:`GoalReader`, for one call)."""
+    return GoalReader(key)(storage, slots)
 
 
 def _row_items(host: np.ndarray) -> np.ndarray | None:
@@ -186,6 +232,22 @@ def _row_items(host: np.ndarray) -> np.ndarray | None:
         return None
 
 
+def relabel_rows(
+    flat: dict[Any, torch.Tensor],
+    keys: Mapping[str, NestedKey | None],
+    m: int,
+    goal: np.ndarray,
+    compute_reward: RewardFn,
+) -> None:
+    """The one-step case of :func:`relabel` once the goals are read: the first ``m`` rows
+    of ``flat`` get the goals ``goal`` and ``compute_reward``'s rewards (no ``info``)."""
+    achieved_key: NestedKey = keys["next_achieved"] or ""
+    achieved = _to_numpy(flat[achieved_key])[:m]
+    _put(flat, keys["reward"], m, _per_item("compute_reward", compute_reward(achieved, goal, None), m))
+    _put(flat, keys["desired"], m, goal)
+    _put(flat, keys["next_desired"], m, goal)
+
+
 def relabel(
     storage: Storage,
     ring: Ring,
@@ -197,6 +259,7 @@ def relabel(
     compute_terminated: RewardFn | None,
     info_keys: Sequence[NestedKey],
     nstep: NStep | None,
+    reader: GoalReader | None = None,
 ) -> None:
     """Rewrite the first ``len(item_ids)`` rows of the sampled fields ``flat`` with the
     goals of ``goal_ids``.
@@ -213,6 +276,8 @@ def relabel(
         info_keys: stored fields passed in ``info`` (a dict of NumPy arrays; ``"index"``:
             the transitions' ids); empty: ``info`` is ``None``.
         nstep: the buffer's n-step option: relabel each whole window.
+        reader: a :class:`GoalReader` of the next achieved goal to reuse (the caller's,
+            kept across calls), or ``None``.
     """
     m, c = item_ids.shape[0], ring.capacity
     episodes = ring.episodes
@@ -223,10 +288,8 @@ def relabel(
     info_fields = [k for k in info_keys if k != "index"]
     if n == 1 and achieved_key in flat and not info_keys and compute_terminated is None:
         # the common case in few calls: the items' next goals are in the batch already
-        achieved, goal = _to_numpy(flat[achieved_key])[:m], _read(storage, achieved_key, goal_ids % c)
-        _put(flat, keys["reward"], m, _per_item("compute_reward", compute_reward(achieved, goal, None), m))
-        _put(flat, keys["desired"], m, goal)
-        _put(flat, keys["next_desired"], m, goal)
+        read = reader if reader is not None and reader.key == achieved_key else GoalReader(achieved_key)
+        relabel_rows(flat, keys, m, read(storage, goal_ids % c), compute_reward)
         return
     if n == 1:
         window, steps = (item_ids % c)[None], np.ones(m, dtype=np.int64)

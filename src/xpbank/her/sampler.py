@@ -26,15 +26,16 @@ again after loading (``rb.sampler.compute_reward = fn``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from xpbank.errors import PriorityError, SpecError, check_positive_int
-from xpbank.her.goals import STRATEGIES, choose_goals, stride_of
-from xpbank.her.relabel import GoalKeys, RewardFn, relabel
+from xpbank.her.goals import STRATEGIES, choose_goals, ends_table, stride_of
+from xpbank.her.kernel import choose_rows, copy_rows
+from xpbank.her.relabel import GoalKeys, GoalReader, RewardFn, relabel, relabel_rows
 from xpbank.nstep.option import NStep
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler
@@ -128,8 +129,14 @@ class HerSampler:
             "index" if k == "index" else normalize_key(tuple(k) if isinstance(k, list) else k)
             for k in info_keys
         )
-        # (spec, its keys, the index's stride) for the spec last seen
-        self._resolved: tuple[Any, dict[str, NestedKey | None], int | None] | None = None
+        # (spec, its keys, the index's stride, the goal reader) for the spec last seen
+        self._resolved: tuple[Any, dict[str, NestedKey | None], int | None, GoalReader] | None = None
+        self._uniform: tuple[torch.Tensor, np.ndarray] | None = None  # _draw's tensor
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the caches hold views (the draw tensor's NumPy view, the storage's goal rows):
+        # a pickled or copied sampler makes them again, or its view would not alias
+        return {**self.__dict__, "_resolved": None, "_uniform": None}
 
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
@@ -221,27 +228,97 @@ class HerSampler:
         spec, episodes = storage.spec, ring.episodes
         if spec is None or episodes is None:
             raise RuntimeError("HerSampler.relabel needs the buffer's spec and episode index")
-        if self._resolved is None or self._resolved[0] is not spec:
-            self._resolved = (spec, self.keys.resolve(spec), stride_of(episodes, spec))
+        resolved = self._resolved
+        if resolved is None or resolved[0] is not spec:
+            found = self.keys.resolve(spec)
+            resolved = self._resolved = (
+                spec,
+                found,
+                stride_of(episodes, spec),
+                GoalReader(found["next_achieved"] or ""),  # resolve() found it
+            )
         reward = self.compute_reward
         if reward is None:  # sample() checked; a sampler changed in between
             raise SpecError("HerSampler: no compute_reward")
-        if flat is None:
-            flat = storage.gather(slots, keys)
         b = slots.shape[0]
         m = int(self.relabel_fraction * b)
-        uniform = torch.rand(m, generator=generator, dtype=torch.float64).numpy()
-        goal_index = np.full(b, -1, dtype=np.int64)
-        if m:
-            item_ids = ids[:m].numpy() if ids.device.type == "cpu" else ids[:m].cpu().numpy()
-            goals = choose_goals(episodes, ring, item_ids, self.strategy, uniform, self._resolved[2])
-            relabel(
-                storage, ring, self._resolved[1], flat, item_ids, goals,
-                reward, self.compute_terminated, self.info_keys, nstep,
-            )  # fmt: skip
-            goal_index[:m] = goals
+        goal_index = np.empty(b, dtype=np.int64)
+        goal_index[m:] = -1
         info["her_goal"] = torch.from_numpy(goal_index)
+        if m == 0:
+            return storage.gather(slots, keys) if flat is None else flat
+        uniform = self._draw(m, generator)
+        cpu = ids.device.type == "cpu"
+        item_ids = (ids.numpy() if cpu else ids.cpu().numpy())[:m]
+        item_slots = (slots.numpy() if cpu else slots.cpu().numpy())[:m]
+        achieved = resolved[1]["next_achieved"]
+        fetch = None
+        if achieved in (flat if flat is not None else (spec if keys is None else keys)):
+            fetch = self._kernel_goals(
+                storage, ring, nstep, resolved, item_ids, item_slots, uniform, goal_index
+            )
+        if flat is None:  # (the goal rows' lines arrive meanwhile)
+            flat = storage.gather(slots, keys)
+        if fetch is not None:
+            relabel_rows(flat, resolved[1], m, fetch(), reward)
+            return flat
+        goals = choose_goals(
+            episodes, ring, item_ids, self.strategy, uniform, resolved[2], item_slots, goal_index[:m]
+        )
+        relabel(
+            storage, ring, resolved[1], flat, item_ids, goals,
+            reward, self.compute_terminated, self.info_keys, nstep, resolved[3],
+        )  # fmt: skip
         return flat
+
+    def _kernel_goals(
+        self,
+        storage: Storage,
+        ring: Ring,
+        nstep: NStep | None,
+        resolved: tuple[Any, dict[str, NestedKey | None], int | None, GoalReader],
+        item_ids: np.ndarray,
+        item_slots: np.ndarray,
+        uniform: np.ndarray,
+        goal_index: np.ndarray,
+    ) -> Callable[[], np.ndarray] | None:
+        """The common case through the compiled kernel (:mod:`xpbank.her.kernel`): lockstep,
+        ``future`` or ``final``, one step, no ``info``, no ``compute_terminated``, and the
+        items' next achieved goals read with them. Chooses the goals (into
+        ``goal_index``; the same as :func:`choose_goals`) and prefetches their rows now;
+        returns the read of the rows (as :class:`GoalReader` gives them). ``None``: not
+        this case, or no kernel (nothing written)."""
+        stride, reader = resolved[2], resolved[3]
+        if (
+            stride is None
+            or self.strategy == "episode"
+            or nstep is not None
+            or self.info_keys
+            or self.compute_terminated is not None
+            or ring.episodes is None
+        ):
+            return None
+        host = reader.host(storage)
+        if host is None:
+            return None
+        left = ends_table(ring.episodes, ring, stride).left
+        rows = choose_rows(
+            host[1], item_ids, item_slots, uniform, left, stride, ring.capacity, ring.next_id,
+            self.strategy == "final", goal_index[: item_ids.shape[0]],
+        )  # fmt: skip
+        if rows is None:
+            return None
+        return lambda: copy_rows(host[1], host[0], rows)
+
+    def _draw(self, m: int, generator: torch.Generator) -> np.ndarray:
+        """``m`` uniform float64 draws from ``generator``: ``torch.rand(m, generator=...,
+        dtype=torch.float64)``'s values, into a tensor kept per ``m`` (read before the next call)."""
+        kept = self._uniform
+        if kept is None or kept[0].shape[0] != m:
+            t = torch.empty(m, dtype=torch.float64)
+            kept = self._uniform = (t, t.numpy())
+        kept[0].uniform_(generator=generator)  # what torch.rand does, without its allocation
+        return kept[1]
 
     def __repr__(self) -> str:
         return (

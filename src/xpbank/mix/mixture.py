@@ -4,7 +4,8 @@ A sampling-time composition: each source is a :class:`~xpbank.ReplayBuffer` (a l
 buffer, or a bank opened with ``xpbank.open_bank(path, "r")``: memory-mapped, so a
 large offline dataset is read page by page as sampled, never loaded) and keeps its own
 sampler, n-step option and RNG. The mixture only decides how many items each source
-gives to a batch, calls each source's ``sample(k)``, and concatenates the results.
+gives to a batch, draws each share through the source's own read path, and joins the
+shares into one batch (:mod:`xpbank.mix.assemble`: no TensorDict per share).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from tensordict import TensorDict
 
 from xpbank.errors import BankError, CapacityError, DeviceError, EmptyBufferError, PriorityError, SpecError
 from xpbank.mix import routing
+from xpbank.mix.assemble import Assembler, draw_share, refuse_keys
 from xpbank.mix.schedule import Constant, Linear, Schedule, as_schedule, split_counts
 from xpbank.replay import ReplayBuffer
-from xpbank.spec.batch import to_tensordict
 
 __all__ = ["Mixture", "METADATA_KEY"]
 
@@ -110,8 +111,9 @@ class Mixture:
         else:
             self.generator.seed()
         self._lock = threading.RLock()
-        self._columns: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._plans: dict[tuple[Any, ...], tuple[list[Any], bool]] = {}
+        self._assembler = Assembler(keys)
+        self._counts: dict[tuple[Any, ...], list[int]] = {}  # (weights, batch size) -> counts
+        self._checked: tuple[Any, ...] | None = None  # the specs whose keys were found the same
 
     def __repr__(self) -> str:
         return f"Mixture(sources={len(self.sources)}, weights={list(self.weights)}, step={self.step})"
@@ -126,7 +128,13 @@ class Mixture:
 
     def counts(self, batch_size: int) -> list[int]:
         """The items each source gives to the next batch (``exact=True``; no state changes)."""
-        return split_counts([s(self.step) for s in self.weights], batch_size)
+        key = (batch_size, *[s(self.step) for s in self.weights])
+        found = self._counts.get(key)
+        if found is None:  # constant weights: computed once
+            if len(self._counts) >= 64:
+                self._counts.clear()
+            found = self._counts[key] = split_counts(key[1:], batch_size)
+        return list(found)
 
     def _draw_counts(self, batch_size: int) -> list[int]:
         if self.exact:
@@ -141,8 +149,9 @@ class Mixture:
     ) -> TensorDict:
         """Draw ``batch_size`` items: each source's count as its own ``sample(k, replace, fields)``.
 
-        Each source draws by its own ``sample`` (its sampler, generator and options such
-        as n-step, under its own lock); the shares are concatenated key by key. Items
+        Each source draws as its own ``sample`` does (its sampler, generator and options
+        such as n-step, under its own lock: the same items); the shares are concatenated
+        key by key. Items
         are grouped by source, in source order. The returned batch is new memory (never aliases a source).
 
         Raises:
@@ -156,8 +165,8 @@ class Mixture:
         with self._lock:
             counts = self._draw_counts(batch_size)
             self._check_sources(counts, replace)  # before any source draws
-            parts = [_flat(s, self.sources[s].sample(k, replace, fields)) for s, k in enumerate(counts) if k]
-            batch = self._concat(parts, counts)
+            parts = [draw_share(s, self.sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
+            batch = self._assembler.join(parts, counts)
             self.step += 1
             return batch
 
@@ -177,78 +186,13 @@ class Mixture:
                     f"but only {n} are stored"
                 )
         if self.keys == "same":
-            specs = [
-                (s, set(spec.keyset)) for s, k in enumerate(counts) if k and (spec := self.sources[s].spec)
-            ]
-            for s, keys in specs[1:]:
-                if keys != specs[0][1]:
-                    _refuse_keys(specs[0], (s, keys))
-
-    def _concat(
-        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]], counts: list[int]
-    ) -> TensorDict:
-        tails = {shape[1:] for _, _, shape in parts}
-        if len(tails) > 1:
-            raise SpecError(
-                f"sample: the sources' batches differ in shape beyond the item dim: {sorted(tails)}"
-            )
-        # which keys to keep, checked once per (sources, their keys): a source's keys,
-        # shapes and dtypes are fixed by its spec, its sampler and the fields asked for
-        signature = tuple((s, tuple(flat)) for s, flat, _ in parts)
-        plan = self._plans.get(signature)
-        if plan is None:
-            plan = self._plans[signature] = self._plan(parts)
-        kept, weighted = plan
-        flats = [flat for _, flat, _ in parts]
-        if len(flats) == 1:
-            out = {key: flats[0][key] for key in kept}
-        else:
-            out = {key: torch.cat([flat[key] for flat in flats]) for key in kept}
-        batch_size = (sum(counts), *next(iter(tails)))
-        device = out["index"].device
-        if weighted:
-            out["weight"] = torch.cat(
-                [
-                    flat["weight"]
-                    if "weight" in flat
-                    else torch.ones(shape, dtype=torch.float32, device=device)
-                    for _, flat, shape in parts
-                ]
-            )
-        out["source"] = self._source_column(counts, batch_size, device)
-        return to_tensordict(out, batch_size, device)
-
-    def _plan(
-        self, parts: list[tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]]
-    ) -> tuple[list[Any], bool]:
-        """The keys a batch of these shares keeps (and whether it has weights), checked."""
-        weighted = any("weight" in flat for _, flat, _ in parts)
-        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _ in parts]
-        if self.keys == "same":
-            for s, keys in key_sets[1:]:
-                if keys != key_sets[0][1]:
-                    _refuse_keys(key_sets[0], (s, keys))
-        kept = [k for k in parts[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
-        for key in kept:
-            _check_same(key, [(s, flat[key]) for s, flat, _ in parts])
-        if len(self._plans) >= 64:
-            self._plans.clear()
-        return kept, weighted
-
-    def _source_column(
-        self, counts: list[int], batch_size: tuple[int, ...], device: torch.device
-    ) -> torch.Tensor:
-        """The ``"source"`` entry: made once per distinct counts, copied per batch (never shared)."""
-        key = (tuple(counts), batch_size, str(device))
-        column = self._columns.get(key)
-        if column is None:
-            if len(self._columns) >= 64:  # schedules give many counts: keep the cache small
-                self._columns.clear()
-            column = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-            if len(batch_size) > 1:
-                column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
-            column = self._columns[key] = column.to(device).contiguous()
-        return column.clone()
+            given = tuple((s, spec) for s, k in enumerate(counts) if k and (spec := self.sources[s].spec))
+            if given != self._checked:  # specs are compared by value: checked once per change
+                specs = [(s, set(spec.keyset)) for s, spec in given]
+                for s, keys in specs[1:]:
+                    if keys != specs[0][1]:
+                        refuse_keys(specs[0], (s, keys))
+                self._checked = given
 
     # -- updates ----------------------------------------------------------------
     def update(self, source: Any, indices: Any, values: Any) -> None:
@@ -376,25 +320,3 @@ def _describe(w: Schedule) -> list[Any]:
     if isinstance(w, Linear):
         return ["linear", w.start, w.end, w.steps]
     return ["constant", w.value] if isinstance(w, Constant) else [repr(w)]
-
-
-def _refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> None:
-    (a, ka), (b, kb) = first, other
-    raise SpecError(
-        f"sample: sources {a} and {b} give different keys (only in {a}: {sorted(map(str, ka - kb))}, "
-        f"only in {b}: {sorted(map(str, kb - ka))}); pass keys='common' to keep the shared ones"
-    )
-
-
-def _flat(s: int, td: TensorDict) -> tuple[int, dict[Any, torch.Tensor], tuple[int, ...]]:
-    return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size)
-
-
-def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
-    s0, v0 = values[0]
-    for s, v in values[1:]:
-        if v.shape[1:] != v0.shape[1:] or v.dtype != v0.dtype:
-            raise SpecError(
-                f"sample: field {key!r}: source {s0} gives {tuple(v0.shape[1:])} {v0.dtype}, "
-                f"source {s} gives {tuple(v.shape[1:])} {v.dtype}"
-            )

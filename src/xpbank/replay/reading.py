@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 __all__ = [
+    "draw",
     "epochs",
     "gather",
+    "gather_flat",
     "read_keys",
     "require_items",
     "sample",
@@ -66,6 +68,25 @@ def gather(
     ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
     ``flat``: the fields already read (n-step reads the items with their windows).
     """
+    flat = gather_flat(rb, slots, ids, keys, info, flat)
+    device = rb._storage.device
+    td = to_tensordict(flat, tuple(slots.shape), device)
+    if device != rb._device:
+        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
+    return td
+
+
+def gather_flat(
+    rb: BufferParts,
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    keys: list[NestedKey] | None,
+    info: dict[str, torch.Tensor] | None = None,
+    flat: dict[Any, torch.Tensor] | None = None,
+) -> dict[Any, torch.Tensor]:
+    """:func:`gather`'s entries before they become a TensorDict: ``{key: tensor}`` on the
+    storage's device, ``"index"`` and ``info`` included (a :class:`~xpbank.Mixture` joins
+    several sources' entries into one batch)."""
     if flat is None:
         flat = rb._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
         if slots.ndim > 1:
@@ -74,11 +95,8 @@ def gather(
     device = rb._storage.device
     flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
     if info:
-        flat.update({name: value.to(rb._storage.device) for name, value in info.items()})
-    td = to_tensordict(flat, tuple(slots.shape), device)
-    if device != rb._device:
-        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
-    return td
+        flat.update({name: value.to(device) for name, value in info.items()})
+    return flat
 
 
 def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
@@ -87,6 +105,33 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
         batch = try_sample(rb, batch_size)
         if batch is not None:
             return batch
+    keys, slots, info = _draw_slots(rb, batch_size, replace, fields)
+    if keys is None and rb._nstep is None and getattr(rb._sampler, "relabel", None) is None:
+        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
+        if batch is not None:
+            return batch
+    return gather(rb, *_read_plan(rb, keys, slots, info))
+
+
+def draw(
+    rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    list[NestedKey] | None,
+    dict[str, torch.Tensor],
+    dict[Any, torch.Tensor] | None,
+]:
+    """:func:`sample` up to the read: ``(slots, ids, keys, info, flat)``, the arguments
+    of :func:`gather` / :func:`gather_flat` (``flat``: the fields n-step or the sampler's
+    ``relabel`` read already, else ``None``). The caller holds the lock."""
+    return _read_plan(rb, *_draw_slots(rb, batch_size, replace, fields))
+
+
+def _draw_slots(
+    rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None
+) -> tuple[list[NestedKey] | None, torch.Tensor, dict[str, torch.Tensor]]:
+    """The checks of a sample, then the sampler's draw: ``(keys, slots, info)``."""
     batch_size = check_positive_int("batch_size", batch_size)
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
@@ -99,18 +144,27 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
         )
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
     slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
-    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
-    if keys is None and rb._nstep is None and relabel is None:
-        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
-        if batch is not None:
-            return batch
+    return keys, slots, info
+
+
+def _read_plan(
+    rb: BufferParts, keys: list[NestedKey] | None, slots: torch.Tensor, info: dict[str, torch.Tensor]
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    list[NestedKey] | None,
+    dict[str, torch.Tensor],
+    dict[Any, torch.Tensor] | None,
+]:
+    """The drawn slots' ids and what n-step or the sampler's ``relabel`` read already."""
     ids = rb._ring.ids_of_slots(slots)
     flat = None
     if rb._nstep is not None:  # the items' fields and their n-step entries in one read
         flat = rb._nstep.gather(rb._storage, rb._ring, slots, ids, keys)
+    relabel = getattr(rb._sampler, "relabel", None)  # e.g. HerSampler: hindsight goals
     if relabel is not None:
         flat = relabel(rb._storage, rb._ring, slots, ids, keys, info, flat, rb._nstep, rb._generator)
-    return gather(rb, slots, ids, keys, info, flat)
+    return slots, ids, keys, info, flat
 
 
 def sample_slots(rb: BufferParts, slots: torch.Tensor, fields: Sequence[Any] | None = None) -> TensorDict:

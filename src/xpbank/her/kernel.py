@@ -1,0 +1,185 @@
+"""An optional compiled kernel (numba) for the common hindsight draw: goals and goal rows in one pass.
+
+For a lockstep index and the ``future`` or ``final`` strategy, choosing each relabelled
+item's goal (:func:`xpbank.her.goals.choose_goals`) is a ``take`` of the ends table and
+a few NumPy calls, and reading the goals (:class:`xpbank.her.relabel.GoalReader`) is a
+fancy index whose rows are scattered over the ring: at 1M items each one a cache miss,
+taken one after another. With numba installed (``pip install xpbank[fast]``),
+:func:`goal_rows` does both in one compiled call: it prefetches
+(:mod:`xpbank._jit.prefetch`) every item's cell of the ends table, then computes each
+goal id and prefetches its row, then copies the rows, so the misses overlap.
+
+Same results as the NumPy path, to the bit (the tests compare them): the goal is
+``t + stride * int(u * left)`` (``final``: ``left - 1`` steps on) with ``u * left``
+one float64 product, as NumPy computes it; rows are copied as machine words of the
+field's itemsize. Where numba is missing, ``XPBANK_NO_NUMBA=1`` was set, or the field
+has no NumPy host view of a NumPy dtype whose rows are contiguous, :func:`goal_rows`
+returns ``None`` and the caller takes the NumPy path.
+
+Example:
+    >>> import numpy as np
+    >>> from xpbank.her.kernel import _goals_loop
+    >>> left = np.array([3, 2, 1, 0])  # slots 0..3 of one stream; slot 3: open episode
+    >>> src = np.arange(8, dtype=np.uint32).reshape(4, 2)  # each slot's goal words
+    >>> goal, ids = np.zeros((2, 2), np.uint32), np.zeros(2, np.int64)
+    >>> items, u = np.array([0, 3]), np.array([0.9, 0.5])
+    >>> _goals_loop(items, items, u, left, 1, 4, 4, False, src, goal, ids, np.zeros(2, np.int64), 3)
+    >>> ids.tolist(), goal.tolist()  # item 0: 0 + int(0.9 * 3); item 3: its own step
+    ([2, 3], [[4, 5], [6, 7]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from xpbank import _jit
+from xpbank._jit.prefetch import prefetch
+
+__all__ = ["choose_rows", "copy_rows", "goal_rows", "kernel", "word_rows"]
+
+_compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_NO_IDS = np.zeros(0, dtype=np.int64)  # arguments a phase does not read
+_NO_U = np.zeros(0, dtype=np.float64)
+_NO_GOAL = np.zeros((0, 1), dtype=np.uint8)
+
+
+def _goals_loop(
+    ids: Any,
+    slots: Any,
+    uniform: Any,
+    left_table: Any,
+    stride: Any,
+    capacity: Any,
+    next_id: Any,
+    final: Any,
+    src: Any,
+    goal: Any,
+    goal_ids: Any,
+    rows: Any,
+    phases: Any,
+) -> None:  # pragma: no cover - run compiled; the doctest runs it as Python
+    """Phase 1 (``phases & 1``): goal ids into ``goal_ids``, their slots into ``rows``,
+    the rows prefetched; phase 2 (``phases & 2``): the rows of ``src`` ``[C, w]`` into
+    ``goal`` ``[m, w]``."""
+    m = ids.shape[0]
+    if phases & 1 == 0:
+        _copy(src, rows, goal)
+        return
+    left_base = np.int64(left_table.ctypes.data)
+    src_base, src_step = np.int64(src.ctypes.data), np.int64(src.strides[0])
+    last_byte = np.int64(src.shape[1] * src.itemsize - 1)
+    for i in range(m):
+        prefetch(left_base + np.int64(slots[i]) * 8)
+    for i in range(m):
+        item = np.int64(ids[i])
+        left = np.int64(left_table[slots[i]])
+        if left == 0:  # the env's open episode: up to its newest item
+            left = (next_id - 1 - item) // stride + 1
+        step = stride * (left - 1 if final else np.int64(uniform[i] * left))
+        goal_ids[i] = item + step
+        s = np.int64(slots[i]) + step  # step < capacity (the goal is live): no division
+        if s >= capacity:
+            s -= capacity
+        rows[i] = s
+        prefetch(src_base + s * src_step)
+        prefetch(src_base + s * src_step + last_byte)  # a row may cross a line
+    if phases & 2:
+        _copy(src, rows, goal)
+
+
+def _copy(src: Any, rows: Any, goal: Any) -> None:  # pragma: no cover - compiled into the kernel
+    for i in range(rows.shape[0]):
+        s = rows[i]
+        for k in range(src.shape[1]):
+            goal[i, k] = src[s, k]
+
+
+def kernel() -> Callable[..., Any] | None:
+    """The compiled kernel (numba, ``cache=True``; compiled on first use), or ``None``."""
+    if not _compiled:
+        kernels = _jit.compile_kernels(_goals_loop, helpers=(_copy,))
+        _compiled.append(None if kernels is None else kernels[0])
+    return _compiled[0]
+
+
+def word_rows(host: np.ndarray) -> np.ndarray | None:
+    """``host`` ``[C, ...]`` as ``[C, w]`` unsigned words of its itemsize (a view), or
+    ``None`` where a row is not one contiguous run or the dtype is not plain numbers."""
+    word = _WORDS.get(host.dtype.itemsize)
+    if word is None or host.ndim < 1 or host.dtype.kind not in "biuf":
+        return None
+    try:
+        inner = int(np.prod(host.shape[1:], dtype=np.int64))
+        if host.ndim > 1 and not host[0].flags.c_contiguous:
+            return None
+        return host.reshape(host.shape[0], inner).view(word)  # a view, or ValueError
+    except (ValueError, AttributeError):
+        return None
+
+
+def choose_rows(
+    words: np.ndarray,
+    ids: np.ndarray,
+    slots: np.ndarray,
+    uniform: np.ndarray,
+    left_table: np.ndarray,
+    stride: int,
+    capacity: int,
+    next_id: int,
+    final: bool,
+    goal_ids: np.ndarray,
+) -> np.ndarray | None:
+    """Each item's goal id (into ``goal_ids``); returns the goals' slots, their rows of
+    ``words`` (a :func:`word_rows` view) prefetched: :func:`copy_rows` reads them
+    (meanwhile the caller may read other data while the lines arrive). ``None``
+    without the kernel (nothing written then).
+
+    Args:
+        words: :func:`word_rows` of the goal field's host view.
+        ids, slots: the relabelled items' ids and slots (int64).
+        uniform: one float64 in ``[0, 1)`` per item (ignored by ``final``).
+        left_table: :attr:`EpisodeEnds.left <xpbank.her.goals.EpisodeEnds>`, caught up.
+        stride, capacity, next_id: the index's stride, the ring's capacity and next id.
+        final: the ``final`` strategy (else ``future``).
+        goal_ids: ``[m]`` int64, written.
+    """
+    run = kernel()
+    if run is None:
+        return None
+    rows = np.empty(ids.shape[0], dtype=np.int64)
+    run(ids, slots, uniform, left_table, stride, capacity, next_id, final, words, _NO_GOAL, goal_ids, rows, 1)
+    return rows
+
+
+def copy_rows(words: np.ndarray, host: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``[m, ...]`` fresh goal rows of ``host``'s dtype: rows ``rows`` (from
+    :func:`choose_rows`) of ``host``, read through ``words``, its :func:`word_rows`."""
+    run = kernel()
+    assert run is not None  # choose_rows ran it
+    m = rows.shape[0]
+    goal = np.empty((m, words.shape[1]), dtype=words.dtype)
+    run(_NO_IDS, _NO_IDS, _NO_U, _NO_IDS, 1, 1, 0, False, words, goal, _NO_IDS, rows, 2)
+    return goal.view(host.dtype).reshape(m, *host.shape[1:])
+
+
+def goal_rows(
+    words: np.ndarray,
+    host: np.ndarray,
+    ids: np.ndarray,
+    slots: np.ndarray,
+    uniform: np.ndarray,
+    left_table: np.ndarray,
+    stride: int,
+    capacity: int,
+    next_id: int,
+    final: bool,
+    goal_ids: np.ndarray,
+) -> np.ndarray | None:
+    """:func:`choose_rows` then :func:`copy_rows`: the goal ids (into ``goal_ids``) and
+    the ``[m, ...]`` goal rows of ``host``, or ``None`` without the kernel."""
+    rows = choose_rows(words, ids, slots, uniform, left_table, stride, capacity, next_id, final, goal_ids)
+    return None if rows is None else copy_rows(words, host, rows)

@@ -1,0 +1,209 @@
+"""Joining the sources' shares of a :class:`~xpbank.mix.Mixture` batch into one TensorDict.
+
+Each share is drawn by the source's own read path up to the TensorDict
+(:func:`xpbank.replay.reading.draw` and :func:`~xpbank.replay.reading.gather_flat`,
+under the source's lock): its sampler, generator, n-step option and relabelling, and
+its fields as a flat ``{key: tensor}``, so no per-source TensorDict is built and taken
+apart again. The shares are then joined key by key (one ``torch.cat`` per field) and made into one
+TensorDict, with ``"source"``. A source whose class overrides ``sample`` (a buffer that
+samples elsewhere, e.g. over shared memory) is sampled whole and flattened instead.
+
+What depends only on which sources give a share and which keys they give (the keys to
+keep, their shapes and dtypes, whether ``"weight"`` is there) is checked once per such
+signature and kept (:class:`Assembler`), not per batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from xpbank.errors import SpecError
+from xpbank.replay import ReplayBuffer, reading
+from xpbank.spec.batch import to_tensordict
+
+__all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
+
+# (source number, its entries {key: tensor}, its batch shape, its rows: (taken records,
+# each field's (key, record field, dtype)) where its fields are still whole rows, else None)
+Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...], Any]
+_CACHED = 64  # signatures and "source" columns kept (schedules give many counts)
+_RAW: dict[int, np.dtype] = {}  # a record's itemsize -> the void dtype of that many bytes
+
+
+def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> Share:
+    """Source ``s``'s ``k`` items as ``rb.sample(k, replace, fields)`` would give them, flat.
+
+    Where the source reads every field of one packed CPU block (``host_records`` of a
+    :class:`~xpbank.TensorStorage`) and nothing was read yet (no n-step, no relabelling),
+    its rows are taken whole and left as records: :meth:`Assembler.join` joins the
+    records of sources of one layout in one copy and views the fields from it.
+    """
+    if type(rb).sample is not ReplayBuffer.sample:  # a subclass samples its own way
+        td = rb.sample(k, replace, fields)
+        return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size), None
+    storage = rb.storage
+    with rb.lock:
+        slots, ids, keys, info, flat = reading.draw(rb, k, replace, fields)
+        host_records = getattr(storage, "host_records", None)
+        if flat is None and keys is None and slots.ndim == 1 and host_records is not None:
+            found = host_records() if storage.device == rb.device else None
+            if found is not None:
+                records, names = found
+                taken = records.take(slots.numpy())  # one take of whole records, as gather does
+                entries = reading.gather_flat(rb, slots, ids, keys, info, {})  # "index" and info
+                return s, entries, tuple(slots.shape), (taken, names)
+        flat = reading.gather_flat(rb, slots, ids, keys, info, flat)
+    if storage.device != rb.device:  # batches delivered elsewhere (e.g. pinned CPU -> CUDA)
+        flat = {key: v.to(rb.device, non_blocking=rb.device.type == "cuda") for key, v in flat.items()}
+    return s, flat, tuple(slots.shape), None
+
+
+def _fields(records: np.ndarray, names: list[tuple[Any, str, torch.dtype]]) -> dict[Any, torch.Tensor]:
+    """Each field of taken ``records`` as a tensor viewing them (spec order)."""
+    out = {}
+    for key, name, dtype in names:
+        value = torch.from_numpy(records[name])
+        out[key] = value if value.dtype == dtype else value.view(dtype)  # bfloat16 ...: held as ints
+    return out
+
+
+def _rows_apart(part: Share) -> Share:
+    """``part`` with its rows' fields as entries (before ``"index"``), as gather gives them."""
+    s, entries, shape, rows = part
+    if rows is None:
+        return part
+    return s, {**_fields(*rows), **entries}, shape, None
+
+
+def refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> None:
+    (a, ka), (b, kb) = first, other
+    raise SpecError(
+        f"sample: sources {a} and {b} give different keys (only in {a}: {sorted(map(str, ka - kb))}, "
+        f"only in {b}: {sorted(map(str, kb - ka))}); pass keys='common' to keep the shared ones"
+    )
+
+
+class Assembler:
+    """Joins shares into a batch; keeps the checked plan per signature and the
+    ``"source"`` column per counts.
+
+    Args:
+        keys: ``"same"`` (refuse shares that differ in keys) or ``"common"``.
+    """
+
+    def __init__(self, keys: str):
+        self.keys = keys
+        self._columns: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._plans: dict[tuple[Any, ...], tuple[list[Any], bool, tuple[int, ...]]] = {}
+
+    def join(self, parts: list[Share], counts: list[int]) -> TensorDict:
+        """One batch of ``parts`` (in source order), with ``"source"``.
+
+        Raises:
+            SpecError: the shares differ in shape beyond the item dim, in keys
+                (``keys="same"``), or in a kept key's shape or dtype.
+        """
+        joined = _join_rows(parts)
+        if joined is None:
+            parts = [_rows_apart(p) for p in parts]
+        # a source's keys, shapes and dtypes are fixed by its spec, its sampler and the
+        # fields asked for: checked once per (sources, their keys, their tails)
+        signature = tuple(
+            (s, shape[1:], tuple(flat), None if rows is None else rows[0].dtype)
+            for s, flat, shape, rows in parts
+        )
+        plan = self._plans.get(signature)
+        if plan is None:
+            if len(self._plans) >= _CACHED:
+                self._plans.clear()
+            plan = self._plans[signature] = self._plan(parts)
+        kept, weighted, tail = plan
+        flats = [flat for _, flat, _, _ in parts]
+        if joined is not None:  # every field a view of the joined records
+            out = {key: joined[key] if key in joined else torch.cat([f[key] for f in flats]) for key in kept}
+        elif len(flats) == 1:
+            out = {key: flats[0][key] for key in kept}
+        else:
+            out = {key: torch.cat([flat[key] for flat in flats]) for key in kept}
+        batch_size = (sum(counts), *tail)
+        device = out["index"].device
+        if weighted:
+            out["weight"] = torch.cat(
+                [
+                    flat["weight"]
+                    if "weight" in flat
+                    else torch.ones(shape, dtype=torch.float32, device=device)
+                    for _, flat, shape, _ in parts
+                ]
+            )
+        out["source"] = self._source_column(counts, batch_size, device)
+        return to_tensordict(out, batch_size, device)
+
+    def _plan(self, parts: list[Share]) -> tuple[list[Any], bool, tuple[int, ...]]:
+        """The keys a batch of these shares keeps, whether it has weights, the tail shape."""
+        parts = [_rows_apart(p) for p in parts]  # (fields from a few rows: checked like any)
+        tails = {shape[1:] for _, _, shape, _ in parts}
+        if len(tails) > 1:
+            raise SpecError(
+                f"sample: the sources' batches differ in shape beyond the item dim: {sorted(tails)}"
+            )
+        weighted = any("weight" in flat for _, flat, _, _ in parts)
+        key_sets = [(s, set(flat) - {"weight"}) for s, flat, _, _ in parts]
+        if self.keys == "same":
+            for s, keys in key_sets[1:]:
+                if keys != key_sets[0][1]:
+                    refuse_keys(key_sets[0], (s, keys))
+        kept = [k for k in parts[0][1] if k != "weight" and all(k in keys for _, keys in key_sets)]
+        for key in kept:
+            _check_same(key, [(s, flat[key]) for s, flat, _, _ in parts])
+        return kept, weighted, next(iter(tails))
+
+    def _source_column(
+        self, counts: list[int], batch_size: tuple[int, ...], device: torch.device
+    ) -> torch.Tensor:
+        """The ``"source"`` entry: made once per distinct counts, copied per batch (never shared)."""
+        key = (tuple(counts), batch_size, str(device))
+        column = self._columns.get(key)
+        if column is None:
+            if len(self._columns) >= _CACHED:
+                self._columns.clear()
+            column = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+            if len(batch_size) > 1:
+                column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
+            column = self._columns[key] = column.to(device).contiguous()
+        return column.clone()
+
+
+def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
+    """The fields of every part's rows joined in one array (one copy), where every part
+    holds rows of one layout (same record dtype, same fields); else ``None``."""
+    first = parts[0][3]
+    if first is None or len(parts) == 1:
+        return None
+    dtype, names = first[0].dtype, first[1]
+    for part in parts[1:]:
+        rows = part[3]
+        if rows is None or rows[0].dtype != dtype or rows[1] != names:
+            return None
+    raw = _RAW.get(dtype.itemsize)
+    if raw is None:  # records copied as raw bytes, not field by field
+        raw = _RAW[dtype.itemsize] = np.dtype((np.void, dtype.itemsize))
+    joined = np.concatenate([part[3][0].view(raw) for part in parts]).view(dtype)
+    out = _fields(joined, names)
+    # the items' ids too: NumPy's concatenate (a CPU buffer's ids are NumPy-backed tensors)
+    out["index"] = torch.from_numpy(np.concatenate([part[1]["index"].numpy() for part in parts]))
+    return out
+
+
+def _check_same(key: Any, values: list[tuple[int, torch.Tensor]]) -> None:
+    s0, v0 = values[0]
+    for s, v in values[1:]:
+        if v.shape[1:] != v0.shape[1:] or v.dtype != v0.dtype:
+            raise SpecError(
+                f"sample: field {key!r}: source {s0} gives {tuple(v0.shape[1:])} {v0.dtype}, "
+                f"source {s} gives {tuple(v.shape[1:])} {v.dtype}"
+            )
