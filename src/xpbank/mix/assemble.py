@@ -37,7 +37,7 @@ _RAW: dict[int, np.dtype] = {}  # a record's itemsize -> the void dtype of that 
 def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> Share:
     """Source ``s``'s ``k`` items as ``rb.sample(k, replace, fields)`` would give them, flat.
 
-    Where the source reads every field of one packed CPU block (``host_records`` of a
+    Where the source reads every field of one packed CPU block (``host_reader`` of a
     :class:`~xpbank.TensorStorage`) and nothing was read yet (no n-step, no relabelling),
     its rows are taken whole and left as records: :meth:`Assembler.join` joins the
     records of sources of one layout in one copy and views the fields from it.
@@ -48,27 +48,16 @@ def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> 
     storage = rb.storage
     with rb.lock:
         slots, ids, keys, info, flat = reading.draw(rb, k, replace, fields)
-        host_records = getattr(storage, "host_records", None)
-        if flat is None and keys is None and slots.ndim == 1 and host_records is not None:
-            found = host_records() if storage.device == rb.device else None
-            if found is not None:
-                records, names = found
-                taken = records.take(slots.numpy())  # one take of whole records, as gather does
-                entries = reading.gather_flat(rb, slots, ids, keys, info, {})  # "index" and info
-                return s, entries, tuple(slots.shape), (taken, names)
+        reader = getattr(storage, "host_reader", None)
+        whole = flat is None and keys is None and slots.ndim == 1
+        if whole and reader is not None and storage.device == rb.device:
+            taken = reader.records.take(slots.numpy())  # one take of whole records, as gather does
+            entries = reading.gather_flat(rb, slots, ids, keys, info, {})  # "index" and info
+            return s, entries, tuple(slots.shape), (taken, reader)
         flat = reading.gather_flat(rb, slots, ids, keys, info, flat)
     if storage.device != rb.device:  # batches delivered elsewhere (e.g. pinned CPU -> CUDA)
         flat = {key: v.to(rb.device, non_blocking=rb.device.type == "cuda") for key, v in flat.items()}
     return s, flat, tuple(slots.shape), None
-
-
-def _fields(records: np.ndarray, names: list[tuple[Any, str, torch.dtype]]) -> dict[Any, torch.Tensor]:
-    """Each field of taken ``records`` as a tensor viewing them (spec order)."""
-    out = {}
-    for key, name, dtype in names:
-        value = torch.from_numpy(records[name])
-        out[key] = value if value.dtype == dtype else value.view(dtype)  # bfloat16 ...: held as ints
-    return out
 
 
 def _rows_apart(part: Share) -> Share:
@@ -76,7 +65,8 @@ def _rows_apart(part: Share) -> Share:
     s, entries, shape, rows = part
     if rows is None:
         return part
-    return s, {**_fields(*rows), **entries}, shape, None
+    taken, reader = rows
+    return s, {**reader.split(taken), **entries}, shape, None
 
 
 def refuse_keys(first: tuple[int, set[Any]], other: tuple[int, set[Any]]) -> None:
@@ -184,16 +174,16 @@ def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
     first = parts[0][3]
     if first is None or len(parts) == 1:
         return None
-    dtype, names = first[0].dtype, first[1]
+    dtype, reader = first[0].dtype, first[1]
     for part in parts[1:]:
         rows = part[3]
-        if rows is None or rows[0].dtype != dtype or rows[1] != names:
+        if rows is None or rows[0].dtype != dtype or rows[1].fields != reader.fields:
             return None
     raw = _RAW.get(dtype.itemsize)
     if raw is None:  # records copied as raw bytes, not field by field
         raw = _RAW[dtype.itemsize] = np.dtype((np.void, dtype.itemsize))
     joined = np.concatenate([part[3][0].view(raw) for part in parts]).view(dtype)
-    out = _fields(joined, names)
+    out = reader.split(joined)
     # the items' ids too: NumPy's concatenate (a CPU buffer's ids are NumPy-backed tensors)
     out["index"] = torch.from_numpy(np.concatenate([part[1]["index"].numpy() for part in parts]))
     return out

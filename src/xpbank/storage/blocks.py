@@ -158,7 +158,12 @@ class RecordReader:
     def read(self, rows: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         """The fields of ``rows`` (an int index), fresh tensors (they alias only the taken copy)."""
         # one take of whole records: fancy indexing, unlike take, copies them field by field
-        records = self.records.take(rows)
+        return self.split(self.records.take(rows))
+
+    def split(self, records: np.ndarray) -> dict[NestedKey, torch.Tensor]:
+        """Each field of taken ``records`` (of this block's record dtype) as a tensor
+        viewing them, in ``order`` (a :class:`~xpbank.Mixture` splits the rows of
+        several sources of one layout, joined in one copy)."""
         out = {}
         for key, name, bits in self.fields:
             value = torch.from_numpy(records[name])

@@ -345,22 +345,6 @@ class TensorStorage(StorageBase):
         """Bytes allocated for the data."""
         return sum(b.data.numel() for b in self._blocks)
 
-    def host_records(self) -> tuple[np.ndarray, list[tuple[NestedKey, str, torch.dtype]]] | None:
-        """Every slot as one NumPy record (a view: never write through it) and each field's
-        ``(key, record field, dtype)`` in spec order, where every field lives in one packed
-        CPU block of narrow rows; else ``None``. For a reader taking whole rows of several
-        storages of one layout into one array (:class:`~xpbank.Mixture`)."""
-        if len(self._blocks) != 1 or self._spec is None:
-            return None
-        block = self._blocks[0]
-        if block.np_records is None or block.row_bytes >= _WIDE_ROW_BYTES:
-            return None
-        fields = getattr(block, "record_fields", None)
-        if fields is None:  # made once per block
-            name_of = {m.key: (name, m.dtype) for name, m in zip(block.names, block.members, strict=True)}
-            fields = block.record_fields = [(k, *name_of[k]) for k in self._spec]  # type: ignore[attr-defined]
-        return block.np_records, fields
-
     def host_view(self, key: NestedKey) -> np.ndarray | None:
         """Every slot of field ``key`` as a NumPy view (no copy; strided when packed),
         or ``None`` on CUDA. For bulk readers (banks); writing through it bypasses checks."""
