@@ -322,3 +322,16 @@ def test_pickle_keeps_the_table_working() -> None:
     assert xs(copy.sample(2)) == [0, 1] and len(rb) == 3
     with pytest.raises(RateLimitTimeout):
         copy.sample(2)
+
+
+def test_epochs_notice_a_write_into_a_full_table() -> None:
+    rb = ReplayBuffer(4, sampler=Table("uniform", "min_heap"), seed=0)
+    rb.extend(values(4))  # ids 0 .. 3
+    for old in (3, 7):  # slot 3 is evicted twice: ids 7, then 11
+        rb.update_priority([old], [0.0])
+        rb.extend(values(1, 10 + old))
+    plan = rb.epochs(2)
+    next(plan)
+    assert torch.as_tensor(rb.extend(values(1, 30))).tolist() == [4]  # slot 0: below next_id 12
+    with pytest.raises(xpbank.BufferChangedError):
+        next(plan)
