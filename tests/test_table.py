@@ -26,6 +26,16 @@ from xpbank import (
     Table,
 )
 from xpbank.sampler import make_sampler, sampler_config
+from xpbank.table import heap
+
+
+@pytest.fixture(autouse=True, params=["compiled heaps", "heapq heaps"])
+def heaps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test on both heap paths: numba's indexed heaps (where installed) and heapq's."""
+    if request.param == "heapq heaps":
+        monkeypatch.setattr(heap, "load", lambda: None)
+    elif heap.load() is None:
+        pytest.skip("numba is not installed")
 
 
 def values(n: int, start: int = 0) -> dict[str, torch.Tensor]:
