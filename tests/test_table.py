@@ -115,6 +115,20 @@ def test_rate_limiter_ratio_is_enforced() -> None:
         rb.sample(1)
 
 
+def test_min_size_counts_the_items_still_there_as_reverb() -> None:
+    limiter = RateLimiter(None, min_size_to_sample=3)
+    rb = ReplayBuffer(
+        8, sampler=Table("fifo", "fifo", max_times_sampled=1, rate_limiter=limiter, timeout=0.01)
+    )
+    rb.extend(values(3))
+    assert xs(rb.sample(1)) == [0]  # leaves: 2 items are there, fewer than 3
+    with pytest.raises(RateLimitTimeout, match=r"sample of 1 items still blocked .*deletes=1"):
+        rb.sample(1)
+    rb.extend(values(1, 3))
+    assert xs(rb.sample(1)) == [1]
+    assert limiter.state()["deletes"] == 2
+
+
 def test_consume_once_queue_delivers_each_item_exactly_once_across_threads() -> None:
     rb = ReplayBuffer(16, sampler=Table.queue(timeout=10.0), seed=0)
     writers, per_writer, readers, batch = 3, 200, 3, 4

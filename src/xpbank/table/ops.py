@@ -142,6 +142,8 @@ def remove(t: Table, slots: np.ndarray) -> None:
         if t.tree is not None:
             t.stuck -= int(left[t.tree[0][slots] == 0].sum())
     ring.release(slots)
+    if t.limiter is not None:
+        t.limiter.deletes += slots.shape[0]
     for heap in (t.min_heap, t.max_heap, t.versions):
         if heap is not None:
             heap.remove(ring, slots)
@@ -366,7 +368,7 @@ def _wait(t: Table, what: str, n: int, timeout: float | None, ready: Any, fits: 
             lim, other = t.limiter, "samples" if what == "insert" else "inserts"
             raise RateLimitTimeout(
                 f"Table: {what} of {n} items still blocked after {limit:g} s ({ring.size} of "
-                f"{ring.capacity} slots live; {lim!r}: inserts={lim.inserts}, samples={lim.samples}); "
-                f"no {other} came to unblock it"
+                f"{ring.capacity} slots live; {lim!r}: inserts={lim.inserts}, samples={lim.samples}, "
+                f"deletes={lim.deletes}); no {other} came to unblock it"
             )
         cond.wait(left)

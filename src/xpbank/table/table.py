@@ -288,7 +288,7 @@ class Table:
             self._build(self.ring.capacity)
             self.budget = self.stuck = 0
             if self.limiter is not None:
-                self.limiter.inserts = self.limiter.samples = 0
+                self.limiter.inserts = self.limiter.samples = self.limiter.deletes = 0
             self.notify()
 
     def update_priority(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -320,7 +320,9 @@ class Table:
             "budget": self.budget,
             "stuck": self.stuck,
             "writer_version": self.writer_version,
-            "limiter": None if lim is None else {"inserts": lim.inserts, "samples": lim.samples},
+            "limiter": None
+            if lim is None
+            else {"inserts": lim.inserts, "samples": lim.samples, "deletes": lim.deletes},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -342,6 +344,7 @@ class Table:
         if self.limiter is not None and state["limiter"] is not None:
             self.limiter.inserts = int(state["limiter"]["inserts"])
             self.limiter.samples = int(state["limiter"]["samples"])
+            self.limiter.deletes = int(state["limiter"]["deletes"])
         ops.rebuild_orders(self, None if state["dense"] is None else np.asarray(state["dense"]))
         self.notify()
 
