@@ -27,6 +27,11 @@ API note (for the backends built on it):
   :class:`~xpbank.RateLimitTimeout`, having changed nothing.
 - ``table.notify()`` wakes waiters (call it holding ``rb.lock`` after anything that adds
   room or items from outside the buffer's own calls, e.g. rows pulled from shared memory).
+  A backend whose items arrive without a call on the buffer sets ``table.poll_interval``
+  (seconds) and ``table.on_wait`` (called holding ``rb.lock`` at every wake-up, e.g. to
+  pull published rows); a ``Condition`` re-acquires the lock without the
+  ``PullingLock``'s pull. ``timeout=0`` fails at once instead of waiting (a client that
+  must not block an actor can poll).
 - State: ``rb.state_dict()`` holds the ring (``next_id``, ``size``), the storage rows
   ``[0, ring.rows)`` and ``table.state_dict()`` (the slots' arrays, the uniform packing,
   counters, the limiter's counts); ``xpbank.save`` / ``load`` keep all of it.

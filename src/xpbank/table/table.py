@@ -125,6 +125,10 @@ class Table:
         self._rb: Any = None
         self._cond: threading.Condition | None = None
         self._cond_lock: Any = None
+        # for a backend whose items arrive from outside the buffer's calls (shared memory):
+        # waits wake every poll_interval seconds and call on_wait() holding rb.lock
+        self.poll_interval: float | None = None
+        self.on_wait: Any = None
         self.budget = 0  # draws left over the live items (max_times_sampled), minus stuck
         self.stuck = 0  # draws left of live items the prioritized selector cannot draw (priority 0)
 
