@@ -142,7 +142,7 @@ def test_min_size_counts_the_items_still_there_as_reverb() -> None:
         rb.sample(1)
     rb.extend(values(1, 3))
     assert xs(rb.sample(1)) == [1]
-    assert limiter.state()["deletes"] == 2
+    assert limiter.deletes == 2
 
 
 def test_consume_once_queue_delivers_each_item_exactly_once_across_threads() -> None:

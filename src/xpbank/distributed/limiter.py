@@ -215,7 +215,6 @@ class RateLimiter:
         with self._cond:
             return {
                 "inserts": self.inserts,
-                "deletes": self.deletes,
                 "samples": self.samples,
                 "diff": self._diff(self.inserts, self.samples),
                 "min_diff": self.min_diff,
