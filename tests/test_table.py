@@ -355,6 +355,21 @@ def test_bank_round_trip_of_a_table_with_holes(tmp_path) -> None:  # type: ignor
     assert xs(back.sample_all()) == xs(rb.sample_all())
 
 
+def test_a_banks_rows_are_checked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    rb = ReplayBuffer(8, sampler=Table("fifo", "fifo", max_times_sampled=1), seed=0)
+    rb.extend(values(6))
+    rb.sample(2)  # slots 0 and 1 free: the live items are in rows [0, 6), size 4
+    xpbank.save(rb, tmp_path / "bank")
+    manifest = json.loads((tmp_path / "bank" / "manifest.json").read_text())
+    assert (manifest["size"], manifest["rows"]) == (4, 6)
+    manifest["rows"] = 9
+    (tmp_path / "bank" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(xpbank.CorruptBankError, match="'rows' 9 outside"):
+        xpbank.load(tmp_path / "bank")
+
+
 def test_pickle_keeps_the_table_working() -> None:
     rb = ReplayBuffer(4, sampler=Table.queue(timeout=0.01), seed=0)
     rb.extend(values(3))
