@@ -207,12 +207,19 @@ def _write_files(buffer: ReplayBuffer, root: Path, session: str, created: str) -
         generation=0,
         data=data,
         state_files=state_files,
+        rows=_data_rows(buffer),
     )
+
+
+def _data_rows(buffer: ReplayBuffer) -> int:
+    """The rows holding every live item: ``[0, len)``, or a Table's ``[0, rows)`` (its live
+    slots may have holes between them)."""
+    return int(buffer.state_dict(data=False)["ring"].get("rows", len(buffer)))
 
 
 def _write_data(buffer: ReplayBuffer, root: Path) -> list[FileEntry]:
     """One ``.npy`` per field: header, rows of slots ``[0, size)``, a sparse tail."""
-    spec, size, capacity = buffer.spec, len(buffer), buffer.capacity
+    spec, size, capacity = buffer.spec, _data_rows(buffer), buffer.capacity
     if spec is None:
         return []
     host_view = getattr(buffer.storage, "host_view", None)

@@ -85,6 +85,13 @@ class Manifest:
     data: list[FileEntry] = field(default_factory=list)
     state_files: list[FileEntry] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)  # the caller's JSON, kept as is
+    rows: int | None = None  # data rows [0, rows) hold every live item; None: size (a FIFO ring)
+
+    @property
+    def data_rows(self) -> int:
+        """The rows of each data file that hold items: ``[0, size)`` for a FIFO ring, more
+        for a :class:`~xpbank.Table` whose live slots have holes between them."""
+        return self.size if self.rows is None else self.rows
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -106,6 +113,8 @@ class Manifest:
         }
         if self.metadata:  # only when given: banks without it keep their exact bytes
             out["metadata"] = self.metadata
+        if self.rows is not None and self.rows != self.size:  # likewise
+            out["rows"] = self.rows
         return out
 
     @classmethod

@@ -231,6 +231,9 @@ def check_manifest(raw: dict[str, Any], root: Path, dtypes: Dtypes) -> dict[str,
             f"{where}: inconsistent ring: size {size}, next_id {next_id}, cursor "
             f"{raw.get('cursor')!r} for capacity {capacity}"
         )
+    rows = get.int("rows", low=0) if "rows" in raw else None  # a table's rows: see Manifest.rows
+    if rows is not None and not size <= rows <= capacity:
+        raise CorruptBankError(f"{where}: 'rows' {rows} outside [size {size}, capacity {capacity}]")
     spec: Any = None
     fields: Fields = []
     if raw.get("spec") is not None:
@@ -262,6 +265,7 @@ def check_manifest(raw: dict[str, Any], root: Path, dtypes: Dtypes) -> dict[str,
         "data": data,
         "state_files": [_state_entry(e, where, dtypes) for e in get.typed("state_files", list)],
         "metadata": get.typed("metadata", dict) if "metadata" in raw else {},
+        "rows": rows,
     }
 
 

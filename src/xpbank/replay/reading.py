@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
+from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.replay.fast_read import try_read, try_sample
 from xpbank.replay.parts import BufferParts
+from xpbank.ring.ids import Ring
 from xpbank.sampler import UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
@@ -99,14 +100,26 @@ def gather_flat(
     return flat
 
 
-def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
-    """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
-    if replace and fields is None and type(rb._sampler) is UniformSampler:  # see fast_read.py
-        batch = try_sample(rb, batch_size)
+def sample(
+    rb: BufferParts,
+    batch_size: int,
+    replace: bool,
+    fields: Sequence[Any] | None,
+    options: dict[str, Any] | None = None,
+) -> TensorDict:
+    """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock).
+
+    ``options`` go to the sampler, which names those it takes in ``sample_options``; a
+    sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
+    whether there is enough to draw, and may wait for it.
+    """
+    if replace and fields is None and not options and type(rb._sampler) is UniformSampler:
+        batch = try_sample(rb, batch_size)  # see fast_read.py
         if batch is not None:
             return batch
-    keys, slots, info = _draw_slots(rb, batch_size, replace, fields)
-    if keys is None and rb._nstep is None and getattr(rb._sampler, "relabel", None) is None:
+    keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
+    plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
+    if plain and getattr(rb._sampler, "relabel", None) is None:
         batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
         if batch is not None:
             return batch
@@ -125,14 +138,28 @@ def draw(
     """:func:`sample` up to the read: ``(slots, ids, keys, info, flat)``, the arguments
     of :func:`gather` / :func:`gather_flat` (``flat``: the fields n-step or the sampler's
     ``relabel`` read already, else ``None``). The caller holds the lock."""
-    return _read_plan(rb, *_draw_slots(rb, batch_size, replace, fields))
+    return _read_plan(rb, *_draw_slots(rb, batch_size, replace, fields, None))
 
 
 def _draw_slots(
-    rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None
+    rb: BufferParts,
+    batch_size: int,
+    replace: bool,
+    fields: Sequence[Any] | None,
+    options: dict[str, Any] | None,
 ) -> tuple[list[NestedKey] | None, torch.Tensor, dict[str, torch.Tensor]]:
     """The checks of a sample, then the sampler's draw: ``(keys, slots, info)``."""
     batch_size = check_positive_int("batch_size", batch_size)
+    takes = getattr(rb._sampler, "sample_options", ())
+    unknown = [name for name in options or () if name not in takes]
+    if unknown:
+        raise SpecError(
+            f"sample: {rb._sampler!r} takes no option {unknown[0]!r} (it takes: {list(takes) or 'none'})"
+        )
+    if getattr(rb._sampler, "limiter", None) is not None:
+        keys = read_keys(rb, fields) if rb.spec is not None else None  # checked before anything is drawn
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace, **(options or {}))
+        return (keys if rb.spec is None or keys is not None else read_keys(rb, fields)), slots, info
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
         row = 16 + item_bytes(rb.spec, read_keys(rb, fields))
@@ -143,7 +170,10 @@ def _draw_slots(
             f"{rb._ring.size} are stored"
         )
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
-    slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    if options:
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace, **options)
+    else:
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
     return keys, slots, info
 
 
@@ -209,12 +239,18 @@ def epochs(
     """
     plan = epoch_plan(rb._ring.size, batch_size, n_epochs, shuffle, drop_last, rb._generator)
     require_items(rb, "epochs")
-    marker = (rb._ring.next_id, rb._ring.size)
-    return _run_plan(rb, plan, read_keys(rb, fields), marker)
+    return _run_plan(rb, plan, read_keys(rb, fields), _marker(rb))
+
+
+def _marker(rb: BufferParts) -> tuple[int, int, int]:
+    """What changes with every write or clear (a Table's ring also counts its inserts:
+    a write into a full table may keep ``next_id`` and ``size``)."""
+    ring = rb._ring
+    return ring.next_id, ring.size, getattr(ring, "inserted", 0)
 
 
 def _run_plan(
-    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None, marker: tuple[int, int]
+    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None, marker: tuple[int, int, int]
 ) -> Iterator[TensorDict]:
     """Read ``plan``'s positions batch by batch; raise if the buffer was written since ``marker``."""
     while True:
@@ -222,7 +258,7 @@ def _run_plan(
             positions = next(plan, None)  # a new epoch's shuffle draws from the buffer's generator
             if positions is None:
                 return
-            if (rb._ring.next_id, rb._ring.size) != marker:
+            if _marker(rb) != marker:
                 raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
             slots, ids = rb._ring.slots_of_positions(positions)
             batch = gather(rb, slots, ids, keys)
