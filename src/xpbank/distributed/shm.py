@@ -32,19 +32,24 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel, record_dtype
+from xpbank.distributed.limiter import insert_room, sample_room
 from xpbank.distributed.pull_lock import PullingLock, weak_take
 from xpbank.distributed.shm_readers import ReaderPool, ShmReader, reader_record
 from xpbank.distributed.shm_writer import ShmWriter, WriterStatus
-from xpbank.errors import CapacityError, SpecError, check_positive_int
+from xpbank.errors import CapacityError, RateLimitTimeout, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.spec.spec import NestedKey, Spec
 from xpbank.storage.dtypes import as_torch
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["ShmReplayBuffer", "ShmReader", "ShmWriter", "WriterStatus"]
 
@@ -184,19 +189,70 @@ class ShmReplayBuffer(ReplayBuffer):
         if self.max_times_sampled() == 1:
             self._returned.append(flat)
 
+    @property
+    def _table(self) -> Any:
+        """The buffer's :class:`~xpbank.Table`, or ``None`` (a plain sampler)."""
+        return self._sampler if hasattr(self._sampler, "sample_options") and hasattr(self._sampler, "bind") else None
+
     def insert_room(self) -> int | None:
-        """How many items the table admits now without evicting one (``None``: any number,
-        the FIFO ring overwrites). Threads: a read under rb.lock."""
-        return None
+        """How many items the table admits now without a writer waiting (``None``: any
+        number: the ring or the table's remover makes room). Threads: a read under rb.lock."""
+        with self._lock.plain():  # type: ignore[attr-defined]
+            table = self._table
+            limiter = None if table is None else table.limiter
+            return None if limiter is None else insert_room(limiter)
 
     def sampleable(self) -> int:
-        """How many items a sample can take now without waiting (a large number where a
-        sample draws with replacement). Threads: a read under rb.lock."""
-        return 1 << 40 if self._ring.size else 0
+        """How many draws a sample can take now without waiting (``1 << 40``: any number,
+        with replacement and no ``max_times_sampled``). Threads: a read under rb.lock."""
+        with self._lock.plain():  # type: ignore[attr-defined]
+            table, size, most = self._table, self._ring.size, 1 << 40
+            if table is None:
+                return most if size else 0
+            k = (table.budget - table.stuck) if table.max_times_sampled is not None else (most if size else 0)
+            limiter = table.limiter
+            if limiter is not None:
+                k = min(k, sample_room(limiter))
+            return max(0, k)
 
     def max_times_sampled(self) -> int | None:
-        """How often an item may be sampled before it is removed (``None``: unlimited)."""
-        return None
+        """How often an item may be sampled before it leaves (``None``: no limit)."""
+        table = self._table
+        return None if table is None else table.max_times_sampled
+
+    def sample(
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None, **options: Any
+    ) -> TensorDict:
+        """:meth:`ReplayBuffer.sample`; with a table whose rate limiter makes readers wait
+        (a queue), the wait takes what writers publish meanwhile: it tries, pulling first,
+        until the table can serve the batch or ``timeout`` (the table's by default) ends.
+
+        Threads: each try one step under rb.lock (the batch is drawn in one of them).
+
+        Raises:
+            RateLimitTimeout: the table could not serve the batch within the timeout;
+                nothing was drawn.
+        """
+        table = self._table
+        if table is None or table.limiter is None:
+            return super().sample(batch_size, replace, fields, **options)
+        timeout = options.pop("timeout", None)
+        limit = table.timeout if timeout is None else timeout
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0:
+            raise CapacityError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
+        deadline, pause = time.monotonic() + limit, 1e-5
+        while True:
+            try:
+                return super().sample(batch_size, replace, fields, timeout=0.0, **options)
+            except RateLimitTimeout:
+                if time.monotonic() >= deadline:
+                    raise RateLimitTimeout(
+                        f"sample of {batch_size} items still blocked after {limit:g} s ({len(self)} items "
+                        f"live, {self.sampleable()} draws admitted now; {table!r}); no writer published "
+                        "enough to unblock it"
+                    ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def pull(self) -> int:
         """Move every published row into the ring (in channel order); returns how many.
@@ -231,6 +287,8 @@ class ShmReplayBuffer(ReplayBuffer):
             if last > first:
                 channel.consumed(last)
         self._first_channel = (self._first_channel + 1) % count
+        if moved and self._table is not None:
+            self._table.notify()  # wake local threads waiting on the table
         if time.monotonic() >= self._next_check:
             self._check_writers()
         return moved
