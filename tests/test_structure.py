@@ -40,7 +40,7 @@ PUBLIC = [
     "PriorityError", "RateLimitTimeout", "RateLimiter", "ReadOnlyError", "RecurrentBatch",
     "ReplayBuffer", "ReplaySink", "RolloutBuffer", "RolloutKeys", "RolloutSink", "Sampler",
     "SequenceSampler", "ShardUnavailableError", "Spec", "SpecError", "StaleIndexError",
-    "Storage", "TensorStorage", "UniformSampler", "XpbankError", "XpbankIndexError",
+    "Storage", "Table", "TensorStorage", "UniformSampler", "XpbankError", "XpbankIndexError",
     "bank_metadata", "discounted_returns", "export_minari", "export_npz", "gae",
     "import_minari", "import_npz", "iter_episodes", "list_banks", "load", "merge",
     "new_session_id", "normalize_advantages", "nstep_reduce", "nstep_return", "nstep_sum",

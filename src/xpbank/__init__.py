@@ -37,6 +37,7 @@ __all__ = [
     "PrioritizedSampler",
     "SequenceSampler",
     "HerSampler",
+    "Table",
     "ReplayBuffer",
     "RolloutBuffer",
     "RolloutKeys",

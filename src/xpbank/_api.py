@@ -55,5 +55,6 @@ from xpbank.rollout import (
 from xpbank.sampler import PrioritizedSampler, Sampler, SequenceSampler, UniformSampler
 from xpbank.spec import Field, Spec
 from xpbank.storage import FrameStorage, MemmapStorage, Storage, TensorStorage
+from xpbank.table import Table
 from xpbank.tools.episode_scan import iter_episodes
 from xpbank.tools.npz import export_npz, import_npz

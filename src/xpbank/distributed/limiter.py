@@ -106,6 +106,21 @@ class RateLimiter:
         self.samples = 0
         self._cond = threading.Condition()
 
+    @classmethod
+    def queue(cls, size: int) -> RateLimiter:
+        """Reverb's ``Queue(size)`` limiter: ``0 <= inserts - samples <= size``, so inserts
+        wait while ``size`` items are unsampled and samples while none is.
+
+        Example:
+            >>> q = RateLimiter.queue(2)
+            >>> q.can_sample(1), q.can_insert(2), q.can_insert(3)
+            (False, True, False)
+        """
+        size = check_positive_int("size", size)
+        limiter = cls(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=max(1.0, size / 2))
+        limiter.min_diff, limiter.max_diff = 0.0, float(size)
+        return limiter
+
     # -- the rules (pure reads of the counters) --------------------------------------
     def _diff(self, inserts: int, samples: int) -> float:
         return 0.0 if self.samples_per_insert is None else inserts * self.samples_per_insert - samples

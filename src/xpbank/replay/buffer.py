@@ -27,7 +27,7 @@ from xpbank.errors import PriorityError, SpecError
 from xpbank.nstep.option import NStep
 from xpbank.replay import reading, writing
 from xpbank.replay import state as buffer_state
-from xpbank.replay.parts import check_item_dims, check_reserved, locked, make_storage
+from xpbank.replay.parts import bind_sampler, check_item_dims, check_reserved, locked, make_storage
 from xpbank.ring.episodes import EpisodeIndex, EpisodeKeys, wants_episodes
 from xpbank.ring.ids import Ring
 from xpbank.sampler import Sampler, UniformSampler
@@ -115,9 +115,6 @@ class ReplayBuffer:
         self._storage = make_storage(storage, capacity, spec, storing_device)
         self._device = check_device(device) if device is not None else self._storage.device
         self._sampler: Sampler = sampler if sampler is not None else UniformSampler()
-        bind_device = getattr(self._sampler, "bind_device", None)  # e.g. PER's trees follow the data
-        if bind_device is not None:
-            bind_device(self._storage.device)
         self._ring = Ring(capacity)
         if isinstance(episode_keys, Mapping):  # a config() from a bank
             episode_keys = EpisodeKeys.from_config(episode_keys)
@@ -136,6 +133,7 @@ class ReplayBuffer:
         self._lock = threading.RLock()
         self._generator = torch.Generator()
         self._generator.seed() if seed is None else self._generator.manual_seed(seed)
+        bind_sampler(self)  # the sampler's optional hooks: its device, a Table's slots
 
     # -- properties ------------------------------------------------------------
     @property
@@ -215,8 +213,8 @@ class ReplayBuffer:
     def extend(self, batch: Any) -> range:
         """Store a batch of items (leading dim = items); returns their ids, as a ``range``.
 
-        ``torch.as_tensor(rb.extend(batch))`` gives them as a tensor; a range costs
-        nothing to make on the hot path.
+        ``torch.as_tensor(rb.extend(batch))`` gives them as a tensor (a :class:`~xpbank.Table`
+        reusing slots out of order returns that tensor); a range costs nothing to make.
 
         The whole batch is checked before anything is written: on error the buffer is
         unchanged. A batch larger than ``capacity`` leaves its last ``capacity`` items.
@@ -291,7 +289,7 @@ class ReplayBuffer:
     # -- reading ---------------------------------------------------------------
     @locked
     def sample(
-        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None, **options: Any
     ) -> TensorDict:
         """Draw ``batch_size`` items (uniformly, with the default sampler).
 
@@ -299,6 +297,8 @@ class ReplayBuffer:
             batch_size: items to draw.
             replace: draw with replacement; ``False`` gives distinct items in one batch.
             fields: only these fields (plus ``"index"``); default all.
+            options: passed on to a sampler that takes them (its ``sample_options``), e.g.
+                a :class:`~xpbank.Table`'s ``timeout``, ``max_staleness``, ``current_version``.
 
         Returns:
             A TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"``
@@ -310,7 +310,7 @@ class ReplayBuffer:
 
         Threads: one step under rb.lock.
         """
-        return reading.sample(self, batch_size, replace, fields)
+        return reading.sample(self, batch_size, replace, fields, options)
 
     @locked
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:

@@ -24,7 +24,15 @@ from xpbank.spec.spec import Spec, reject_reserved
 from xpbank.storage import MemmapStorage, Storage, TensorStorage
 from xpbank.storage.base import check_device
 
-__all__ = ["RESERVED_KEYS", "BufferParts", "check_item_dims", "check_reserved", "locked", "make_storage"]
+__all__ = [
+    "RESERVED_KEYS",
+    "BufferParts",
+    "bind_sampler",
+    "check_item_dims",
+    "check_reserved",
+    "locked",
+    "make_storage",
+]
 
 RESERVED_KEYS = frozenset({"index"})
 
@@ -61,6 +69,23 @@ def make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device:
         elif storage.spec != spec:
             raise SpecError(f"storage holds {storage.spec}, but the buffer was given {spec}")
     return storage
+
+
+def bind_sampler(rb: Any) -> None:
+    """Call a new buffer's sampler's optional hooks, each looked up once, here.
+
+    ``bind_device(device)``: where the storage lives (e.g. PER's trees follow the data).
+    ``bind(rb)``: the sampler takes part in the buffer's slots, as a
+    :class:`~xpbank.Table` does: it replaces the ring (``rb._ring``) with one that reuses
+    slots out of order, sets ``rb._place`` (the write path's hook, see
+    :func:`xpbank.replay.writing.write`) and refuses options it cannot serve.
+    """
+    bind_device = getattr(rb._sampler, "bind_device", None)
+    if bind_device is not None:
+        bind_device(rb._storage.device)
+    bind = getattr(rb._sampler, "bind", None)
+    if bind is not None:
+        bind(rb)
 
 
 def check_reserved(spec: Spec) -> Spec:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, check_positive_int
+from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.replay.parts import BufferParts
 from xpbank.sampler import epoch_plan
 from xpbank.spec.batch import to_tensordict
@@ -80,9 +80,30 @@ def gather(
     return td
 
 
-def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any] | None) -> TensorDict:
-    """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock)."""
+def sample(
+    rb: BufferParts,
+    batch_size: int,
+    replace: bool,
+    fields: Sequence[Any] | None,
+    options: dict[str, Any] | None = None,
+) -> TensorDict:
+    """:meth:`ReplayBuffer.sample <xpbank.ReplayBuffer.sample>`'s work (the caller holds the lock).
+
+    ``options`` go to the sampler, which names those it takes in ``sample_options``; a
+    sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
+    whether there is enough to draw, and may wait for it.
+    """
     batch_size = check_positive_int("batch_size", batch_size)
+    takes = getattr(rb._sampler, "sample_options", ())
+    unknown = [name for name in options or () if name not in takes]
+    if unknown:
+        raise SpecError(
+            f"sample: {rb._sampler!r} takes no option {unknown[0]!r} (it takes: {list(takes) or 'none'})"
+        )
+    if getattr(rb._sampler, "limiter", None) is not None:
+        keys = read_keys(rb, fields) if rb.spec is not None else None  # checked before anything is drawn
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace, **(options or {}))
+        return _read(rb, slots, info, keys if rb.spec is None or keys is not None else read_keys(rb, fields))
     require_items(rb, "sample")
     if batch_size > _LARGE_SAMPLE and rb.spec is not None:  # B items need B rows (+ ids) in memory
         row = 16 + item_bytes(rb.spec, read_keys(rb, fields))
@@ -93,7 +114,17 @@ def sample(rb: BufferParts, batch_size: int, replace: bool, fields: Sequence[Any
             f"{rb._ring.size} are stored"
         )
     keys = read_keys(rb, fields)  # checked before any randomness is drawn
-    slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    if options:
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace, **options)
+    else:
+        slots, info = rb._sampler.sample(rb._ring, batch_size, rb._generator, replace)
+    return _read(rb, slots, info, keys)
+
+
+def _read(
+    rb: BufferParts, slots: torch.Tensor, info: dict[str, torch.Tensor], keys: list[NestedKey] | None
+) -> TensorDict:
+    """The batch of sampled ``slots`` (n-step entries and relabelled goals included)."""
     ids = rb._ring.ids_of_slots(slots)
     flat = None
     if rb._nstep is not None:  # the items' fields and their n-step entries in one read

@@ -51,7 +51,7 @@ def state_dict(rb: BufferParts, data: bool = True) -> dict[str, Any]:
     """:meth:`ReplayBuffer.state_dict <xpbank.ReplayBuffer.state_dict>`'s work."""
     spec = rb._storage.spec
     storage = (
-        rb._storage.state_dict(rb._ring.size)
+        rb._storage.state_dict(rb._ring.rows)
         if data
         else {"spec": None if spec is None else spec.to_dict(), "data": []}
     )

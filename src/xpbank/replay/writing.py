@@ -72,7 +72,16 @@ def conform(
 
 
 def write(rb: BufferParts, flat: dict[NestedKey, torch.Tensor], n: int, spec: Spec) -> range:
-    """Write ``n`` checked rows at the ring's cursor (laying out a lazy storage first)."""
+    """Write ``n`` checked rows at the ring's cursor (laying out a lazy storage first).
+
+    A buffer whose sampler placed it (``rb._place``, set once by a :class:`~xpbank.Table`'s
+    ``bind``) hands the rows to that hook instead: it picks the slots (evicting by its
+    remover, waiting on its rate limiter) and returns the ids (a ``range`` when they count
+    up by one, else a 1-D int64 tensor).
+    """
+    place = rb.__dict__.get("_place")
+    if place is not None:
+        return place(rb, flat, n, spec)
     ring, storage = rb._ring, rb._storage
     if storage.spec is None and wants_episodes(spec, rb._episode_keys, None, False):
         ring.episodes = EpisodeIndex(ring, rb._num_envs, rb._episode_keys)

@@ -41,6 +41,11 @@ class Ring:
         return self.next_id % self.capacity
 
     @property
+    def rows(self) -> int:
+        """Slots ``[0, rows)`` hold every live item (a ring's live slots are ``[0, size)``)."""
+        return self.size
+
+    @property
     def first_id(self) -> int:
         """The id of the oldest live item."""
         return self.next_id - self.size

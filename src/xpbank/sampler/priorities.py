@@ -128,6 +128,9 @@ def check_update(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple
         StaleIndexError: with ``stale="raise"``, an id whose item has been overwritten
             or cleared.
     """
+    table_ids = getattr(ring, "check_ids", None)  # a Table's ring: slots reused out of order
+    if table_ids is not None:
+        return table_ids(*check_values(indices, priorities, stale), stale)
     fast = _all_live(ring, indices, priorities, stale)
     if fast is not None:
         return fast

@@ -1,0 +1,60 @@
+"""Reverb's tables without TensorFlow: selectors, removers, ``max_times_sampled``, rate
+limiters, queues and stacks, policy versions and staleness.
+
+A :class:`Table` is a *component*, not a buffer: give it to any
+:class:`~xpbank.ReplayBuffer` (or a subclass: ``ShmReplayBuffer``, a Ray shard, which
+rebuild it from ``table.config()`` through the sampler registry, name ``"table"``)::
+
+    rb = ReplayBuffer(capacity, sampler=Table("uniform", "fifo", max_times_sampled=4))
+    rb = ReplayBuffer(capacity, sampler=Table.queue())      # FIFO, consume once, blocking
+    rb = ReplayBuffer(capacity, sampler=Table.stack())      # LIFO, consume once, blocking
+
+API note (for the backends built on it):
+
+- ``Table.bind(rb)`` (called once from ``ReplayBuffer.__init__`` through
+  :func:`xpbank.replay.parts.bind_sampler`) checks the buffer (no n-step, no episode
+  index, no ``FrameStorage``), replaces ``rb._ring`` with a
+  :class:`~xpbank.table.slots.TableRing` (ids and free slots) and sets ``rb._place``,
+  the hook :func:`xpbank.replay.writing.write` hands every checked batch to
+  (:func:`xpbank.table.ops.write`: waits on the limiter, evicts by the remover, picks the
+  slots, writes the storage). The write fast path is off for a table's buffer
+  (``rb._fast_write = False``).
+- ``rb.sample(B, replace, fields, timeout=, max_staleness=, current_version=)``: the
+  buffer passes the options (``Table.sample_options``) to ``Table.sample``, which waits
+  on the limiter (a ``threading.Condition`` on ``rb.lock``, rebuilt when the buffer
+  replaces its lock), removes stale items, draws, counts the draws and removes the items
+  used up, all in the caller's one locked step. Every wait ends by ``timeout`` with
+  :class:`~xpbank.RateLimitTimeout`, having changed nothing.
+- ``table.notify()`` wakes waiters (call it holding ``rb.lock`` after anything that adds
+  room or items from outside the buffer's own calls, e.g. rows pulled from shared memory).
+- State: ``rb.state_dict()`` holds the ring (``next_id``, ``size``), the storage rows
+  ``[0, ring.rows)`` and ``table.state_dict()`` (the slots' arrays, the uniform packing,
+  counters, the limiter's counts); ``xpbank.save`` / ``load`` keep all of it.
+- Ids: ``slot = id % capacity``; the item written into slot ``s`` gets the previous id
+  at ``s`` plus ``capacity`` (a plain ring's ids under FIFO use); an id is live iff its
+  slot is live and holds it. ``extend`` returns a ``range`` when the ids count up by
+  one, else a 1-D int64 tensor.
+
+Semantics (Reverb's, stated and tested):
+
+- a batch of ``B`` is ``B`` successive single samples: an item is never returned more
+  often than ``max_times_sampled`` allows, also within one batch; the FIFO selector
+  without a limit returns the oldest item ``B`` times, as Reverb's does;
+- an item leaves after its ``max_times_sampled``-th sample, when the remover picks it
+  (a write to a full table, without a limiter that makes writers wait), or when it is
+  staler than ``max_staleness``;
+- a write that finds too little room removes, by the remover, from the items stored
+  before the call (a batch is placed as a whole, not item by item);
+- a consume-once queue hands each item to exactly one sample, across threads.
+
+Modules: :mod:`~xpbank.table.table` (the class, presets, state),
+:mod:`~xpbank.table.ops` (write and sample paths, waits), :mod:`~xpbank.table.select`
+(batch semantics), :mod:`~xpbank.table.orders` (FIFO/LIFO log, lazy heaps, dense
+uniform set), :mod:`~xpbank.table.slots` (ids, free slots).
+"""
+
+from __future__ import annotations
+
+from xpbank.table.table import REMOVERS, SELECTORS, Table
+
+__all__ = ["REMOVERS", "SELECTORS", "Table"]
