@@ -9,6 +9,7 @@ exactly once across concurrent reader processes, also when a reader dies mid-bat
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -51,7 +52,7 @@ def test_a_full_queue_leaves_rows_in_the_channel_and_its_writer_waits() -> None:
         w.extend(rows(0, 0, 8))  # 4 fit the table, 4 stay in the channel
         assert len(rb) == 4 and rb.insert_room() == 0
         w.extend(rows(0, 8, 4))  # the channel's other 4 rows
-        with pytest.raises(BufferTimeoutError, match="no room for 1 rows after 0.2 s"):
+        with pytest.raises(BufferTimeoutError, match=r"no room for 1 rows after 0\.2 s"):
             w.extend(rows(0, 12, 1))  # channel full: the writer waits, then gives up
         assert seqs(rb.sample(3)) == [0, 1, 2]  # oldest first; the pull refills the table
         assert len(rb) == 4 and seqs(rb.sample(4)) == [3, 4, 5, 6]
@@ -67,7 +68,8 @@ def test_a_waiting_sample_takes_what_writers_publish_and_times_out_unchanged() -
     w = rb.writer(0)
     try:
         w.extend(rows(0, 0, 2))
-        with pytest.raises(RateLimitTimeout, match=r"sample of 3 items still blocked after 0.3 s \(2 items live"):
+        blocked = r"sample of 3 items still blocked after 0\.3 s \(2 items live"
+        with pytest.raises(RateLimitTimeout, match=blocked):
             rb.sample(3)
         assert len(rb) == 2  # the refused sample took nothing
         late = threading.Timer(0.2, lambda: w.extend(rows(0, 2, 5)))
@@ -131,10 +133,8 @@ def test_a_queue_delivers_every_item_once_across_reader_processes_and_the_owner(
         done, deadline = 0, time.monotonic() + 120
         while done < readers:
             assert time.monotonic() < deadline, "readers did not finish"
-            try:
+            with contextlib.suppress(RateLimitTimeout):
                 delivered += rb.sample(8, timeout=0.0)["tag"].tolist()  # the owner reads too
-            except RateLimitTimeout:
-                pass
             while not out.empty():
                 got = out.get()
                 if got is None:
@@ -145,7 +145,8 @@ def test_a_queue_delivers_every_item_once_across_reader_processes_and_the_owner(
             p.join(timeout=30)
             assert p.exitcode == 0
         channels = rb._reader_channels  # rows served after a reader's last timeout come back
-        wait_for(lambda: all(int(c.header[PUBLISHED]) == int(c.header[CONSUMED]) for c in channels), "reclaim")
+        settled = lambda: all(int(c.header[PUBLISHED]) == int(c.header[CONSUMED]) for c in channels)  # noqa: E731
+        wait_for(settled, "the readers' last rows did not come back")
         delivered += rb.sample(len(rb))["tag"].tolist() if len(rb) else []
         tags = sorted(map(tuple, delivered))
         assert tags == [(w, s) for w in range(writers) for s in range(n)], "an item lost or repeated"

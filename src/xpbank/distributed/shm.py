@@ -31,8 +31,8 @@ import shutil
 import tempfile
 import time
 import weakref
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -181,7 +181,7 @@ class ShmReplayBuffer(ReplayBuffer):
         with self._lock:
             if self._readers is None:
                 return 0
-            return self._readers.serve(self, self.sampleable())
+            return self._readers.serve(self, self._draws())
 
     def _give_back(self, flat: dict[NestedKey, torch.Tensor]) -> None:
         """Rows a reader took from the table and left: back in, ahead of the channels'
@@ -192,28 +192,40 @@ class ShmReplayBuffer(ReplayBuffer):
     @property
     def _table(self) -> Any:
         """The buffer's :class:`~xpbank.Table`, or ``None`` (a plain sampler)."""
-        return self._sampler if hasattr(self._sampler, "sample_options") and hasattr(self._sampler, "bind") else None
+        return (
+            self._sampler
+            if hasattr(self._sampler, "sample_options") and hasattr(self._sampler, "bind")
+            else None
+        )
 
     def insert_room(self) -> int | None:
         """How many items the table admits now without a writer waiting (``None``: any
-        number: the ring or the table's remover makes room). Threads: a read under rb.lock."""
-        with self._lock.plain():  # type: ignore[attr-defined]
-            table = self._table
-            limiter = None if table is None else table.limiter
-            return None if limiter is None else insert_room(limiter)
+        number: the ring or the table's remover makes room). Threads: one step under
+        rb.lock (after the pull)."""
+        with self._lock:
+            return self._room()
 
     def sampleable(self) -> int:
         """How many draws a sample can take now without waiting (``1 << 40``: any number,
-        with replacement and no ``max_times_sampled``). Threads: a read under rb.lock."""
-        with self._lock.plain():  # type: ignore[attr-defined]
-            table, size, most = self._table, self._ring.size, 1 << 40
-            if table is None:
-                return most if size else 0
-            k = (table.budget - table.stuck) if table.max_times_sampled is not None else (most if size else 0)
-            limiter = table.limiter
-            if limiter is not None:
-                k = min(k, sample_room(limiter))
-            return max(0, k)
+        with replacement and no ``max_times_sampled``). Threads: one step under rb.lock
+        (after the pull)."""
+        with self._lock:
+            return self._draws()
+
+    def _room(self) -> int | None:
+        table = self._table
+        limiter = None if table is None else table.limiter
+        return None if limiter is None else insert_room(limiter)
+
+    def _draws(self) -> int:
+        table, size, most = self._table, self._ring.size, 1 << 40
+        if table is None:
+            return most if size else 0
+        k = (table.budget - table.stuck) if table.max_times_sampled is not None else (most if size else 0)
+        limiter = table.limiter
+        if limiter is not None:
+            k = min(k, sample_room(limiter))
+        return max(0, k)
 
     def max_times_sampled(self) -> int | None:
         """How often an item may be sampled before it leaves (``None``: no limit)."""
@@ -248,7 +260,7 @@ class ShmReplayBuffer(ReplayBuffer):
                 if time.monotonic() >= deadline:
                     raise RateLimitTimeout(
                         f"sample of {batch_size} items still blocked after {limit:g} s ({len(self)} items "
-                        f"live, {self.sampleable()} draws admitted now; {table!r}); no writer published "
+                        f"live, {self._draws()} draws admitted now; {table!r}); no writer published "
                         "enough to unblock it"
                     ) from None
             time.sleep(pause)
@@ -267,7 +279,7 @@ class ShmReplayBuffer(ReplayBuffer):
         """:meth:`pull`'s work (called holding the lock, by the lock's outermost acquire)."""
         if not self._channels:
             return 0
-        room = self.insert_room()
+        room = self._room()
         moved = 0
         while self._returned and (room is None or room > moved):
             flat = self._returned.pop(0)
