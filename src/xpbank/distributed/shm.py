@@ -39,10 +39,10 @@ import numpy as np
 import torch
 
 from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel, record_dtype
-from xpbank.distributed.limiter import insert_room, sample_room
 from xpbank.distributed.pull_lock import PullingLock, weak_take
 from xpbank.distributed.shm_readers import ReaderPool, ShmReader, reader_record
 from xpbank.distributed.shm_writer import ShmWriter, WriterStatus
+from xpbank.distributed.table_room import draws_now, room_now, table_of
 from xpbank.errors import CapacityError, RateLimitTimeout, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.spec.spec import NestedKey, Spec
@@ -192,11 +192,7 @@ class ShmReplayBuffer(ReplayBuffer):
     @property
     def _table(self) -> Any:
         """The buffer's :class:`~xpbank.Table`, or ``None`` (a plain sampler)."""
-        return (
-            self._sampler
-            if hasattr(self._sampler, "sample_options") and hasattr(self._sampler, "bind")
-            else None
-        )
+        return table_of(self)
 
     def insert_room(self) -> int | None:
         """How many items the table admits now without a writer waiting (``None``: any
@@ -213,19 +209,10 @@ class ShmReplayBuffer(ReplayBuffer):
             return self._draws()
 
     def _room(self) -> int | None:
-        table = self._table
-        limiter = None if table is None else table.limiter
-        return None if limiter is None else insert_room(limiter)
+        return room_now(self)
 
     def _draws(self) -> int:
-        table, size, most = self._table, self._ring.size, 1 << 40
-        if table is None:
-            return most if size else 0
-        k = (table.budget - table.stuck) if table.max_times_sampled is not None else (most if size else 0)
-        limiter = table.limiter
-        if limiter is not None:
-            k = min(k, sample_room(limiter))
-        return max(0, k)
+        return draws_now(self)
 
     def max_times_sampled(self) -> int | None:
         """How often an item may be sampled before it leaves (``None``: no limit)."""
