@@ -152,8 +152,8 @@ class Shard:
 
     # -- writing ---------------------------------------------------------------
     def extend(self, flat: dict[Any, torch.Tensor]) -> dict[str, Any]:
-        """Store a batch (already checked by the writer); returns ``{"first", "count", "ids"}``
-        (``"ids"``: ``None`` when they count up from ``first``, else the ids in row order)."""
+        """Store a batch (already checked by the writer); returns ``{"first", "count"}``
+        ids, and ``"ids"`` (in row order) where they do not count up from ``first``."""
         with self.rb.lock:
             ids = self.rb.extend(flat)
             self._mark_issued()
@@ -165,7 +165,7 @@ class Shard:
             if due:
                 self.checkpoint()
             if isinstance(ids, range):
-                return {"first": ids.start + self.offset, "count": len(ids), "ids": None}
+                return {"first": ids.start + self.offset, "count": len(ids)}
             local = ids.numpy() + self.offset  # a table reused slots out of order
             return {"first": int(local[0]) if local.size else 0, "count": len(ids), "ids": local}
 
