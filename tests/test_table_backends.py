@@ -36,7 +36,7 @@ def test_a_queue_hands_out_each_item_once_oldest_first_and_waits(buffer_factory:
     with pytest.raises(RateLimitTimeout, match="insert of 1 items still blocked"):
         rb.extend(items(6, 1))  # a writer waits while the queue is full, then gives up
     assert xs(rb.sample(4)) == [2, 3, 4, 5] and len(rb) == 0
-    with pytest.raises(RateLimitTimeout, match="sample of 1 items still blocked after 0.2 s"):
+    with pytest.raises(RateLimitTimeout, match=r"sample of 1 items still blocked after 0\.2 s"):
         rb.sample(1)  # a reader waits while it is empty
     rb.extend(items(6, 1))
     assert xs(rb.sample(1)) == [6]
