@@ -275,16 +275,25 @@ class ShmReplayBuffer(ReplayBuffer):
             moved += len(super().extend({key: v[:k] for key, v in flat.items()}))
             if k < n:
                 self._returned.insert(0, {key: v[k:] for key, v in flat.items()})
-        count = len(self._channels)
+        count, table = len(self._channels), self._table is not None
+        runs: list[np.ndarray] = []  # a table's pull: one extend (its write path costs per call)
+        taken: list[tuple[Channel, int]] = []
         for j in range(count):
             channel = self._channels[(self._first_channel + j) % count]
             first, last = channel.waiting()
             if room is not None:
-                last = min(last, first + max(0, room - moved))
+                last = min(last, first + max(0, room - moved - sum(len(r) for r in runs)))
             for run in channel.runs(first, last):
-                moved += len(super().extend(self._columns(run)))
+                if table:
+                    runs.append(run)
+                else:
+                    moved += len(super().extend(self._columns(run)))
             if last > first:
-                channel.consumed(last)
+                taken.append((channel, last))
+        if runs:
+            moved += len(super().extend(self._columns(runs[0] if len(runs) == 1 else np.concatenate(runs))))
+        for channel, last in taken:
+            channel.consumed(last)
         self._first_channel = (self._first_channel + 1) % count
         if moved and self._table is not None:
             self._table.notify()  # wake local threads waiting on the table
