@@ -192,7 +192,9 @@ def _check_target(target: Path) -> None:
 def _write_files(buffer: ReplayBuffer, root: Path, session: str, created: str) -> Manifest:
     """Write the data and state files of ``buffer`` under ``root``; return the manifest."""
     spec, size = buffer.spec, len(buffer)
-    data = _write_data(buffer, root) if spec is not None else []
+    ring = buffer.state_dict(data=False)["ring"]
+    rows = int(ring.get("rows", size))  # a Table's live slots may have holes: [0, rows)
+    data = _write_data(buffer, root, rows) if spec is not None else []
     state_files, tree = write_state(buffer, root, generation=0)
     return Manifest(
         session_id=session,
@@ -200,19 +202,20 @@ def _write_files(buffer: ReplayBuffer, root: Path, session: str, created: str) -
         updated=utc_now(),
         capacity=buffer.capacity,
         size=size,
-        next_id=int(buffer.state_dict(data=False)["ring"]["next_id"]),
+        next_id=int(ring["next_id"]),
         spec=spec,
         buffer=buffer.config(),
         state=tree,
         generation=0,
         data=data,
         state_files=state_files,
+        rows=rows,
     )
 
 
-def _write_data(buffer: ReplayBuffer, root: Path) -> list[FileEntry]:
+def _write_data(buffer: ReplayBuffer, root: Path, size: int) -> list[FileEntry]:
     """One ``.npy`` per field: header, rows of slots ``[0, size)``, a sparse tail."""
-    spec, size, capacity = buffer.spec, len(buffer), buffer.capacity
+    spec, capacity = buffer.spec, buffer.capacity
     if spec is None:
         return []
     host_view = getattr(buffer.storage, "host_view", None)

@@ -98,15 +98,15 @@ def fill(snap: Snapshot, storage: Any, spec: Spec, verify: bool) -> None:
             stack.enter_context(f)
             row = int(np.prod(entry.shape[1:], dtype=np.int64)) * entry.dtype.itemsize
             hasher = hasher_for(algorithm_to_check(entry, verify))
-            if row and m.size and entry.key is not None:  # a data entry always has a key
+            if row and m.data_rows and entry.key is not None:  # a data entry always has a key
                 dest = _contiguous_bytes(views[entry.key]) if host else None
                 files.append(_File(entry, entry.key, f.fileno(), offset, row, dest, hasher))
             else:  # nothing to read: its checksum (of no bytes) is still checked
                 check_value(snap, entry, hasher.value(), 0, verify)
         if files:
-            _copy_runs(snap, storage, spec, files, m.size, views if host else None)
+            _copy_runs(snap, storage, spec, files, m.data_rows, views if host else None)
         for file in files:
-            nbytes = covered_bytes(file.entry.shape, file.entry.dtype.itemsize, m.size)
+            nbytes = covered_bytes(file.entry.shape, file.entry.dtype.itemsize, m.data_rows)
             check_value(snap, file.entry, file.hasher.value(), nbytes, verify)
 
 

@@ -122,6 +122,13 @@ class Manifest:
     data: list[FileEntry] = field(default_factory=list)
     state_files: list[FileEntry] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)  # the caller's JSON, kept as is
+    rows: int | None = None  # data rows [0, rows) hold every live item; None: size (a FIFO ring)
+
+    @property
+    def data_rows(self) -> int:
+        """The rows of each data file that hold items: ``[0, size)`` for a FIFO ring, more
+        for a :class:`~xpbank.Table` whose live slots have holes between them."""
+        return self.size if self.rows is None else self.rows
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -143,6 +150,8 @@ class Manifest:
         }
         if self.metadata:  # only when given: banks without it keep their exact bytes
             out["metadata"] = self.metadata
+        if self.rows is not None and self.rows != self.size:  # likewise
+            out["rows"] = self.rows
         return out
 
     @classmethod
@@ -162,6 +171,9 @@ class Manifest:
                 f"{where}: inconsistent ring: size {size}, next_id {next_id}, cursor "
                 f"{raw.get('cursor')!r} for capacity {capacity}"
             )
+        rows = get.int("rows", low=0) if "rows" in raw else None
+        if rows is not None and not size <= rows <= capacity:
+            raise CorruptBankError(f"{where}: 'rows' {rows} outside [size {size}, capacity {capacity}]")
         spec = None
         if raw.get("spec") is not None:
             spec = _spec(get.typed("spec", dict), where)
@@ -191,6 +203,7 @@ class Manifest:
             data=data,
             state_files=[_state_entry(e, where) for e in get.typed("state_files", list)],
             metadata=get.typed("metadata", dict) if "metadata" in raw else {},
+            rows=rows,
         )
 
 

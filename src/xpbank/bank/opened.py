@@ -153,7 +153,7 @@ def _map(snap: Snapshot, entry: FileEntry, mode: str, verify: bool) -> np.ndarra
     f, offset = snap.open(entry, writable=mode == "r+")
     with f:
         if verify:  # the rows the ring stores (one rule with load), never the entry's own count
-            nbytes = covered_bytes(entry.shape, entry.dtype.itemsize, snap.manifest.size)
+            nbytes = covered_bytes(entry.shape, entry.dtype.itemsize, snap.manifest.data_rows)
             read_checked(snap, entry, f, nbytes, verify)
         if entry.nbytes == offset:  # a zero-size field: nothing to map
             return np.zeros(entry.shape, entry.dtype)
@@ -227,6 +227,7 @@ def checkpoint(buffer: ReplayBuffer) -> None:
             data=data,
             state_files=state_files,
             metadata=old.metadata,
+            rows=int(ring.get("rows", ring["size"])),
         )
         write_json_atomic(root, new.to_json())
     except OSError as exc:

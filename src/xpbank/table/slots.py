@@ -177,6 +177,10 @@ class TableRing(Ring):
         return ids % self.capacity, values
 
     # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """The ring's counters and ``rows`` (the storage rows a state or bank keeps)."""
+        return {**super().state_dict(), "rows": self._rows}
+
     _ARRAYS = ("ids", "live", "seq", "stamp", "times", "priority", "version", "free")
 
     def arrays_state(self) -> dict[str, Any]:
