@@ -207,3 +207,20 @@ def test_a_reader_that_times_out_and_closes_gives_its_rows_back() -> None:
     finally:
         w.close()
         rb.close()
+
+
+def test_the_impala_example_runs_from_a_queue() -> None:
+    """``examples/impala_cartpole.py --quick``: actor processes, the queue, V-trace; every
+    trajectory reaches the learner once (its ``(actor, seq)`` tags)."""
+    pytest.importorskip("gymnasium")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "impala_cartpole.py"
+    spec = importlib.util.spec_from_file_location("impala_cartpole", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = example.main(["--quick", "--timeout", "30"])
+    assert out["env_steps"] >= 4000 and out["updates"] >= 12 and out["duplicates"] == 0
+    assert out["episodes"] > 0 and 8.0 <= out["eval_return"] <= 500.0
