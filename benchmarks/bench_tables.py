@@ -133,6 +133,9 @@ def part_a(args: argparse.Namespace) -> list[str]:
         "",
         markdown_table(["reader", "items/s", "vs plain"], rows),
         "",
+        "rounds, in order (plain / queue): "
+        + ", ".join(f"{fmt_rate(p)} / {fmt_rate(q)}" for p, q in zip(*rates.values(), strict=True)),
+        "",
     ]
 
 

@@ -215,7 +215,8 @@ class ShmReplayBuffer(ReplayBuffer):
         return draws_now(self)
 
     def max_times_sampled(self) -> int | None:
-        """How often an item may be sampled before it leaves (``None``: no limit)."""
+        """How often an item may be sampled before it leaves (``None``: no limit).
+        Threads: reads a setting fixed at construction; no lock needed."""
         table = self._table
         return None if table is None else table.max_times_sampled
 

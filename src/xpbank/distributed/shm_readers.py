@@ -125,6 +125,9 @@ class ShmReader:
             BufferTimeoutError: the rows did not all arrive in time (the request stands:
                 rows arriving later open the next call's batch).
             ChannelError: the owner closed the buffer.
+
+        Threads/processes: one reader process (or thread) per handle; the owner draws
+        each part of the batch in one step under its ``rb.lock``.
         """
         n = check_positive_int("batch_size", batch_size)
         if n > self._rows:
@@ -157,7 +160,8 @@ class ShmReader:
         return to_tensordict(flat, (n,))
 
     def close(self) -> None:
-        """Detach (rows asked for and not taken go back to the owner's table)."""
+        """Detach (rows asked for and not taken go back to the owner's table).
+        Threads/processes: the handle's own process; the owner reclaims at its next round."""
         if self._channel is not None:
             self._channel.close_writer()
             self._channel.close()
