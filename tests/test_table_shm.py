@@ -185,7 +185,8 @@ def test_a_reader_killed_mid_batch_gives_its_untaken_rows_to_another_reader() ->
         wait_for(lambda: len(rb) == 5, "the dead reader's rows did not come back")
         with rb.reader(1) as other:
             assert seqs(other.sample(5, timeout=10.0)) == [3, 4, 5, 6, 7]  # once each, none lost
-        assert len(rb) == 0 and rb._readers is not None and rb._readers.returned == 5
+        assert len(rb) == 0 and rb._readers is not None and rb._readers.returned == [5, 0]
+        assert rb._readers.delivered() == [3, 5]  # the dead reader's first batch, the other's
     finally:
         w.close()
         rb.close()
@@ -224,3 +225,76 @@ def test_the_impala_example_runs_from_a_queue() -> None:
     out = example.main(["--quick", "--timeout", "30"])
     assert out["env_steps"] >= 4000 and out["updates"] >= 12 and out["duplicates"] == 0
     assert out["episodes"] > 0 and 8.0 <= out["eval_return"] <= 500.0
+
+
+def consume_until(reader: ShmReader, conn: Any, stop: Any, batch: int) -> None:
+    """Sample and report each batch down a pipe until ``stop`` (or until killed)."""
+    with reader:
+        while not stop.is_set():
+            try:
+                conn.send(reader.sample(batch, timeout=0.2)["tag"].numpy().tolist())
+            except BufferTimeoutError:
+                continue
+
+
+def drain(conn: Any) -> list[list[int]]:
+    """Every whole message in a pipe (a reader killed mid-send leaves a torn last one)."""
+    got: list[list[int]] = []
+    try:
+        while conn.poll(0.05):
+            got += conn.recv()
+    except Exception:  # EOF, or a torn message: unreported
+        pass
+    return got
+
+
+@pytest.mark.slow  # ~10-20 s
+def test_reader_processes_killed_at_random_lose_only_what_they_had_taken() -> None:
+    """Bounded stress: readers are SIGKILLed at random moments and replaced. No item is
+    delivered twice, and the items never reported are exactly as many as the dead readers
+    had taken (delivered to them: at most once), per the reader channels' counters."""
+    n, writers, readers = 4000, 3, 2
+    rb = queue(128, num_writers=writers, channel_rows=64, num_readers=readers, reader_rows=64)
+    stop, rng = FORK.Event(), np.random.default_rng(0)
+    live: dict[int, Any] = {}
+    reported: list[list[int]] = []
+
+    def start(i: int) -> None:
+        ours, theirs = FORK.Pipe(duplex=False)
+        proc = FORK.Process(target=consume_until, args=(rb.reader(i), theirs, stop, 16))
+        proc.start()
+        theirs.close()
+        live[i] = (proc, ours)
+
+    try:
+        procs = [FORK.Process(target=produce, args=(rb.writer(w), w, n, 40)) for w in range(writers)]
+        for p in procs:
+            p.start()
+        for i in range(readers):
+            start(i)
+        for _ in range(8):  # kill and replace a reader at random moments
+            time.sleep(float(rng.uniform(0.05, 0.3)))
+            i = int(rng.integers(readers))
+            proc, conn = live[i]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(timeout=30)
+            reported += drain(conn)
+            start(i)
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+        pool = rb._readers
+        assert pool is not None
+        wait_for(lambda: sum(pool.delivered()) == writers * n and len(rb) == 0, "not all delivered", 60)
+        stop.set()
+        for proc, conn in live.values():
+            proc.join(timeout=30)
+            assert proc.exitcode == 0
+            reported += drain(conn)
+        tags = [tuple(t) for t in reported]
+        assert len(tags) == len(set(tags)), "an item delivered twice"
+        missing = {(w, s) for w in range(writers) for s in range(n)} - set(tags)
+        assert len(missing) == sum(pool.delivered()) - len(tags)  # taken by readers that died
+    finally:
+        stop.set()
+        rb.close()

@@ -186,7 +186,7 @@ class ReaderPool:
         self._rb = weakref.ref(rb)
         self.channels = channels
         self.keys = list(rb.spec)
-        self.returned = 0  # rows given back by readers that died or closed
+        self.returned = [0] * len(channels)  # per channel: rows its readers left, given back
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xpbank-shm-readers", daemon=True)
         self._thread.start()
@@ -212,13 +212,13 @@ class ReaderPool:
         """One round (``rb.lock`` held): reclaim gone readers' rows, then answer requests
         with up to ``available`` items in all; returns the rows published."""
         served = 0
-        for channel in self.channels:
+        for i, channel in enumerate(self.channels):
             h = channel.header
             attached = int(h[PID]) != 0 and int(h[CLOSED]) == 0
             if not attached or channel.try_lock():  # no reader, or its lock is free: it died
                 if channel.locked or channel.try_lock():  # not while a new reader attaches
                     try:
-                        self._reclaim(rb, channel)
+                        self._reclaim(rb, channel, i)
                     finally:
                         channel.unlock()
                 continue
@@ -237,7 +237,7 @@ class ReaderPool:
             served += k
         return served
 
-    def _reclaim(self, rb: Any, channel: Channel) -> None:
+    def _reclaim(self, rb: Any, channel: Channel, index: int) -> None:
         """Give a gone reader's unconsumed rows back to the table; reset its counters."""
         h = channel.header
         first, last = int(h[CONSUMED]), int(h[PUBLISHED])
@@ -248,7 +248,7 @@ class ReaderPool:
             rows = runs[0].copy() if len(runs) == 1 else np.concatenate(runs)
             spec = rb.spec
             rb._give_back({k: as_torch(rows[f"f{i}"], spec[k].dtype) for i, k in enumerate(self.keys)})
-            self.returned += last - first
+            self.returned[index] += last - first
             log.warning(
                 "shm reader %s left %d row(s) it had not taken; they went back to the table",
                 channel.path.name,
@@ -256,6 +256,10 @@ class ReaderPool:
             )
         h[CONSUMED] = h[REQUESTED] = h[RESERVED] = last
         h[PID], h[CLOSED] = 0, 0  # free for a new reader
+
+    def delivered(self) -> list[int]:
+        """Rows each reader channel's readers have taken (returned by their ``sample``), in all."""
+        return [int(c.header[CONSUMED]) - r for c, r in zip(self.channels, self.returned, strict=True)]
 
     def stop(self) -> None:
         self._stop.set()
