@@ -26,6 +26,16 @@ from xpbank import (
     Table,
 )
 from xpbank.sampler import make_sampler, sampler_config
+from xpbank.table import heap
+
+
+@pytest.fixture(autouse=True, params=["compiled heaps", "heapq heaps"])
+def heaps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test on both heap paths: numba's indexed heaps (where installed) and heapq's."""
+    if request.param == "heapq heaps":
+        monkeypatch.setattr(heap, "load", lambda: None)
+    elif heap.load() is None:
+        pytest.skip("numba is not installed")
 
 
 def values(n: int, start: int = 0) -> dict[str, torch.Tensor]:
@@ -103,6 +113,20 @@ def test_rate_limiter_ratio_is_enforced() -> None:
     rb.sample(4)  # diff 2 * 2 - 4 = 0 = min_diff (target 2 * 2, error buffer 4)
     with pytest.raises(RateLimitTimeout):
         rb.sample(1)
+
+
+def test_min_size_counts_the_items_still_there_as_reverb() -> None:
+    limiter = RateLimiter(None, min_size_to_sample=3)
+    rb = ReplayBuffer(
+        8, sampler=Table("fifo", "fifo", max_times_sampled=1, rate_limiter=limiter, timeout=0.01)
+    )
+    rb.extend(values(3))
+    assert xs(rb.sample(1)) == [0]  # leaves: 2 items are there, fewer than 3
+    with pytest.raises(RateLimitTimeout, match=r"sample of 1 items still blocked .*deletes=1"):
+        rb.sample(1)
+    rb.extend(values(1, 3))
+    assert xs(rb.sample(1)) == [1]
+    assert limiter.state()["deletes"] == 2
 
 
 def test_consume_once_queue_delivers_each_item_exactly_once_across_threads() -> None:
@@ -322,3 +346,16 @@ def test_pickle_keeps_the_table_working() -> None:
     assert xs(copy.sample(2)) == [0, 1] and len(rb) == 3
     with pytest.raises(RateLimitTimeout):
         copy.sample(2)
+
+
+def test_epochs_notice_a_write_into_a_full_table() -> None:
+    rb = ReplayBuffer(4, sampler=Table("uniform", "min_heap"), seed=0)
+    rb.extend(values(4))  # ids 0 .. 3
+    for old in (3, 7):  # slot 3 is evicted twice: ids 7, then 11
+        rb.update_priority([old], [0.0])
+        rb.extend(values(1, 10 + old))
+    plan = rb.epochs(2)
+    next(plan)
+    assert torch.as_tensor(rb.extend(values(1, 30))).tolist() == [4]  # slot 0: below next_id 12
+    with pytest.raises(xpbank.BufferChangedError):
+        next(plan)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from xpbank import CapacityError, EmptyBufferError, ReplayBuffer, StaleIndexError, Table
-from xpbank.table import REMOVERS, SELECTORS
+from xpbank.table import REMOVERS, SELECTORS, heap
 
 
 class Item:
@@ -39,8 +39,18 @@ def first_by(kind: str, items: list[Item]) -> Item:
     return min(items, key=lambda i: (-i.priority, i.seq))
 
 
+def _bind_lazily(table: Table, rb: ReplayBuffer) -> None:
+    saved = heap.load
+    heap.load = lambda: None  # type: ignore[assignment]
+    try:
+        Table.bind(table, rb)
+    finally:
+        heap.load = saved  # type: ignore[assignment]
+
+
 class TableModel(RuleBasedStateMachine):
     selector = remover = ""  # set by each subclass below
+    lazy_heaps = False  # heapq's heaps (the path without numba) instead of the compiled ones
 
     @initialize(limit=st.sampled_from([None, 1, 2, 3]), capacity=st.integers(1, 6))
     def build(self, limit: int | None, capacity: int) -> None:
@@ -51,7 +61,10 @@ class TableModel(RuleBasedStateMachine):
         self.gone_ids: list[int] = []  # ids of items that left
 
     def _table(self) -> Table:
-        return Table(self.selector, self.remover, max_times_sampled=self.limit)
+        table = Table(self.selector, self.remover, max_times_sampled=self.limit)
+        if self.lazy_heaps:  # bind() looks the kernels up once
+            table.bind = lambda rb: _bind_lazily(table, rb)  # type: ignore[method-assign]
+        return table
 
     def _by_value(self, value: int) -> Item:
         return next(i for i in self.items if i.value == value)
@@ -196,3 +209,7 @@ for _selector in SELECTORS:  # one machine per selector and remover: each gets i
         )
         _machine.TestCase.settings = SETTINGS
         globals()[f"Test_{_selector}_{_remover}"] = _machine.TestCase
+        if "heap" in _selector + _remover and heap.load() is not None:  # and heapq's heaps
+            _lazy = type(f"Lazy_{_selector}_{_remover}", (_machine,), {"lazy_heaps": True})
+            _lazy.TestCase.settings = SETTINGS
+            globals()[f"TestLazy_{_selector}_{_remover}"] = _lazy.TestCase

@@ -13,7 +13,10 @@ inside ``[min_diff, max_diff]`` once ``min_size_to_sample`` items have been inse
 ``error_buffer`` is how far the diff may stray either way from its target
 ``samples_per_insert * min_size_to_sample`` (Reverb's ``SampleToInsertRatio``):
 ``min_diff = target - error_buffer``, ``max_diff = target + error_buffer``.
-``samples_per_insert=None`` keeps only the minimum size (Reverb's ``MinSize``).
+``samples_per_insert=None`` keeps only the minimum size (Reverb's ``MinSize``). As in
+Reverb, the minimum size counts the items still there: ``deletes`` (items that left a
+:class:`~xpbank.Table`, which counts them) are subtracted from ``inserts`` there, not in
+the diff.
 
 The object is plain Python, safe to share between threads: ``await_insert`` and
 ``await_sample`` wait on a condition for up to ``timeout`` seconds and raise
@@ -103,6 +106,7 @@ class RateLimiter:
             target = spi * self.min_size_to_sample
             self.min_diff, self.max_diff = target - buffer, target + buffer
         self.inserts = 0
+        self.deletes = 0  # items that left (a Table counts them): the minimum size is of what is there
         self.samples = 0
         self._cond = threading.Condition()
 
@@ -127,13 +131,13 @@ class RateLimiter:
 
     def can_insert(self, n: int) -> bool:
         """Whether an insert of ``n`` items may go ahead now."""
-        if self.inserts + n <= self.min_size_to_sample:
+        if self.inserts + n - self.deletes <= self.min_size_to_sample:
             return True
         return self._diff(self.inserts + n, self.samples) <= self.max_diff
 
     def can_sample(self, n: int) -> bool:
         """Whether a sample of ``n`` items may go ahead now."""
-        if self.inserts < self.min_size_to_sample:
+        if self.inserts - self.deletes < self.min_size_to_sample:
             return False
         return self._diff(self.inserts, self.samples + n) >= self.min_diff
 
@@ -195,7 +199,7 @@ class RateLimiter:
     def _blocked(self, what: str, n: int, timeout: float) -> str:
         why = (
             f"{self.inserts} of min_size_to_sample={self.min_size_to_sample} items inserted"
-            if what == "sample" and self.inserts < self.min_size_to_sample
+            if what == "sample" and self.inserts - self.deletes < self.min_size_to_sample
             else f"inserts={self.inserts}, samples={self.samples}, samples_per_insert="
             f"{self.samples_per_insert}, diff={self._diff(self.inserts, self.samples):g} must stay "
             f"within [{self.min_diff:g}, {self.max_diff:g}]"
@@ -211,6 +215,7 @@ class RateLimiter:
         with self._cond:
             return {
                 "inserts": self.inserts,
+                "deletes": self.deletes,
                 "samples": self.samples,
                 "diff": self._diff(self.inserts, self.samples),
                 "min_diff": self.min_diff,
@@ -223,7 +228,7 @@ class RateLimiter:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"deletes": 0, **state})  # pickled before deletes were counted
         self._cond = threading.Condition()
 
     def __repr__(self) -> str:

@@ -177,12 +177,18 @@ def epochs(
     """
     plan = epoch_plan(rb._ring.size, batch_size, n_epochs, shuffle, drop_last, rb._generator)
     require_items(rb, "epochs")
-    marker = (rb._ring.next_id, rb._ring.size)
-    return _run_plan(rb, plan, read_keys(rb, fields), marker)
+    return _run_plan(rb, plan, read_keys(rb, fields), _marker(rb))
+
+
+def _marker(rb: BufferParts) -> tuple[int, int, int]:
+    """What changes with every write or clear (a Table's ring also counts its inserts:
+    a write into a full table may keep ``next_id`` and ``size``)."""
+    ring = rb._ring
+    return ring.next_id, ring.size, getattr(ring, "inserted", 0)
 
 
 def _run_plan(
-    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None, marker: tuple[int, int]
+    rb: BufferParts, plan: Iterator[torch.Tensor], keys: list[NestedKey] | None, marker: tuple[int, int, int]
 ) -> Iterator[TensorDict]:
     """Read ``plan``'s positions batch by batch; raise if the buffer was written since ``marker``."""
     while True:
@@ -190,7 +196,7 @@ def _run_plan(
             positions = next(plan, None)  # a new epoch's shuffle draws from the buffer's generator
             if positions is None:
                 return
-            if (rb._ring.next_id, rb._ring.size) != marker:
+            if _marker(rb) != marker:
                 raise BufferChangedError("epochs: the buffer was extended or cleared during iteration")
             slots, ids = rb._ring.slots_of_positions(positions)
             batch = gather(rb, slots, ids, keys)

@@ -89,19 +89,20 @@ def _entered(t: Table, slots: np.ndarray, versions: np.ndarray) -> None:
         t.log.append(ring, slots)
     if t.dense is not None:
         t.dense.add(slots)
-    _push_priorities(t, slots)
+    _push_priorities(t, slots, True)
     if t.versions is not None:
         t.versions.push(ring, slots, versions)
 
 
-def _push_priorities(t: Table, slots: np.ndarray) -> None:
+def _push_priorities(t: Table, slots: np.ndarray, new: bool) -> None:
+    """Enter the priorities of ``slots`` (``new``: just inserted, else changed) in the
+    heaps and the sum-tree."""
     ring = t.ring
     assert ring is not None
     p = ring.priority[slots]
-    if t.min_heap is not None:
-        t.min_heap.push(ring, slots, p)
-    if t.max_heap is not None:
-        t.max_heap.push(ring, slots, -p)
+    for heap, keys in ((t.min_heap, p), (t.max_heap, -p)):
+        if heap is not None:
+            (heap.push if new else heap.rekey)(ring, slots, keys)
     if t.tree is not None:
         leaves = p**t.priority_exponent
         if t.max_times_sampled is not None:  # draws left that the selector cannot reach
@@ -141,6 +142,11 @@ def remove(t: Table, slots: np.ndarray) -> None:
         if t.tree is not None:
             t.stuck -= int(left[t.tree[0][slots] == 0].sum())
     ring.release(slots)
+    if t.limiter is not None:
+        t.limiter.deletes += slots.shape[0]
+    for heap in (t.min_heap, t.max_heap, t.versions):
+        if heap is not None:
+            heap.remove(ring, slots)
     if t.dense is not None:
         t.dense.remove(slots)
     if t.tree is not None:
@@ -158,7 +164,7 @@ def set_priorities(t: Table, slots: np.ndarray, priorities: np.ndarray) -> None:
     slots, priorities = slots[keep], priorities[keep]
     ring.priority[slots] = priorities
     ring.restamp(slots)
-    _push_priorities(t, slots)
+    _push_priorities(t, slots, False)
 
 
 def rebuild_orders(t: Table, dense: np.ndarray | None) -> None:
@@ -362,7 +368,7 @@ def _wait(t: Table, what: str, n: int, timeout: float | None, ready: Any, fits: 
             lim, other = t.limiter, "samples" if what == "insert" else "inserts"
             raise RateLimitTimeout(
                 f"Table: {what} of {n} items still blocked after {limit:g} s ({ring.size} of "
-                f"{ring.capacity} slots live; {lim!r}: inserts={lim.inserts}, samples={lim.samples}); "
-                f"no {other} came to unblock it"
+                f"{ring.capacity} slots live; {lim!r}: inserts={lim.inserts}, samples={lim.samples}, "
+                f"deletes={lim.deletes}); no {other} came to unblock it"
             )
         cond.wait(left)

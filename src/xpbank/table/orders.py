@@ -116,6 +116,13 @@ class LazyHeap:
         ):
             heapq.heappush(self.heap, entry)
 
+    def rekey(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
+        """New keys for live ``slots`` (restamped): new entries; the old ones lapse."""
+        self.push(ring, slots, keys)
+
+    def remove(self, ring: TableRing, slots: np.ndarray) -> None:
+        """Nothing to do: the entries of items that left lapse."""
+
     def rebuild(self, ring: TableRing, keys: np.ndarray | None) -> None:
         """Keep the valid entries (``keys``: per slot, to rebuild from the arrays instead)."""
         if keys is not None:

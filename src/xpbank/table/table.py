@@ -22,7 +22,7 @@ from xpbank.sampler import sumtree
 from xpbank.sampler.registry import register_sampler
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
-from xpbank.table import ops
+from xpbank.table import heap, ops
 from xpbank.table.orders import Dense, InsertionLog, LazyHeap
 from xpbank.table.slots import TableRing
 
@@ -222,16 +222,22 @@ class Table:
             if isinstance(limiter, RateLimiter)
             else None
         )
+        self._heap_kernels = heap.load()  # compiled indexed heaps with numba, else heapq's lazy ones
         self._build(c)
 
     def _build(self, c: int) -> None:
         sel, rem = self.selector, self.remover
+        kernels = self._heap_kernels
+
+        def new_heap(check: str) -> Any:
+            return LazyHeap(c, check) if kernels is None else heap.IndexedHeap(c, kernels)
+
         self.log = InsertionLog(c) if "fifo" in (sel, rem) or "lifo" in (sel, rem) else None
-        self.min_heap = LazyHeap(c, "stamp") if "min_heap" in (sel, rem) else None
-        self.max_heap = LazyHeap(c, "stamp") if "max_heap" in (sel, rem) else None
+        self.min_heap = new_heap("stamp") if "min_heap" in (sel, rem) else None
+        self.max_heap = new_heap("stamp") if "max_heap" in (sel, rem) else None
         self.dense = Dense(c) if "uniform" in (sel, rem) else None
         self.tree = sumtree.new_tree(c, np.add) if sel == "prioritized" else None
-        self.versions = LazyHeap(c, "seq") if self.versioned else None
+        self.versions = new_heap("seq") if self.versioned else None
 
     def check_spec(self, rb: Any, spec: Spec) -> None:
         """Refuse a spec with an env field (an episode index) or a bad ``version_key``."""
@@ -282,7 +288,7 @@ class Table:
             self._build(self.ring.capacity)
             self.budget = self.stuck = 0
             if self.limiter is not None:
-                self.limiter.inserts = self.limiter.samples = 0
+                self.limiter.inserts = self.limiter.samples = self.limiter.deletes = 0
             self.notify()
 
     def update_priority(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -314,7 +320,9 @@ class Table:
             "budget": self.budget,
             "stuck": self.stuck,
             "writer_version": self.writer_version,
-            "limiter": None if lim is None else {"inserts": lim.inserts, "samples": lim.samples},
+            "limiter": None
+            if lim is None
+            else {"inserts": lim.inserts, "samples": lim.samples, "deletes": lim.deletes},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -336,6 +344,7 @@ class Table:
         if self.limiter is not None and state["limiter"] is not None:
             self.limiter.inserts = int(state["limiter"]["inserts"])
             self.limiter.samples = int(state["limiter"]["samples"])
+            self.limiter.deletes = int(state["limiter"]["deletes"])
         ops.rebuild_orders(self, None if state["dense"] is None else np.asarray(state["dense"]))
         self.notify()
 
