@@ -250,7 +250,7 @@ def insert_room(limiter: RateLimiter) -> int | None:
     if spi is None:
         return None
     by_ratio = math.floor((limiter.max_diff + limiter.samples) / spi + 1e-9) - limiter.inserts
-    n = max(by_ratio, limiter.min_size_to_sample - limiter.inserts, 0)
+    n = max(by_ratio, limiter.min_size_to_sample - (limiter.inserts - limiter.deletes), 0)
     while n and not limiter.can_insert(n):  # rounding: never claim more than can_insert admits
         n -= 1
     return n
@@ -265,7 +265,7 @@ def sample_room(limiter: RateLimiter) -> int:
         >>> sample_room(lim), lim.can_sample(4), lim.can_sample(5)
         (4, True, False)
     """
-    if limiter.inserts < limiter.min_size_to_sample:
+    if limiter.inserts - limiter.deletes < limiter.min_size_to_sample:
         return 0
     spi = limiter.samples_per_insert
     if spi is None:
