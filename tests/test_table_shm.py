@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from xpbank import BufferTimeoutError, Field, RateLimitTimeout, Spec, Table
+from xpbank import BufferTimeoutError, CapacityError, Field, RateLimitTimeout, Spec, Table
 from xpbank.distributed.channel import CONSUMED, PUBLISHED
 from xpbank.distributed.shm import ShmReader, ShmReplayBuffer, ShmWriter
 
@@ -190,6 +190,19 @@ def test_a_reader_killed_mid_batch_gives_its_untaken_rows_to_another_reader() ->
     finally:
         w.close()
         rb.close()
+
+
+def test_reader_handles_are_checked() -> None:
+    rb = queue(8)
+    with pytest.raises(CapacityError, match="no reader channels; build it with num_readers=R"):
+        rb.reader(0)
+    rb.close()
+    rb = queue(8, num_readers=1, reader_rows=4)
+    with pytest.raises(CapacityError, match=r"index expected 0 \.\. 0, got 1"):
+        rb.reader(1)
+    with rb.reader(0) as reader, pytest.raises(CapacityError, match="at most the channel's 4 rows, got 5"):
+        reader.sample(5)
+    rb.close()
 
 
 def test_a_reader_that_times_out_and_closes_gives_its_rows_back() -> None:

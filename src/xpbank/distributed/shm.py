@@ -167,6 +167,8 @@ class ShmReplayBuffer(ReplayBuffer):
         Raises:
             CapacityError: ``index`` out of range.
         """
+        if not self._num_readers:
+            raise CapacityError("reader: this buffer has no reader channels; build it with num_readers=R")
         if not isinstance(index, int) or not 0 <= index < self._num_readers:
             raise CapacityError(f"reader: index expected 0 .. {self._num_readers - 1}, got {index!r}")
         with self._lock:

@@ -58,7 +58,7 @@ from xpbank.distributed.channel import (
     Channel,
     record_dtype,
 )
-from xpbank.errors import BufferTimeoutError, ChannelError, check_positive_int
+from xpbank.errors import BufferTimeoutError, CapacityError, ChannelError, check_positive_int
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import Spec
 from xpbank.storage.dtypes import as_torch, to_numpy
@@ -131,8 +131,6 @@ class ShmReader:
         """
         n = check_positive_int("batch_size", batch_size)
         if n > self._rows:
-            from xpbank.errors import CapacityError
-
             raise CapacityError(f"batch_size: expected at most the channel's {self._rows} rows, got {n}")
         channel = self._open()
         h = channel.header
