@@ -104,6 +104,22 @@ def test_waiting_writer_is_woken_by_a_reader() -> None:
     assert xs(rb.sample(2)) == [5, 6]
 
 
+def test_a_backend_can_poll_while_a_reader_waits() -> None:
+    table = Table.queue(timeout=10.0)
+    rb = ReplayBuffer(4, sampler=table, seed=0)
+    arrived = iter([None, None, values(2, 40)])  # rows that show up outside the buffer's calls
+
+    def pull() -> None:
+        rows = next(arrived, None)
+        if rows is not None:
+            rb.extend(rows)
+
+    table.poll_interval, table.on_wait = 0.01, pull
+    assert xs(rb.sample(2)) == [40, 41] and len(rb) == 0
+    with pytest.raises(RateLimitTimeout, match="after 0 s"):
+        rb.sample(1, timeout=0)
+
+
 def test_rate_limiter_ratio_is_enforced() -> None:
     limiter = RateLimiter(samples_per_insert=2.0, min_size_to_sample=2, error_buffer=4.0)
     rb = ReplayBuffer(10, sampler=Table(rate_limiter=limiter, timeout=0.01), seed=0)

@@ -371,4 +371,7 @@ def _wait(t: Table, what: str, n: int, timeout: float | None, ready: Any, fits: 
                 f"{ring.capacity} slots live; {lim!r}: inserts={lim.inserts}, samples={lim.samples}, "
                 f"deletes={lim.deletes}); no {other} came to unblock it"
             )
-        cond.wait(left)
+        poll = t.poll_interval  # a backend whose items arrive from outside polls for them
+        cond.wait(left if poll is None else min(left, poll))
+        if t.on_wait is not None:
+            t.on_wait()  # holding the lock again, e.g. pull published rows into the ring

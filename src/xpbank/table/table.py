@@ -8,7 +8,6 @@ buffer and the state. The write and sample paths are in :mod:`xpbank.table.ops`.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -16,38 +15,27 @@ import numpy as np
 import torch
 
 from xpbank.distributed.limiter import RateLimiter
-from xpbank.errors import CapacityError, SpecError, XpbankError, check_positive_int
+from xpbank.errors import SpecError, XpbankError, check_positive_int
 from xpbank.ring.episode_keys import wants_episodes
 from xpbank.sampler import sumtree
 from xpbank.sampler.registry import register_sampler
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
 from xpbank.table import heap, ops
+from xpbank.table import state as table_state
+from xpbank.table.options import (
+    REMOVERS,
+    SELECTORS,
+    as_tuple,
+    check_number,
+    limiter_config,
+    make_limiter,
+    reads_episodes,
+)
 from xpbank.table.orders import Dense, InsertionLog, LazyHeap
 from xpbank.table.slots import TableRing
 
 __all__ = ["REMOVERS", "SELECTORS", "Table"]
-
-SELECTORS = ("uniform", "prioritized", "fifo", "lifo", "min_heap", "max_heap")
-REMOVERS = ("fifo", "lifo", "min_heap", "max_heap", "uniform")
-
-
-def _limiter_config(limiter: Any) -> Any:
-    if limiter is None or limiter == "queue":
-        return limiter
-    spi = limiter.samples_per_insert
-    out = {"samples_per_insert": spi, "min_size_to_sample": limiter.min_size_to_sample}
-    if spi is not None:
-        out["error_buffer"] = (limiter.max_diff - limiter.min_diff) / 2
-    return out
-
-
-def _make_limiter(value: Any) -> RateLimiter | str | None:
-    if value is None or value == "queue" or isinstance(value, RateLimiter):
-        return value
-    if isinstance(value, dict):
-        return RateLimiter(**value)
-    raise SpecError(f"rate_limiter: expected None, 'queue', a RateLimiter or its config, got {value!r}")
 
 
 @register_sampler("table")
@@ -123,10 +111,10 @@ class Table:
         self.max_times_sampled = (
             None if max_times_sampled is None else check_positive_int("max_times_sampled", max_times_sampled)
         )
-        self.rate_limiter = _make_limiter(rate_limiter)
-        self.priority_exponent = _number("priority_exponent", priority_exponent, 0.0)
-        self.default_priority = _number("default_priority", default_priority, 0.0)
-        self.timeout = _number("timeout", timeout, 0.0)
+        self.rate_limiter = make_limiter(rate_limiter)
+        self.priority_exponent = check_number("priority_exponent", priority_exponent, 0.0)
+        self.default_priority = check_number("default_priority", default_priority, 0.0)
+        self.timeout = check_number("timeout", timeout, 0.0)
         if isinstance(version_key, list):  # from a JSON config
             version_key = tuple(version_key)
         self.version_key = None if version_key is None else normalize_key(version_key)
@@ -137,6 +125,10 @@ class Table:
         self._rb: Any = None
         self._cond: threading.Condition | None = None
         self._cond_lock: Any = None
+        # for a backend whose items arrive from outside the buffer's calls (shared memory):
+        # waits wake every poll_interval seconds and call on_wait() holding rb.lock
+        self.poll_interval: float | None = None
+        self.on_wait: Any = None
         self.budget = 0  # draws left over the live items (max_times_sampled), minus stuck
         self.stuck = 0  # draws left of live items the prioritized selector cannot draw (priority 0)
 
@@ -149,31 +141,54 @@ class Table:
         Args:
             timeout: seconds a write or sample waits before :class:`~xpbank.RateLimitTimeout`.
             options: more :class:`Table` options (e.g. ``version_key``).
+
+        Returns:
+            A new table; give it to one buffer. Threads: a plain constructor.
+
+        Example:
+            >>> Table.queue()
+            Table(selector='fifo', remover='fifo', max_times_sampled=1, rate_limiter='queue')
         """
         return cls("fifo", "fifo", max_times_sampled=1, rate_limiter="queue", timeout=timeout, **options)
 
     @classmethod
     def stack(cls, *, timeout: float = 60.0, **options: Any) -> Table:
-        """Reverb's ``Table.stack``: as :meth:`queue`, newest first (LIFO selector and remover)."""
+        """Reverb's ``Table.stack``: as :meth:`queue`, newest first (LIFO selector and remover).
+
+        Returns:
+            A new table. Threads: a plain constructor.
+        """
         return cls("lifo", "lifo", max_times_sampled=1, rate_limiter="queue", timeout=timeout, **options)
 
     def config(self) -> dict[str, Any]:
-        """The constructor arguments, JSON-able: ``Table(**t.config())``."""
+        """The constructor arguments, JSON-able: ``Table(**t.config())`` (how banks and Ray
+        shards rebuild the table). Threads: reads options fixed at construction.
+
+        Example:
+            >>> Table("max_heap", "fifo", max_times_sampled=2).config()["max_times_sampled"]
+            2
+        """
         return {
             "selector": self.selector,
             "remover": self.remover,
             "max_times_sampled": self.max_times_sampled,
-            "rate_limiter": _limiter_config(self.rate_limiter),
+            "rate_limiter": limiter_config(self.rate_limiter),
             "priority_exponent": self.priority_exponent,
             "default_priority": self.default_priority,
-            "version_key": None if self.version_key is None else list(_as_tuple(self.version_key)),
+            "version_key": None if self.version_key is None else list(as_tuple(self.version_key)),
             "versioned": self.versioned,
             "timeout": self.timeout,
         }
 
     def set_version(self, version: int) -> None:
         """The writer-side stamp: items written from now on (without ``version_key``) carry
-        ``version``. Threads: hold ``rb.lock`` to tie it to a write."""
+        ``version``.
+
+        Raises:
+            SpecError: not an int.
+
+        Threads: one attribute write; hold ``rb.lock`` to tie it to a write.
+        """
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
             raise SpecError(f"version: expected an int, got {version!r}")
         self.writer_version = int(version)
@@ -186,6 +201,8 @@ class Table:
             SpecError: the table already serves a buffer, or ``rb`` uses n-step, an
                 episode index or a storage that reads one: a table reuses slots out of
                 order, which they cannot follow.
+
+        Threads: called from the buffer's constructor, before any other thread has it.
         """
         if self._rb is not None:
             raise SpecError("Table: this table already serves a buffer; give each buffer its own Table")
@@ -196,7 +213,7 @@ class Table:
                 ("an episode index (num_envs=, an env field)", rb._ring.episodes is not None),
                 (
                     f"a {type(rb._storage).__name__} (it reads the episode index)",
-                    _reads_episodes(rb._storage),
+                    reads_episodes(rb._storage),
                 ),
             )
             if on
@@ -240,7 +257,11 @@ class Table:
         self.versions = new_heap("seq") if self.versioned else None
 
     def check_spec(self, rb: Any, spec: Spec) -> None:
-        """Refuse a spec with an env field (an episode index) or a bad ``version_key``."""
+        """Refuse a spec with an env field (an episode index) or a bad ``version_key``.
+
+        Raises:
+            SpecError: naming the field. Threads: pure.
+        """
         if wants_episodes(spec, rb._episode_keys, None, False):
             raise SpecError(
                 f"Table: the spec has the env field {rb._episode_keys.env!r}, which makes the buffer keep an "
@@ -260,7 +281,17 @@ class Table:
 
     # -- the Sampler protocol (see xpbank.table.ops) -------------------------------------
     def write(self, rb: Any, flat: dict[Any, torch.Tensor], n: int, spec: Spec) -> Any:
-        """Store ``n`` checked rows (the buffer's write path calls it; see :func:`ops.write`)."""
+        """Store ``n`` checked rows (the buffer's write path calls it; see :func:`ops.write`).
+
+        Returns:
+            The ids (a ``range`` when they count up by one, else a 1-D int64 tensor).
+
+        Raises:
+            CapacityError: more rows than the capacity with a limiter that makes writers wait.
+            RateLimitTimeout: no room within ``timeout``; nothing written.
+
+        Threads: the caller holds ``rb.lock``; a wait releases it until woken.
+        """
         return ops.write(self, rb, flat, n, spec)
 
     def sample(
@@ -274,7 +305,28 @@ class Table:
         max_staleness: int | None = None,
         current_version: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``batch_size`` successive single samples (see :func:`ops.sample`)."""
+        """``batch_size`` successive single samples (see :func:`ops.sample`).
+
+        Args:
+            ring: the buffer's ring (this table's own).
+            batch_size: draws.
+            generator: the buffer's generator.
+            replace: ``False``: distinct items.
+            timeout: seconds to wait on the rate limiter (default: the table's).
+            max_staleness, current_version: first remove the items with
+                ``current_version - version > max_staleness``.
+
+        Returns:
+            ``(slots, info)``; ``info`` holds ``"probability"`` for the prioritized selector.
+
+        Raises:
+            EmptyBufferError: too few draws left and no rate limiter to wait on.
+            CapacityError: a batch no table of this capacity could ever serve.
+            RateLimitTimeout: not served within ``timeout``; nothing changed.
+            SpecError, PriorityError: bad options.
+
+        Threads: the caller holds ``rb.lock`` (``rb.sample``); a wait releases it.
+        """
         return ops.sample(self, batch_size, generator, replace, timeout, max_staleness, current_version)
 
     def on_write(self, slots: Any, ring: Any) -> None:
@@ -283,7 +335,8 @@ class Table:
         )
 
     def on_clear(self) -> None:
-        """Every item left (the ring was cleared): the orders and the limiter start over."""
+        """Every item left (the ring was cleared): the orders and the limiter start over
+        (Reverb's reset). Threads: the caller holds ``rb.lock`` (``rb.clear``)."""
         if self.ring is not None:
             self._build(self.ring.capacity)
             self.budget = self.stuck = 0
@@ -292,61 +345,45 @@ class Table:
             self.notify()
 
     def update_priority(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Set the priorities of live ``slots`` (checked by the buffer; a repeated slot keeps its last)."""
+        """Set the priorities of live ``slots`` (checked by the buffer; a repeated slot keeps
+        its last). Threads: the caller holds ``rb.lock`` (``rb.update_priority``)."""
         ops.set_priorities(self, slots, priorities)
 
     # -- waiting -------------------------------------------------------------------------
     def condition(self) -> threading.Condition:
-        """A condition on the buffer's lock (rebuilt if the buffer replaced its lock)."""
+        """A condition on the buffer's lock (rebuilt if the buffer replaced its lock).
+
+        Threads: call it holding ``rb.lock``.
+        """
         lock = self._rb._lock
         if self._cond is None or self._cond_lock is not lock:
             self._cond, self._cond_lock = threading.Condition(lock), lock
         return self._cond
 
     def notify(self) -> None:
-        """Wake the writers and readers waiting on the buffer (the caller holds its lock)."""
+        """Wake the writers and readers waiting on the buffer, e.g. after rows arrived
+        from outside the buffer's own calls. Threads: call it holding ``rb.lock``."""
         if self._cond is not None and self._cond_lock is self._rb._lock:
             self._cond.notify_all()
 
-    # -- state -----------------------------------------------------------------------------
+    # -- state (xpbank.table.state) ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The slots' arrays, the uniform packing, counters, the limiter's counts (CPU tensors, numbers)."""
-        if self.ring is None:
-            return {}
-        lim = self.limiter
-        return {
-            "slots": self.ring.arrays_state(),
-            "dense": None if self.dense is None else torch.from_numpy(self.dense.state()),
-            "budget": self.budget,
-            "stuck": self.stuck,
-            "writer_version": self.writer_version,
-            "limiter": None
-            if lim is None
-            else {"inserts": lim.inserts, "samples": lim.samples, "deletes": lim.deletes},
-        }
+        """The slots' arrays, the uniform packing, counters, the limiter's counts (CPU
+        tensors and numbers: ``torch.load(weights_only=True)`` reads it).
+
+        Threads: the caller holds ``rb.lock`` (``rb.state_dict``).
+        """
+        return table_state.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`; the orders are rebuilt from the slots.
 
         Raises:
             CapacityError: a state of a table of another capacity.
+
+        Threads: the caller holds ``rb.lock`` (``rb.load_state_dict``); waiters are woken.
         """
-        ring = self.ring
-        if ring is None or not state:
-            return
-        got = int(state["slots"]["ids"].shape[0])
-        if got != ring.capacity:
-            raise CapacityError(f"table state: {got} slots, this table has {ring.capacity}")
-        ring.load_arrays(state["slots"])
-        self._build(ring.capacity)
-        self.budget, self.stuck = int(state["budget"]), int(state["stuck"])
-        self.writer_version = int(state["writer_version"])
-        if self.limiter is not None and state["limiter"] is not None:
-            self.limiter.inserts = int(state["limiter"]["inserts"])
-            self.limiter.samples = int(state["limiter"]["samples"])
-            self.limiter.deletes = int(state["limiter"]["deletes"])
-        ops.rebuild_orders(self, None if state["dense"] is None else np.asarray(state["dense"]))
-        self.notify()
+        table_state.load_state_dict(self, state)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -357,21 +394,3 @@ class Table:
         n = "" if self.max_times_sampled is None else f", max_times_sampled={self.max_times_sampled}"
         lim = "" if self.rate_limiter is None else f", rate_limiter={self.rate_limiter!r}"
         return f"Table(selector={self.selector!r}, remover={self.remover!r}{n}{lim})"
-
-
-def _reads_episodes(storage: Any) -> bool:
-    return bool(getattr(storage, "needs_episodes", False)) or hasattr(storage, "prepare_write")
-
-
-def _as_tuple(key: NestedKey) -> tuple[str, ...]:
-    return key if isinstance(key, tuple) else (key,)
-
-
-def _number(name: str, value: Any, low: float) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < low:
-        raise CapacityError(f"{name}: expected a finite number >= {low}, got {value!r}")
-    return number
