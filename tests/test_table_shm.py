@@ -68,7 +68,7 @@ def test_a_waiting_sample_takes_what_writers_publish_and_times_out_unchanged() -
     w = rb.writer(0)
     try:
         w.extend(rows(0, 0, 2))
-        blocked = r"sample of 3 items still blocked after 0\.3 s \(2 items live"
+        blocked = r"sample of 3 items still blocked after 0\.3 s \(2 of 16 slots live"
         with pytest.raises(RateLimitTimeout, match=blocked):
             rb.sample(3)
         assert len(rb) == 2  # the refused sample took nothing

@@ -31,9 +31,8 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,13 +42,10 @@ from xpbank.distributed.pull_lock import PullingLock, weak_take
 from xpbank.distributed.shm_readers import ReaderPool, ShmReader, reader_record
 from xpbank.distributed.shm_writer import ShmWriter, WriterStatus
 from xpbank.distributed.table_room import draws_now, room_now, table_of
-from xpbank.errors import CapacityError, RateLimitTimeout, SpecError, check_positive_int
+from xpbank.errors import CapacityError, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.spec.spec import NestedKey, Spec
 from xpbank.storage.dtypes import as_torch
-
-if TYPE_CHECKING:
-    from tensordict import TensorDict
 
 __all__ = ["ShmReplayBuffer", "ShmReader", "ShmWriter", "WriterStatus"]
 
@@ -98,6 +94,8 @@ class ShmReplayBuffer(ReplayBuffer):
         >>> w.close(); rb.close()
     """
 
+    POLL_SECONDS = 1e-3  # how often a table's wait looks for rows writers published
+
     def __init__(
         self,
         capacity: int,
@@ -117,6 +115,9 @@ class ShmReplayBuffer(ReplayBuffer):
         self._reader_rows = check_positive_int("reader_rows", reader_rows)
         super().__init__(capacity, spec, **options)
         self._lock = PullingLock(weak_take(self, "_take"))
+        table = table_of(self)
+        if table is not None:  # a table's waits (an empty queue, a full one) take what writers publish
+            table.poll_interval, table.on_wait = self.POLL_SECONDS, weak_take(self, "_take")
         self._channels: list[Channel] = []
         self._reader_channels: list[Channel] = []
         self._readers: ReaderPool | None = None
@@ -221,40 +222,6 @@ class ShmReplayBuffer(ReplayBuffer):
         Threads: reads a setting fixed at construction; no lock needed."""
         table = self._table
         return None if table is None else table.max_times_sampled
-
-    def sample(
-        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None, **options: Any
-    ) -> TensorDict:
-        """:meth:`ReplayBuffer.sample`; with a table whose rate limiter makes readers wait
-        (a queue), the wait takes what writers publish meanwhile: it tries, pulling first,
-        until the table can serve the batch or ``timeout`` (the table's by default) ends.
-
-        Threads: each try one step under rb.lock (the batch is drawn in one of them).
-
-        Raises:
-            RateLimitTimeout: the table could not serve the batch within the timeout;
-                nothing was drawn.
-        """
-        table = self._table
-        if table is None or table.limiter is None:
-            return super().sample(batch_size, replace, fields, **options)
-        timeout = options.pop("timeout", None)
-        limit = table.timeout if timeout is None else timeout
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0:
-            raise CapacityError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
-        deadline, pause = time.monotonic() + limit, 1e-5
-        while True:
-            try:
-                return super().sample(batch_size, replace, fields, timeout=0.0, **options)
-            except RateLimitTimeout:
-                if time.monotonic() >= deadline:
-                    raise RateLimitTimeout(
-                        f"sample of {batch_size} items still blocked after {limit:g} s ({len(self)} items "
-                        f"live, {self._draws()} draws admitted now; {table!r}); no writer published "
-                        "enough to unblock it"
-                    ) from None
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
 
     def pull(self) -> int:
         """Move every published row into the ring (in channel order); returns how many.
