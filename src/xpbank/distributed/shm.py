@@ -74,7 +74,10 @@ class ShmReplayBuffer(ReplayBuffer):
     (:meth:`insert_room`: all of them for a FIFO ring; a queue's free room): the rest
     stay in their channels, whose writers then wait for room (up to their timeout)
     instead of the table dropping data. Channels are pulled in turn, starting one
-    further each pull, so no writer starves the others.
+    further each pull, so no writer starves the others. A table's waits (a sample from
+    an empty queue, a write into a full one) pull every ``POLL_SECONDS`` while they wait
+    (the table's ``on_wait`` hook), so they end as soon as writers publish or readers
+    free room. Rows still in the channels when the buffer closes are dropped (logged).
 
     Threads/processes: as a :class:`~xpbank.ReplayBuffer` (every call one step under
     ``rb.lock``), and the first time a thread takes ``rb.lock`` it moves the rows writers
