@@ -1,4 +1,5 @@
-"""Tables over shared memory: a full queue leaves rows in the writers' channels, a waiting
+"""Tables over shared memory: the same results as a local table (hypothesis, every selector
+and remover that evicts), a full queue leaves rows in the writers' channels, a waiting
 sample takes what writers publish, and a consume-once queue delivers every published item
 exactly once across concurrent reader processes, also when a reader dies mid-batch.
 
@@ -20,8 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from xpbank import BufferTimeoutError, CapacityError, Field, RateLimitTimeout, Spec, Table
+from xpbank import BufferTimeoutError, CapacityError, Field, RateLimitTimeout, ReplayBuffer, Spec, Table
 from xpbank.distributed.channel import CONSUMED, PUBLISHED
 from xpbank.distributed.shm import ShmReader, ShmReplayBuffer, ShmWriter
 
@@ -311,3 +314,66 @@ def test_reader_processes_killed_at_random_lose_only_what_they_had_taken() -> No
     finally:
         stop.set()
         rb.close()
+
+
+SEED = 3  # both buffers' (a different one makes the random selectors' draws differ)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.integers(1, 6)),
+        st.tuples(st.just("sample"), st.integers(1, 5), st.booleans()),
+        st.tuples(st.just("priority"), st.integers(0, 2**16)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    selector=st.sampled_from(["uniform", "prioritized", "fifo", "lifo", "min_heap", "max_heap"]),
+    remover=st.sampled_from(["fifo", "lifo", "min_heap", "max_heap", "uniform"]),
+    times=st.sampled_from([None, 1, 2]),
+    ops=OPS,
+)
+def test_a_table_over_shared_memory_behaves_as_a_local_one(
+    selector: str, remover: str, times: int | None, ops: list[Any]
+) -> None:
+    """The same calls, rows written through a writer's channel or by a local ``extend``:
+    the same samples, ids and sizes, or the same error (tables that evict: no waits)."""
+
+    def table() -> Table:
+        return Table(selector, remover, max_times_sampled=times)
+
+    local = ReplayBuffer(8, SPEC, sampler=table(), seed=3)
+    shm = ShmReplayBuffer(8, SPEC, num_writers=1, channel_rows=64, sampler=table(), seed=SEED)
+    w = shm.writer(0)
+    written, last = 0, None
+    try:
+        for op in ops:
+            if op[0] == "write":
+                local.extend(rows(0, written, op[1]))
+                w.extend(rows(0, written, op[1]))  # taken at the shm buffer's next call
+                written += op[1]
+            elif op[0] == "sample":
+                got = []
+                for rb in (local, shm):
+                    try:
+                        got.append(rb.sample(op[1], replace=op[2] or selector == "prioritized"))
+                    except Exception as exc:  # the same refusal on both
+                        got.append(type(exc))
+                if isinstance(got[0], type):
+                    assert got[1] is got[0]
+                else:
+                    assert not isinstance(got[1], type)
+                    assert torch.equal(got[0]["index"], got[1]["index"]) and seqs(got[0]) == seqs(got[1])
+                    last = got[0]["index"]
+            elif last is not None:
+                prio = torch.from_numpy(np.random.default_rng(op[1]).random(len(last)))
+                for rb in (local, shm):
+                    rb.update_priority(last, prio, stale="skip")
+            assert len(local) == len(shm)
+        if len(local):
+            assert seqs(local.sample_all()) == seqs(shm.sample_all())
+    finally:
+        w.close()
+        shm.close()
