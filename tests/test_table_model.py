@@ -43,7 +43,7 @@ def _bind_lazily(table: Table, rb: ReplayBuffer) -> None:
     saved = heap.load
     heap.load = lambda: None  # type: ignore[assignment]
     try:
-        Table.bind(table, rb)
+        Table.bind_buffer(table, rb)
     finally:
         heap.load = saved  # type: ignore[assignment]
 
@@ -62,8 +62,8 @@ class TableModel(RuleBasedStateMachine):
 
     def _table(self) -> Table:
         table = Table(self.selector, self.remover, max_times_sampled=self.limit)
-        if self.lazy_heaps:  # bind() looks the kernels up once
-            table.bind = lambda rb: _bind_lazily(table, rb)  # type: ignore[method-assign]
+        if self.lazy_heaps:  # bind_buffer() looks the kernels up once
+            table.bind_buffer = lambda rb: _bind_lazily(table, rb)  # type: ignore[method-assign]
         return table
 
     def _by_value(self, value: int) -> Item:

@@ -244,7 +244,7 @@ class SplitCalls(ReplayBuffer):
 
         def run() -> Any:  # the marker taken at the first next(), not with the plan
             with self.lock:
-                marker = (self._ring.next_id, self._ring.size)
+                marker = reading._marker(self)
             return reading._run_plan(self, plan, None, marker)
 
         return (b for b in _Lazy(run))

@@ -192,9 +192,7 @@ def _check_target(target: Path) -> None:
 def _write_files(buffer: ReplayBuffer, root: Path, session: str, created: str) -> Manifest:
     """Write the data and state files of ``buffer`` under ``root``; return the manifest."""
     spec, size = buffer.spec, len(buffer)
-    ring = buffer.state_dict(data=False)["ring"]
-    rows = int(ring.get("rows", size))  # a Table's live slots may have holes: [0, rows)
-    data = _write_data(buffer, root, rows) if spec is not None else []
+    data = _write_data(buffer, root) if spec is not None else []
     state_files, tree = write_state(buffer, root, generation=0)
     return Manifest(
         session_id=session,
@@ -202,20 +200,26 @@ def _write_files(buffer: ReplayBuffer, root: Path, session: str, created: str) -
         updated=utc_now(),
         capacity=buffer.capacity,
         size=size,
-        next_id=int(ring["next_id"]),
+        next_id=int(buffer.state_dict(data=False)["ring"]["next_id"]),
         spec=spec,
         buffer=buffer.config(),
         state=tree,
         generation=0,
         data=data,
         state_files=state_files,
-        rows=rows,
+        rows=_data_rows(buffer),
     )
 
 
-def _write_data(buffer: ReplayBuffer, root: Path, size: int) -> list[FileEntry]:
+def _data_rows(buffer: ReplayBuffer) -> int:
+    """The rows holding every live item: ``[0, len)``, or a Table's ``[0, rows)`` (its live
+    slots may have holes between them)."""
+    return int(buffer.state_dict(data=False)["ring"].get("rows", len(buffer)))
+
+
+def _write_data(buffer: ReplayBuffer, root: Path) -> list[FileEntry]:
     """One ``.npy`` per field: header, rows of slots ``[0, size)``, a sparse tail."""
-    spec, capacity = buffer.spec, buffer.capacity
+    spec, size, capacity = buffer.spec, _data_rows(buffer), buffer.capacity
     if spec is None:
         return []
     host_view = getattr(buffer.storage, "host_view", None)

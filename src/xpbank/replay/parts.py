@@ -75,7 +75,7 @@ def bind_sampler(rb: Any) -> None:
     """Call a new buffer's sampler's optional hooks, each looked up once, here.
 
     ``bind_device(device)``: where the storage lives (e.g. PER's trees follow the data).
-    ``bind(rb)``: the sampler takes part in the buffer's slots, as a
+    ``bind_buffer(rb)``: the sampler takes part in the buffer's slots, as a
     :class:`~xpbank.Table` does: it replaces the ring (``rb._ring``) with one that reuses
     slots out of order, sets ``rb._place`` (the write path's hook, see
     :func:`xpbank.replay.writing.write`) and refuses options it cannot serve.
@@ -83,7 +83,7 @@ def bind_sampler(rb: Any) -> None:
     bind_device = getattr(rb._sampler, "bind_device", None)
     if bind_device is not None:
         bind_device(rb._storage.device)
-    bind = getattr(rb._sampler, "bind", None)
+    bind = getattr(rb._sampler, "bind_buffer", None)
     if bind is not None:
         bind(rb)
 

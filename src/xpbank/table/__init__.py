@@ -11,7 +11,7 @@ rebuild it from ``table.config()`` through the sampler registry, name ``"table"`
 
 API note (for the backends built on it):
 
-- ``Table.bind(rb)`` (called once from ``ReplayBuffer.__init__`` through
+- ``Table.bind_buffer(rb)`` (called once from ``ReplayBuffer.__init__`` through
   :func:`xpbank.replay.parts.bind_sampler`) checks the buffer (no n-step, no episode
   index, no ``FrameStorage``), replaces ``rb._ring`` with a
   :class:`~xpbank.table.slots.TableRing` (ids and free slots) and sets ``rb._place``,

@@ -73,7 +73,7 @@ class Table:
             ``timeout=`` overrides it).
 
     Raises:
-        SpecError: an unknown selector, remover or option; :meth:`bind` refuses a buffer
+        SpecError: an unknown selector, remover or option; :meth:`bind_buffer` refuses a buffer
             with n-step, an episode index or a storage that reads one (``FrameStorage``).
         CapacityError: a bad count or timeout.
 
@@ -194,7 +194,7 @@ class Table:
         self.writer_version = int(version)
 
     # -- binding -----------------------------------------------------------------------
-    def bind(self, rb: Any) -> None:
+    def bind_buffer(self, rb: Any) -> None:
         """Take over ``rb``'s slots (called once by :class:`~xpbank.ReplayBuffer`).
 
         Raises:
