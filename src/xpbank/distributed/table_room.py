@@ -23,7 +23,7 @@ ANY = 1 << 40  # "any number of draws" (with replacement, no max_times_sampled)
 def table_of(rb: Any) -> Any:
     """``rb``'s :class:`~xpbank.Table`, or ``None`` (a plain sampler)."""
     sampler = rb._sampler
-    return sampler if hasattr(sampler, "sample_options") and hasattr(sampler, "bind") else None
+    return sampler if hasattr(sampler, "sample_options") and hasattr(sampler, "bind_buffer") else None
 
 
 def room_now(rb: Any) -> int | None:
