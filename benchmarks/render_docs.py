@@ -65,7 +65,8 @@ README_ROWS = [
 # the order of the page; files of other benchmarks follow, by name
 ORDER = [
     "bench_replay", "bench_prioritized", "bench_sequence", "bench_images", "bench_rollout",
-    "bench_bank", "bench_shm", "bench_ray", "bench_sb3", "bench_compat", "bench_compat_replay",
+    "bench_bank", "bench_shm", "bench_ray", "bench_tables", "bench_sb3", "bench_compat",
+    "bench_compat_replay",
 ]  # fmt: skip
 
 TITLES = {
@@ -77,6 +78,7 @@ TITLES = {
     "bench_bank": "Banks on disk: save, load, open, checkpoint",
     "bench_shm": "Many writer processes on one machine (shared memory)",
     "bench_ray": "Many machines: Ray shards",
+    "bench_tables": "Reverb-style tables: a queue over shared memory, heap selectors",
     "bench_sb3": "Stable-Baselines3 drop-in",
     "bench_compat": "Front-ends for rsl_rl and metta",
     "bench_compat_replay": "Front-ends for objectrl, ROSE and TorchRL's trainer",
@@ -112,6 +114,10 @@ CPU_NOTES = {
     "the same process are what to compare.",
     "bench_compat_replay": "Per-call times follow the CPU; the speed-ups against the "
     "original libraries, measured in the same process, move less.",
+    "bench_tables": "Part (a) runs 5 processes (4 writers, 1 reader): where fewer cores are free "
+    "than that, they share CPUs and the ratio follows the scheduler as much as the code, so "
+    "rounds vary widely on a loaded machine (see the load average). Part (b) compares Python "
+    "heap operations per item with the sum-tree's vectorized (numba or NumPy) kernels.",
 }
 DEFAULT_CPU_NOTE = (
     "Absolute times follow the CPU, its memory and the load; ratios measured in the same process move less."

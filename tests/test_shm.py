@@ -254,8 +254,8 @@ def test_save_while_a_writer_publishes_between_its_steps(monkeypatch: Any, tmp_p
         w.extend(rows(0, 0, 10))
         write_data = bank_module._write_data
 
-        def publish_midway(buffer: Any, root: Any) -> Any:
-            out = write_data(buffer, root)
+        def publish_midway(buffer: Any, root: Any, *rest: Any) -> Any:
+            out = write_data(buffer, root, *rest)
             w.extend(rows(0, 10, 5))  # lands between the data files and the state
             return out
 

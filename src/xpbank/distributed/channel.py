@@ -46,12 +46,29 @@ from typing import Any
 import numpy as np
 
 from xpbank.errors import BufferTimeoutError, ChannelError
+from xpbank.spec.spec import Spec
+from xpbank.storage.dtypes import numpy_dtype
 
-__all__ = ["Channel", "RESERVED", "PUBLISHED", "CONSUMED", "PID", "CLOSED", "CRASHES", "LOST", "SHUT"]
+__all__ = [
+    "Channel", "RESERVED", "PUBLISHED", "CONSUMED", "PID", "CLOSED", "CRASHES", "LOST", "SHUT", "REQUESTED",
+    "record_dtype",
+]  # fmt: skip
 
-# CLOSED: the last writer detached cleanly; SHUT: the learner closed the buffer
-RESERVED, PUBLISHED, CONSUMED, PID, CLOSED, CRASHES, LOST, SHUT = range(8)
-HEADER_BYTES = 64
+# CLOSED: the last writer detached cleanly; SHUT: the learner closed the buffer;
+# REQUESTED: a reader channel's items asked for (xpbank.distributed.shm_readers)
+RESERVED, PUBLISHED, CONSUMED, PID, CLOSED, CRASHES, LOST, SHUT, REQUESTED = range(9)
+HEADER_BYTES = 128
+
+
+def record_dtype(spec: Spec, extra: list[tuple[str, np.dtype]] | None = None) -> np.dtype:
+    """One NumPy record per item: field ``i`` of the spec is ``f{i}`` (aligned), then
+    ``extra`` scalar columns (a reader channel's ``"index"``)."""
+    formats: list[tuple[Any, ...]] = []
+    for i, field in enumerate(spec.values()):
+        base = numpy_dtype(field.dtype)
+        formats.append((f"f{i}", base, field.shape) if field.shape else (f"f{i}", base))
+    formats += extra or []
+    return np.dtype(formats, align=True)
 
 
 class Channel:
@@ -97,14 +114,15 @@ class Channel:
         h[PID], h[CLOSED] = 0, 0
         return crashed
 
-    def attach_writer(self, timeout: float) -> None:
-        """Claim the channel for this process (waits up to ``timeout`` s for a learner's check)."""
+    def attach_writer(self, timeout: float, role: str = "writer") -> None:
+        """Claim the channel for this process (waits up to ``timeout`` s for a learner's check);
+        ``role``: ``"writer"`` or ``"reader"`` (a reader channel's consumer), for the message."""
         deadline = time.monotonic() + timeout
         while not self.try_lock():
             if time.monotonic() > deadline:
                 raise ChannelError(
-                    f"channel {self.path.name}: another live process is attached as this writer; "
-                    "use one writer handle per process (rb.writer(i) with a distinct i)"
+                    f"channel {self.path.name}: another live process is attached as this {role}; "
+                    f"use one {role} handle per process (rb.{role}(i) with a distinct i)"
                 )
             time.sleep(0.001)
         self.reap()

@@ -47,7 +47,7 @@ from typing import Any
 
 from xpbank.errors import CapacityError, RateLimitTimeout, check_positive_int
 
-__all__ = ["RateLimiter"]
+__all__ = ["RateLimiter", "insert_room", "sample_room"]
 
 
 def _finite(name: str, value: Any, low: float) -> float:
@@ -235,3 +235,41 @@ class RateLimiter:
             f"RateLimiter(samples_per_insert={self.samples_per_insert}, min_size_to_sample="
             f"{self.min_size_to_sample}, diff in [{self.min_diff:g}, {self.max_diff:g}])"
         )
+
+
+def insert_room(limiter: RateLimiter) -> int | None:
+    """The most items ``limiter`` admits as one insert now (``None``: any number).
+
+    Example:
+        >>> lim = RateLimiter(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=3.0)
+        >>> insert_room(lim), lim.can_insert(5), lim.can_insert(6)
+        (5, True, False)
+    """
+    spi = limiter.samples_per_insert
+    if spi is None:
+        return None
+    by_ratio = math.floor((limiter.max_diff + limiter.samples) / spi + 1e-9) - limiter.inserts
+    n = max(by_ratio, limiter.min_size_to_sample - (limiter.inserts - limiter.deletes), 0)
+    while n and not limiter.can_insert(n):  # rounding: never claim more than can_insert admits
+        n -= 1
+    return n
+
+
+def sample_room(limiter: RateLimiter) -> int:
+    """The most items ``limiter`` admits as one sample now (``1 << 40``: no ratio).
+
+    Example:
+        >>> lim = RateLimiter(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=3.0)
+        >>> lim.await_insert(2, timeout=0.0)
+        >>> sample_room(lim), lim.can_sample(4), lim.can_sample(5)
+        (4, True, False)
+    """
+    if limiter.inserts - limiter.deletes < limiter.min_size_to_sample:
+        return 0
+    spi = limiter.samples_per_insert
+    if spi is None:
+        return 1 << 40
+    n = max(0, math.floor(limiter.inserts * spi - limiter.samples - limiter.min_diff + 1e-9))
+    while n and not limiter.can_sample(n):
+        n -= 1
+    return n

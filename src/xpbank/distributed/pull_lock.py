@@ -68,6 +68,17 @@ class PullingLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; su
         self._depth -= 1
         super().release()
 
+    # a threading.Condition on this lock (a Table's waits) releases it whole while it
+    # waits: the depth goes with it, so another thread's acquire meanwhile pulls
+    def _release_save(self) -> Any:
+        depth, self._depth = self._depth, 0
+        return super()._release_save(), depth  # type: ignore[misc]
+
+    def _acquire_restore(self, state: Any) -> None:
+        inner, depth = state
+        super()._acquire_restore(inner)  # type: ignore[misc]
+        self._depth = depth
+
     def __enter__(self, blocking: bool = True, timeout: float = -1) -> bool:
         return self.acquire(blocking, timeout)
 

@@ -31,134 +31,30 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel
+from xpbank.distributed.channel import CLOSED, CRASHES, LOST, PID, PUBLISHED, Channel, record_dtype
 from xpbank.distributed.pull_lock import PullingLock, weak_take
-from xpbank.errors import CapacityError, ChannelError, SpecError, check_positive_int
+from xpbank.distributed.shm_readers import ReaderPool, ShmReader, reader_record
+from xpbank.distributed.shm_writer import ShmWriter, WriterStatus
+from xpbank.distributed.table_room import draws_now, room_now, table_of
+from xpbank.errors import CapacityError, SpecError, check_positive_int
 from xpbank.replay.buffer import ReplayBuffer
-from xpbank.spec.batch import flatten
 from xpbank.spec.spec import NestedKey, Spec
-from xpbank.storage.dtypes import as_torch, numpy_dtype, to_numpy
+from xpbank.storage.dtypes import as_torch
 
-__all__ = ["ShmReplayBuffer", "ShmWriter", "WriterStatus"]
+__all__ = ["ShmReplayBuffer", "ShmReader", "ShmWriter", "WriterStatus"]
 
 log = logging.getLogger(__name__)
-
-
-def record_dtype(spec: Spec) -> np.dtype:
-    """One NumPy record per item: field ``i`` of the spec is ``f{i}`` (aligned)."""
-    formats = []
-    for i, field in enumerate(spec.values()):
-        base = numpy_dtype(field.dtype)
-        formats.append((f"f{i}", base, field.shape) if field.shape else (f"f{i}", base))
-    return np.dtype(formats, align=True)
 
 
 def _root() -> Path:
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-@dataclass(frozen=True)
-class WriterStatus:
-    """What the learner knows of one channel.
-
-    ``state``: ``"free"`` (no writer yet, or the last one closed), ``"attached"`` (a
-    live process holds it) or ``"crashed"`` (its writer died without closing; the
-    channel is free again). ``crashes`` and ``lost_rows`` count every writer of this
-    channel that died and the reserved rows it never published.
-    """
-
-    index: int
-    state: str
-    pid: int
-    published: int
-    crashes: int
-    lost_rows: int
-
-
-class ShmWriter:
-    """A collector process's handle on one channel of a :class:`ShmReplayBuffer`.
-
-    Picklable (it holds the channel's path, spec and size); it maps the channel on
-    first use, in the process that uses it. One live process per channel at a time.
-
-    Args:
-        timeout: seconds ``extend`` waits for room when the learner falls behind
-            before raising :class:`~xpbank.BufferTimeoutError`.
-    """
-
-    def __init__(self, path: Path, spec: Spec, rows: int, timeout: float = 60.0):
-        self._path, self._spec, self._rows, self.timeout = path, spec, rows, timeout
-        self._keys = list(spec)
-        self._channel: Channel | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "path": str(self._path),
-            "spec": self._spec.to_dict(),
-            "rows": self._rows,
-            "timeout": self.timeout,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(Path(state["path"]), Spec.from_dict(state["spec"]), state["rows"], state["timeout"])  # type: ignore[misc]
-
-    def _open(self) -> Channel:
-        if self._channel is None:
-            if not self._path.exists():
-                raise ChannelError(f"writer: channel {self._path} is gone (was the buffer closed?)")
-            channel = Channel(self._path, record_dtype(self._spec), self._rows)
-            channel.attach_writer(timeout=self.timeout)
-            self._channel = channel
-        return self._channel
-
-    def extend(self, batch: Any) -> int:
-        """Check ``batch`` (leading dim = items) against the spec and publish it; returns its rows.
-
-        The whole batch is checked before anything is written. A batch larger than the
-        channel is published in channel-sized parts, each part whole.
-
-        Raises:
-            SpecError: as :meth:`ReplayBuffer.extend`.
-            BufferTimeoutError: no room in the channel for ``timeout`` seconds.
-            ChannelError: the learner closed the buffer (at once, every call after its
-                ``close``); rows of a part published as it closed may not be taken.
-        """
-        (n,), flat = self._spec.conform(flatten(batch, self._spec), 1)
-        channel = self._open()
-        columns = {f"f{i}": to_numpy(flat[k].detach().cpu()) for i, k in enumerate(self._keys)}
-        done = 0
-        while done < n:
-            k = min(n - done, self._rows)
-            start = channel.reserve(k, self.timeout)
-            channel.write(start, columns, done, k)
-            channel.publish(start, k)
-            done += k
-        return n
-
-    def add(self, item: Any) -> int:
-        """Publish one item (no batch dim)."""
-        return self.extend({k: torch.as_tensor(v).unsqueeze(0) for k, v in flatten(item).items()})
-
-    def close(self) -> None:
-        """Detach (marks a clean exit: the learner will not count a crash)."""
-        if self._channel is not None:
-            self._channel.close_writer()
-            self._channel.close()
-            self._channel = None
-
-    def __enter__(self) -> ShmWriter:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class ShmReplayBuffer(ReplayBuffer):
@@ -170,6 +66,18 @@ class ShmReplayBuffer(ReplayBuffer):
         num_writers: how many channels (one per collector process).
         channel_rows: rows a channel holds between two pulls; a writer waits (up to its
             timeout) while its channel is full.
+        num_readers: reader channels, one per reader process (:meth:`reader`; a thread
+            of this process serves them: :mod:`xpbank.distributed.shm_readers`).
+        reader_rows: rows a reader channel holds (the largest batch a reader may ask for).
+
+    Tables: a pull moves only as many rows as the table admits without evicting
+    (:meth:`insert_room`: all of them for a FIFO ring; a queue's free room): the rest
+    stay in their channels, whose writers then wait for room (up to their timeout)
+    instead of the table dropping data. Channels are pulled in turn, starting one
+    further each pull, so no writer starves the others. A table's waits (a sample from
+    an empty queue, a write into a full one) pull every ``POLL_SECONDS`` while they wait
+    (the table's ``on_wait`` hook), so they end as soon as writers publish or readers
+    free room. Rows still in the channels when the buffer closes are dropped (logged).
 
     Threads/processes: as a :class:`~xpbank.ReplayBuffer` (every call one step under
     ``rb.lock``), and the first time a thread takes ``rb.lock`` it moves the rows writers
@@ -189,6 +97,8 @@ class ShmReplayBuffer(ReplayBuffer):
         >>> w.close(); rb.close()
     """
 
+    POLL_SECONDS = 1e-3  # how often a table's wait looks for rows writers published
+
     def __init__(
         self,
         capacity: int,
@@ -196,13 +106,26 @@ class ShmReplayBuffer(ReplayBuffer):
         *,
         num_writers: int,
         channel_rows: int = 65536,
+        num_readers: int = 0,
+        reader_rows: int = 4096,
         **options: Any,
     ):
         self._num_writers = check_positive_int("num_writers", num_writers)
         self._channel_rows = check_positive_int("channel_rows", channel_rows)
+        if isinstance(num_readers, bool) or not isinstance(num_readers, int) or num_readers < 0:
+            raise CapacityError(f"num_readers: expected an int >= 0, got {num_readers!r}")
+        self._num_readers = num_readers
+        self._reader_rows = check_positive_int("reader_rows", reader_rows)
         super().__init__(capacity, spec, **options)
         self._lock = PullingLock(weak_take(self, "_take"))
+        table = table_of(self)
+        if table is not None:  # a table's waits (an empty queue, a full one) take what writers publish
+            table.poll_interval, table.on_wait = self.POLL_SECONDS, weak_take(self, "_take")
         self._channels: list[Channel] = []
+        self._reader_channels: list[Channel] = []
+        self._readers: ReaderPool | None = None
+        self._returned: list[dict[NestedKey, torch.Tensor]] = []  # readers' rows, back to the table
+        self._first_channel = 0  # where the next pull starts (round robin)
         self._dir: Path | None = None
         self._seen_crashes = [0] * self._num_writers
         self._next_check = 0.0
@@ -220,6 +143,10 @@ class ShmReplayBuffer(ReplayBuffer):
             Channel(self._dir / f"writer{i}", record, self._channel_rows, create=True)
             for i in range(self._num_writers)
         ]
+        self._reader_channels = [
+            Channel(self._dir / f"reader{i}", reader_record(self.spec), self._reader_rows, create=True)
+            for i in range(self._num_readers)
+        ]
 
     def writer(self, index: int, timeout: float = 60.0) -> ShmWriter:
         """The handle for channel ``index`` (``0 <= index < num_writers``); see :class:`ShmWriter`.
@@ -234,6 +161,71 @@ class ShmReplayBuffer(ReplayBuffer):
             path, spec = self._channels[index].path, self.spec
         return ShmWriter(path, spec, self._channel_rows, timeout)  # type: ignore[arg-type]
 
+    def reader(self, index: int, timeout: float = 60.0) -> ShmReader:
+        """The handle for reader channel ``index`` (``0 <= index < num_readers``): send it
+        to a reader process; see :class:`~xpbank.distributed.shm_readers.ShmReader`.
+
+        The first call starts this process's thread that serves the readers.
+        Threads: one step under rb.lock.
+
+        Raises:
+            CapacityError: ``index`` out of range.
+        """
+        if not self._num_readers:
+            raise CapacityError("reader: this buffer has no reader channels; build it with num_readers=R")
+        if not isinstance(index, int) or not 0 <= index < self._num_readers:
+            raise CapacityError(f"reader: index expected 0 .. {self._num_readers - 1}, got {index!r}")
+        with self._lock:
+            self._open_channels()
+            if self._readers is None:
+                self._readers = ReaderPool(self, self._reader_channels)
+            path, spec = self._reader_channels[index].path, self.spec
+        return ShmReader(path, spec, self._reader_rows, timeout)  # type: ignore[arg-type]
+
+    def _serve_readers(self) -> int:
+        """One round of the reader pool's thread: answer what readers asked for."""
+        with self._lock:
+            if self._readers is None:
+                return 0
+            return self._readers.serve(self, self._draws())
+
+    def _give_back(self, flat: dict[NestedKey, torch.Tensor]) -> None:
+        """Rows a reader took from the table and left: back in, ahead of the channels'
+        (consume-once tables only: elsewhere the items are still stored)."""
+        if self.max_times_sampled() == 1:
+            self._returned.append(flat)
+
+    @property
+    def _table(self) -> Any:
+        """The buffer's :class:`~xpbank.Table`, or ``None`` (a plain sampler)."""
+        return table_of(self)
+
+    def insert_room(self) -> int | None:
+        """How many items the table admits now without a writer waiting (``None``: any
+        number: the ring or the table's remover makes room). Threads: one step under
+        rb.lock (after the pull)."""
+        with self._lock:
+            return self._room()
+
+    def sampleable(self) -> int:
+        """How many draws a sample can take now without waiting (``1 << 40``: any number,
+        with replacement and no ``max_times_sampled``). Threads: one step under rb.lock
+        (after the pull)."""
+        with self._lock:
+            return self._draws()
+
+    def _room(self) -> int | None:
+        return room_now(self)
+
+    def _draws(self) -> int:
+        return draws_now(self)
+
+    def max_times_sampled(self) -> int | None:
+        """How often an item may be sampled before it leaves (``None``: no limit).
+        Threads: reads a setting fixed at construction; no lock needed."""
+        table = self._table
+        return None if table is None else table.max_times_sampled
+
     def pull(self) -> int:
         """Move every published row into the ring (in channel order); returns how many.
 
@@ -247,13 +239,37 @@ class ShmReplayBuffer(ReplayBuffer):
         """:meth:`pull`'s work (called holding the lock, by the lock's outermost acquire)."""
         if not self._channels:
             return 0
+        room = self._room()
         moved = 0
-        for channel in self._channels:
+        while self._returned and (room is None or room > moved):
+            flat = self._returned.pop(0)
+            n = len(next(iter(flat.values())))
+            k = n if room is None else min(n, room - moved)
+            moved += len(super().extend({key: v[:k] for key, v in flat.items()}))
+            if k < n:
+                self._returned.insert(0, {key: v[k:] for key, v in flat.items()})
+        count, table = len(self._channels), self._table is not None
+        runs: list[np.ndarray] = []  # a table's pull: one extend (its write path costs per call)
+        taken: list[tuple[Channel, int]] = []
+        for j in range(count):
+            channel = self._channels[(self._first_channel + j) % count]
             first, last = channel.waiting()
+            if room is not None:
+                last = min(last, first + max(0, room - moved - sum(len(r) for r in runs)))
             for run in channel.runs(first, last):
-                moved += len(super().extend(self._columns(run)))
+                if table:
+                    runs.append(run)
+                else:
+                    moved += len(super().extend(self._columns(run)))
             if last > first:
-                channel.consumed(last)
+                taken.append((channel, last))
+        if runs:
+            moved += len(super().extend(self._columns(runs[0] if len(runs) == 1 else np.concatenate(runs))))
+        for channel, last in taken:
+            channel.consumed(last)
+        self._first_channel = (self._first_channel + 1) % count
+        if moved and self._table is not None:
+            self._table.notify()  # wake local threads waiting on the table
         if time.monotonic() >= self._next_check:
             self._check_writers()
         return moved
@@ -306,13 +322,20 @@ class ShmReplayBuffer(ReplayBuffer):
         once, before writing). The buffer keeps its items and stays usable as a plain
         replay buffer. Threads: one step under ``rb.lock``.
         """
+        if self._readers is not None:
+            self._readers.stop()  # outside the lock: its thread takes the lock to serve
         with self._lock:  # the outermost acquire pulls
-            for channel in self._channels:
+            for channel in [*self._channels, *self._reader_channels]:
                 channel.shut()
             self._take()  # rows published before a writer could see the flag
-            for channel in self._channels:
+            left = sum(last - first for first, last in (c.waiting() for c in self._channels))
+            if left:
+                log.warning(
+                    "shm buffer closed with %d published row(s) the table had no room for: dropped", left
+                )
+            for channel in [*self._channels, *self._reader_channels]:
                 channel.close()
-            self._channels = []
+            self._channels, self._reader_channels, self._readers = [], [], None
             if self._dir is not None:
                 self._finalizer()
                 self._dir = None

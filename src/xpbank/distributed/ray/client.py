@@ -16,11 +16,19 @@ from tensordict import TensorDict
 
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.draw import draw_parts, merge_parts
-from xpbank.distributed.ray.health import Health, ShardStatus
+from xpbank.distributed.ray.health import Health, ShardStatus, raise_if_down
 from xpbank.distributed.ray.link import ShardLink
 from xpbank.distributed.ray.local_api import LocalApi
 from xpbank.distributed.ray.routing import route_priorities
-from xpbank.distributed.ray.spawn import ShardPlan, check_checkpoint_dir, spawn, wait_started
+from xpbank.distributed.ray.spawn import (
+    ShardPlan,
+    check_arguments,
+    check_checkpoint_dir,
+    check_seconds,
+    spawn,
+    wait_started,
+)
+from xpbank.distributed.ray.table_draw import sample_table
 from xpbank.distributed.ray.writer import RayWriter
 from xpbank.errors import CapacityError, PriorityError, ShardUnavailableError, SpecError, check_positive_int
 from xpbank.nstep.option import NStep
@@ -138,36 +146,18 @@ class RayReplayBuffer(LocalApi):
         shards: Sequence[Any] | None = None,
         device: str | torch.device = "cpu",
     ):
-        num_shards = check_positive_int("num_shards", num_shards)
-        capacity = check_positive_int("capacity", capacity)
-        if capacity < num_shards:
-            raise CapacityError(
-                f"capacity: expected at least one item per shard ({num_shards}), got {capacity}"
-            )
-        if spec is not None and not isinstance(spec, Spec):
-            raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
-        if nstep is not None and not isinstance(nstep, NStep):
-            raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
-        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
-            raise CapacityError(
-                f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}"
-            )
+        num_shards, capacity = check_arguments(num_shards, capacity, spec, nstep, rate_limiter)
+        check_seconds(timeout=timeout, probe_timeout=probe_timeout, start_timeout=start_timeout)
         self._sync = flush_bytes == 0 and not isinstance(flush_bytes, bool)
         flush_bytes = 1 if self._sync else check_positive_int("flush_bytes", flush_bytes)
         if shards is not None and len(shards) != num_shards:
             raise CapacityError(f"shards: expected {num_shards} actors (num_shards), got {len(shards)}")
         self._device = torch.device(device)
         every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
-        for name, value in [
-            ("timeout", timeout),
-            ("probe_timeout", probe_timeout),
-            ("start_timeout", start_timeout),
-        ]:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise CapacityError(f"{name}: expected a number of seconds > 0, got {value!r}")
         self._sampler = sampler if sampler is not None else UniformSampler()
         described = sampler_config(self._sampler)  # refuses an unregistered sampler
         self._prioritized = isinstance(self._sampler, PrioritizedSampler)
+        self._table = self._sampler if hasattr(self._sampler, "sample_options") else None  # a Table
         self._dir = (
             Path(checkpoint_dir)
             if checkpoint_dir is not None
@@ -284,7 +274,7 @@ class RayReplayBuffer(LocalApi):
 
     # -- sampling --------------------------------------------------------------
     def sample(
-        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None
+        self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None, **options: Any
     ) -> TensorDict:
         """Draw ``batch_size`` items over every shard that is up.
 
@@ -298,11 +288,16 @@ class RayReplayBuffer(LocalApi):
         counts from the sizes (priority totals) of one round trip, each part drawn and
         weighted per shard (a write in between shifts the counts a little, tears nothing).
 
+        A :class:`~xpbank.Table`'s ``options`` (``timeout``, ``max_staleness``, ``current_version``)
+        go to the shards; each gives at most what its table can serve now, and the sample
+        waits as the table would (:mod:`xpbank.distributed.ray.table_draw`).
+
         Raises:
             EmptyBufferError: no shard that is up holds an item.
             ShardUnavailableError: every shard is down.
-            RateLimitTimeout: the rate limiter held the sample past ``timeout``.
+            RateLimitTimeout: the rate limiter (or a table's) held the sample past ``timeout``.
             CapacityError: ``replace=False`` and more items asked for than are stored.
+            SpecError: an option the sampler does not take.
         """
         batch_size = check_positive_int("batch_size", batch_size)
         if not replace and self._prioritized:
@@ -311,7 +306,14 @@ class RayReplayBuffer(LocalApi):
             )
         self._writer.flush()
         keys = check_fields(self.spec, fields)  # before any randomness is drawn
+        if self._table is None and options:
+            raise SpecError(f"sample: {self._sampler!r} takes no option {next(iter(options))!r}")
         self._link.admit_sample(batch_size)
+        if self._table is not None:
+            table = sample_table(
+                self._link, self._health, self._rng, self._table, batch_size, keys, replace, options
+            )
+            return self._batch(table, batch_size)
         parts, stats = draw_parts(
             self._link, self._health, self._rng, batch_size, keys, self._prioritized, replace
         )
@@ -333,7 +335,7 @@ class RayReplayBuffer(LocalApi):
         Raises:
             PriorityError, XpbankIndexError, StaleIndexError: as :meth:`ReplayBuffer.update_priority`.
         """
-        if not self._prioritized:
+        if not self._prioritized and self._table is None:
             raise PriorityError(
                 f"update_priority: {self._sampler!r} keeps no priorities; build the buffer "
                 "with sampler=PrioritizedSampler()"
@@ -341,6 +343,8 @@ class RayReplayBuffer(LocalApi):
         ids, values = check_values(indices, priorities, stale)
         self._writer.flush()
         route_priorities(self._link, self._health, ids, values, stale)
+        if self._table is not None:
+            return  # a table's new items start at its default_priority
         sampler: PrioritizedSampler = self._sampler  # type: ignore[assignment]
         top = float(values.max()) + sampler.eps if values.size else -math.inf
         if top > self._max_priority:  # new items on every shard start at the global largest
@@ -360,7 +364,7 @@ class RayReplayBuffer(LocalApi):
         """
         self._writer.discard()
         answers = self._link.call_each({s: ("clear", ()) for s in range(self.num_shards)})
-        _raise_if_down(answers, "clear", "cleared")
+        raise_if_down(answers, "clear", "cleared")
 
     # -- checkpoints and shutdown ---------------------------------------------------
     def checkpoint(self) -> list[Path]:
@@ -372,7 +376,7 @@ class RayReplayBuffer(LocalApi):
         """
         self._writer.flush()
         answers = self._link.call_each({s: ("checkpoint", ()) for s in range(self.num_shards)})
-        _raise_if_down(answers, "checkpoint", "saved")
+        raise_if_down(answers, "checkpoint", "saved")
         return [Path(answers[s]["path"]) for s in range(self.num_shards)]
 
     def close(self) -> None:
@@ -390,9 +394,3 @@ class RayReplayBuffer(LocalApi):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _raise_if_down(answers: dict[int, Any], what: str, done: str) -> None:
-    down = [s for s, a in answers.items() if isinstance(a, ShardUnavailableError)]
-    if down:
-        raise ShardUnavailableError(f"{what}: shard(s) {down} are down; the others were {done}")

@@ -16,7 +16,7 @@ from xpbank.distributed.ray.weights import global_weights
 from xpbank.errors import CapacityError, EmptyBufferError, PriorityError, ShardUnavailableError
 from xpbank.sampler import PrioritizedSampler
 
-__all__ = ["draw_parts", "merge_parts"]
+__all__ = ["capped_counts", "draw_parts", "merge_parts"]
 
 #: a shard's answer to a ``sample`` call: (shard, {"data", "ids", "stats", "stored"})
 Parts = list[tuple[int, dict[str, Any]]]
@@ -96,6 +96,31 @@ def draw_parts(
         if need and not replace:  # redraw all: a shard asked twice could repeat an item
             parts, need = [], batch_size
     return parts, stats
+
+
+def capped_counts(rng: np.random.Generator, need: int, mass: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Per-shard counts summing to ``need``, drawn by ``mass``, none above its ``cap``.
+
+    A multinomial over ``mass``; a shard drawn past its cap (the samples its items may
+    still give under ``max_times_sampled``) keeps ``cap``, and the excess is drawn again
+    over the shards with room left, in proportion to their mass (their room where every
+    such mass is 0). ``need <= cap.sum()`` must hold.
+
+    Example:
+        >>> capped_counts(np.random.default_rng(0), 5, np.array([1.0, 9.0]), np.array([9, 2])).tolist()
+        [3, 2]
+    """
+    counts = np.zeros(len(mass), dtype=np.int64)
+    cap = np.asarray(cap, dtype=np.int64)
+    left = need
+    while left:
+        room = cap - counts
+        weights = np.where(room > 0, np.asarray(mass, dtype=np.float64), 0.0)
+        if not weights.sum() > 0:
+            weights = room.astype(np.float64)
+        counts += np.minimum(rng.multinomial(left, weights / weights.sum()), room)
+        left = need - int(counts.sum())
+    return counts
 
 
 def merge_parts(

@@ -17,7 +17,7 @@ import ray
 
 from xpbank.errors import ShardUnavailableError
 
-__all__ = ["Health", "ShardStatus"]
+__all__ = ["Health", "ShardStatus", "raise_if_down"]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class Health:
         self.down: dict[int, Any] = {}  # shard -> the outstanding probe
         self.seen: dict[int, dict[str, Any]] = {}  # shard -> its last stats
 
-    def poll(self) -> dict[int, dict[str, Any]]:
-        """Stats of every shard that is up; marks slow or dead ones down (and back up)."""
+    def poll(self, args: tuple[Any, ...] = ()) -> dict[int, dict[str, Any]]:
+        """Stats of every shard that is up; marks slow or dead ones down (and back up).
+        ``args``: passed to :meth:`~xpbank.distributed.ray.shard.Shard.stats`."""
         link = self._link
         for s, probe in list(self.down.items()):  # a down shard is back once its probe answers
             ready, _ = ray.wait([probe], timeout=0)
@@ -63,7 +64,7 @@ class Health:
                 continue
             del self.down[s]
             log.warning("shard %d is back (restored %d items from its checkpoint)", s, answer["restored"])
-        refs = {s: link.submit(s, "stats") for s in range(link.num_shards) if s not in self.down}
+        refs = {s: link.submit(s, "stats", *args) for s in range(link.num_shards) if s not in self.down}
         out = {}
         for s, answer in link.collect(refs, link.probe_timeout).items():
             if isinstance(answer, ShardUnavailableError):
@@ -93,3 +94,11 @@ class Health:
                 )
             )  # fmt: skip
         return out
+
+
+def raise_if_down(answers: dict[int, Any], what: str, done: str) -> None:
+    """Raise if a shard's answer to ``what`` is a :class:`~xpbank.ShardUnavailableError`
+    (``done``: what happened to the others, for the message)."""
+    down = [s for s, a in answers.items() if isinstance(a, ShardUnavailableError)]
+    if down:
+        raise ShardUnavailableError(f"{what}: shard(s) {down} are down; the others were {done}")

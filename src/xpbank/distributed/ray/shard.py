@@ -42,12 +42,14 @@ import torch
 
 from xpbank.bank import bank_metadata, load, save
 from xpbank.bank.format import MANIFEST
-from xpbank.errors import CorruptBankError, SpecError
+from xpbank.distributed.table_room import draws_now, live_ids, table_of
+from xpbank.errors import CorruptBankError, EmptyBufferError, RateLimitTimeout, SpecError
 from xpbank.replay.buffer import ReplayBuffer
 from xpbank.replay.writing import keep_last
 from xpbank.ring.episode_update import check_episode_update
-from xpbank.sampler import make_sampler
+from xpbank.sampler import make_sampler, sumtree
 from xpbank.spec.spec import Spec
+from xpbank.table.ops import drop_stale
 
 __all__ = ["Shard", "META_KEY"]
 
@@ -150,7 +152,8 @@ class Shard:
 
     # -- writing ---------------------------------------------------------------
     def extend(self, flat: dict[Any, torch.Tensor]) -> dict[str, Any]:
-        """Store a batch (already checked by the writer); returns ``{"first", "count"}`` ids."""
+        """Store a batch (already checked by the writer); returns ``{"first", "count"}``
+        ids, and ``"ids"`` (in row order) where they do not count up from ``first``."""
         with self.rb.lock:
             ids = self.rb.extend(flat)
             self._mark_issued()
@@ -161,7 +164,10 @@ class Shard:
             )
             if due:
                 self.checkpoint()
-            return {"first": ids.start + self.offset, "count": len(ids)}
+            if isinstance(ids, range):
+                return {"first": ids.start + self.offset, "count": len(ids)}
+            local = ids.numpy() + self.offset  # a table reused slots out of order
+            return {"first": int(local[0]) if local.size else 0, "count": len(ids), "ids": local}
 
     def clear(self) -> None:
         """Drop every item (ids handed out so far become stale)."""
@@ -192,28 +198,38 @@ class Shard:
                 return None
             if ids.max() >= nxt:
                 return {"kind": "never", "id": int(ids[ids >= nxt][0]), "first": first, "next": nxt}
-            if ids.min() < first:
-                return {"kind": "stale", "id": int(ids[ids < first][0]), "first": first, "next": nxt}
+            dead = ~live_ids(ring, ids - self.offset)
+            if dead.any():
+                return {"kind": "stale", "id": int(ids[dead][0]), "first": first, "next": nxt}
             return None
 
     def update_priority(self, ids: np.ndarray, priorities: np.ndarray) -> int:
         """Set priorities of live ids (others are dropped); returns how many were written."""
         with self.rb.lock:
-            ring = self.rb._ring
             ring_ids = np.asarray(ids, dtype=np.int64) - self.offset
-            live = (ring_ids >= ring.first_id) & (ring_ids < ring.next_id)
+            live = live_ids(self.rb._ring, ring_ids)
             self.rb.update_priority(ring_ids[live], np.asarray(priorities)[live], stale="skip")
             return int(live.sum())
 
     # -- reading ---------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Size, id range, priority mass and checkpoint state (under the buffer's lock: a
-        sampler may bring lazy state up to date when asked for its totals)."""
+    def stats(self, staleness: tuple[int, int] | None = None, replace: bool = True) -> dict[str, Any]:
+        """Size, id range, priority mass, draws a sample may take now (``"draws"``, see
+        :func:`~xpbank.distributed.table_room.draws_now`) and checkpoint state (under the
+        buffer's lock: a sampler may bring lazy state up to date when asked for its totals).
+
+        ``staleness``: ``(max_staleness, current_version)``: a table first removes the
+        items staler than that (as its sample would), so ``"draws"`` counts the rest.
+        """
         with self.rb.lock:
-            ring = self.rb._ring
+            ring, table = self.rb._ring, table_of(self.rb)
+            if staleness is not None and table is not None:
+                drop_stale(table, int(staleness[1]) - int(staleness[0]))
             totals = getattr(self.rb.sampler, "totals", None)
             total, smallest = totals() if totals is not None else (float(ring.size), 1.0)
+            if table is not None and table.tree is not None:  # the prioritized selector's mass
+                total = float(sumtree.top_reduce(table.tree, np.add))
             return {
+                "draws": draws_now(self.rb, replace),
                 "size": ring.size,
                 "capacity": ring.capacity,
                 "next": ring.next_id + self.offset,
@@ -225,15 +241,30 @@ class Shard:
             }
 
     def sample(
-        self, count: int, fields: list[Any] | None, priorities: bool, replace: bool = True
+        self,
+        count: int,
+        fields: list[Any] | None,
+        priorities: bool,
+        replace: bool = True,
+        options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``count`` items drawn by this shard's sampler, as flat tensors, with their ids.
 
         ``priorities``: also return the drawn items' stored priorities and this shard's
         totals at the moment of the draw (the client weights the batch globally).
+        ``options``: a table's sample options (``max_staleness``, ``current_version``);
+        given (even empty), the table never waits here: if it cannot serve ``count`` now
+        (another client took the items since the stats), the answer is ``{"short":
+        draws}``, nothing drawn, and the client draws again.
         """
         with self.rb.lock:
-            batch = self.rb.sample(count, replace=replace, fields=fields)
+            if options is not None:
+                try:
+                    batch = self.rb.sample(count, replace=replace, fields=fields, timeout=0.0, **options)
+                except (RateLimitTimeout, EmptyBufferError):
+                    return {"short": draws_now(self.rb, replace)}
+            else:
+                batch = self.rb.sample(count, replace=replace, fields=fields)
             flat = {key: batch.get(key) for key in batch.keys(True, True)}
             ring_ids = flat.pop("index")
             out: dict[str, Any] = {"data": flat, "ids": ring_ids + self.offset}
@@ -319,8 +350,7 @@ class Shard:
         with self.rb.lock:
             ring_ids = np.asarray(ids, dtype=np.int64) - self.offset
             if checked:
-                ring = self.rb._ring
-                live = (ring_ids >= ring.first_id) & (ring_ids < ring.next_id)
+                live = live_ids(self.rb._ring, ring_ids)
                 if not live.all():
                     keep = torch.from_numpy(np.flatnonzero(live))
                     ring_ids, flat = ring_ids[live], {k: v.index_select(0, keep) for k, v in flat.items()}

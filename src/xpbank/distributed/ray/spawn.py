@@ -20,13 +20,16 @@ import ray
 from xpbank.distributed.limiter import RateLimiter
 from xpbank.distributed.ray.link import LimiterHost, ShardLink
 from xpbank.distributed.ray.shard import Shard
-from xpbank.errors import BankError, ShardUnavailableError, check_positive_int
+from xpbank.errors import BankError, CapacityError, ShardUnavailableError, SpecError, check_positive_int
+from xpbank.nstep.option import NStep
 from xpbank.spec.spec import Spec
 
 __all__ = [
     "ShardPlan",
     "capacities",
+    "check_arguments",
     "check_checkpoint_dir",
+    "check_seconds",
     "shard_args",
     "spawn",
     "start_shards",
@@ -134,3 +137,38 @@ def check_checkpoint_dir(directory: Path, resume: bool) -> None:
             f"checkpoint_dir {directory} holds shard checkpoints of an earlier buffer "
             f"({banks or 'id marks'}); pass resume=True to load them, or give an empty directory"
         )
+
+
+def check_arguments(
+    num_shards: Any, capacity: Any, spec: Any, nstep: Any, rate_limiter: Any
+) -> tuple[int, int]:
+    """:class:`~xpbank.distributed.ray.RayReplayBuffer`'s checks of its shape and parts;
+    returns ``(num_shards, capacity)``.
+
+    Raises:
+        CapacityError, SpecError: a bad argument (named in the message).
+    """
+    num_shards = check_positive_int("num_shards", num_shards)
+    capacity = check_positive_int("capacity", capacity)
+    if capacity < num_shards:
+        raise CapacityError(f"capacity: expected at least one item per shard ({num_shards}), got {capacity}")
+    if spec is not None and not isinstance(spec, Spec):
+        raise SpecError(f"spec: expected a Spec or None, got {type(spec).__name__}")
+    if nstep is not None and not isinstance(nstep, NStep):
+        raise SpecError(f"nstep: expected an NStep or None, got {type(nstep).__name__}")
+    if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+        raise CapacityError(
+            f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}"
+        )
+    return num_shards, capacity
+
+
+def check_seconds(**values: Any) -> None:
+    """Each value a number of seconds > 0.
+
+    Raises:
+        CapacityError: naming the first that is not.
+    """
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise CapacityError(f"{name}: expected a number of seconds > 0, got {value!r}")

@@ -64,6 +64,7 @@ class RayWriter:
         self.lost = [0] * link.num_shards  # rows whose shard was down when they were sent
         self._routes: list[tuple[int, torch.Tensor | None]] = []  # (shard, rows) queued by write_now
         self._stored: dict[int, int] = {}  # shard -> first local id of the last flush's rows
+        self._listed: dict[int, torch.Tensor | None] = {}  # shard -> its ids, where not a run
 
     def __getstate__(self) -> dict[str, Any]:
         if self._bytes:
@@ -177,15 +178,15 @@ class RayWriter:
             )
         if n == 0:
             return range(0)
-        if len(routes) == 1 and routes[0][1] is None:
+        if len(routes) == 1 and routes[0][1] is None and self._listed.get(routes[0][0]) is None:
             s, first = routes[0][0], self._stored[routes[0][0]]
             return range(first * num + s, (first + n) * num + s, num)
         ids = torch.empty(n, dtype=torch.int64)
         for s, rows in routes:
             count = n if rows is None else rows.numel()
-            ids[rows if rows is not None else slice(None)] = (
-                torch.arange(self._stored[s], self._stored[s] + count) * num + s
-            )
+            listed = self._listed.get(s)  # a table's ids, reused out of order
+            local = torch.arange(self._stored[s], self._stored[s] + count) if listed is None else listed
+            ids[rows if rows is not None else slice(None)] = local * num + s
         return ids
 
     def _next_turn(self) -> int:
@@ -237,7 +238,11 @@ class RayWriter:
         self.discard()
         answers = self._link.call_each({s: ("extend", (part,)) for s, part in parts.items()})
         stored = 0
-        self._stored = {s: int(a["first"]) for s, a in answers.items() if not isinstance(a, BaseException)}
+        ok = {s: a for s, a in answers.items() if not isinstance(a, BaseException)}
+        self._stored = {s: int(a["first"]) for s, a in ok.items()}
+        self._listed = {
+            s: None if a.get("ids") is None else torch.from_numpy(a["ids"]) for s, a in ok.items()
+        }
         for s in parts:
             if isinstance(answers[s], BaseException):
                 self.lost[s] += rows[s]

@@ -1,0 +1,224 @@
+"""Reverb-style tables: a shared-memory queue against the plain shared-memory buffer, and
+heap selectors against the prioritized sampler.
+
+Run from the repository root::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_tables.py --threads 1 [--quick] [--json PATH]
+
+Part (a), a FIFO queue over shared memory: 4 writer processes (fork) each publish one
+pre-built batch of ``--batch`` rows of 1 KB (float32[256]) over and over through their
+``ShmWriter``; one reader (the learner process) loops for ``--seconds``. Plain: a
+:class:`ShmReplayBuffer` (FIFO ring, uniform sampler); the reader calls ``pull()`` then
+``sample(256)``; reported: rows moved into the ring per second. Queue:
+``ShmReplayBuffer.queue`` (FIFO selector and remover, ``max_times_sampled=1``; writers
+wait while it is full); the reader calls ``sample(256)``, which takes the oldest 256
+items and removes them; reported: items delivered per second (each one inserted,
+delivered once and removed). The two run in interleaved rounds (plain, queue, queue,
+plain ...), each round starting its own writers, the median round of each kept.
+
+Part (b), heap selectors at 1M items: one timed call is ``sample(256)`` then
+``update_priority`` of the 256 sampled ids (precomputed random values), for the
+prioritized sampler (sum-tree; proportional draws, importance weights) and the max- and
+min-heap selectors of a :class:`~xpbank.Table` (``replace=False``: the 256 highest /
+lowest priorities, ties by insertion order; with replacement a heap hands out its top
+item 256 times, as Reverb's does).
+``--chunks`` rounds each time one block of ``--calls`` calls of every buffer in turn; the
+fastest block of each is kept. No timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from _common import (
+    environment,
+    fmt_rate,
+    fmt_ratio,
+    fmt_us,
+    freeze_heap,
+    load_average,
+    log,
+    markdown_table,
+    run_main,
+)
+from bench_prioritized import interleaved
+from xpbank import ChannelError, Field, PrioritizedSampler, ReplayBuffer, Spec, Table
+from xpbank.distributed.shm import ShmReplayBuffer, ShmWriter
+
+ROW = Spec({"obs": Field((256,), torch.float32)})  # 1 KB
+WRITERS, READ_BATCH, BATCH = 4, 256, 256
+
+
+# -- part (a): a queue over shared memory ------------------------------------------------------
+def writer_main(writer: ShmWriter, batch: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    data = {"obs": torch.from_numpy(np.ones((batch, 256), dtype=np.float32))}
+    try:
+        while True:  # until the reader terminates it or closes the buffer
+            writer.extend(data)
+    except ChannelError:
+        return
+
+
+def make_plain(args: argparse.Namespace) -> ShmReplayBuffer:
+    return ShmReplayBuffer(args.capacity, ROW, num_writers=WRITERS, channel_rows=4 * args.batch, seed=0)
+
+
+def make_queue(args: argparse.Namespace) -> ShmReplayBuffer:
+    return ShmReplayBuffer(
+        args.capacity, ROW, num_writers=WRITERS, channel_rows=4 * args.batch, sampler=Table.queue(), seed=0
+    )
+
+
+def one_round(kind: str, args: argparse.Namespace) -> float:
+    """Items per second into the ring (plain) or delivered once (queue) over one round."""
+    rb = make_plain(args) if kind == "plain" else make_queue(args)
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=writer_main, args=(rb.writer(w), args.batch, args.threads), daemon=True)
+        for w in range(WRITERS)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        count, start = 0, time.perf_counter()
+        if kind == "plain":
+            while len(rb) < READ_BATCH:  # writers started
+                pass
+            start = time.perf_counter()
+            while time.perf_counter() - start < args.seconds:
+                count += rb.pull()
+                rb.sample(READ_BATCH)
+        else:
+            rb.sample(READ_BATCH)  # writers started
+            start = time.perf_counter()
+            while time.perf_counter() - start < args.seconds:
+                rb.sample(READ_BATCH)
+                count += READ_BATCH
+        elapsed = time.perf_counter() - start
+    finally:
+        rb.close()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return count / elapsed
+
+
+def part_a(args: argparse.Namespace) -> list[str]:
+    rates: dict[str, list[float]] = {"plain": [], "queue": []}
+    for r in range(args.rounds):
+        for kind in ("plain", "queue") if r % 2 == 0 else ("queue", "plain"):
+            rates[kind].append(one_round(kind, args))
+            log(f"round {r}: {kind} {fmt_rate(rates[kind][-1])}")
+    plain, queue = statistics.median(rates["plain"]), statistics.median(rates["queue"])
+    rows = [
+        ["plain ShmReplayBuffer: pull + sample(256)", fmt_rate(plain), "1.00x"],
+        ["queue table: sample(256), each item once", fmt_rate(queue), fmt_ratio(queue / plain)],
+    ]
+    return [
+        "## (a) FIFO queue, 4 writer processes, 1 reader, rows of 1 KB",
+        "",
+        f"writer batch {args.batch} rows, {args.seconds:g} s per round, {args.rounds} interleaved rounds "
+        "(median), capacity {:,}".format(args.capacity),
+        "",
+        markdown_table(["reader", "items/s", "vs plain"], rows),
+        "",
+        "rounds, in order (plain / queue): "
+        + ", ".join(f"{fmt_rate(p)} / {fmt_rate(q)}" for p, q in zip(*rates.values(), strict=True)),
+        "",
+    ]
+
+
+# -- part (b): heap selectors ----------------------------------------------------------------
+def heap_buffers(capacity: int) -> dict[str, ReplayBuffer]:
+    spec = Spec({"obs": Field((4,)), "reward": Field(())})
+    rng = np.random.default_rng(1)
+    per = PrioritizedSampler(alpha=0.6, beta=0.4)
+    buffers = {
+        "prioritized (sum-tree)": ReplayBuffer(capacity, spec, sampler=per),
+        "max-heap": make_heap("max", capacity, spec),
+        "min-heap": make_heap("min", capacity, spec),
+    }
+    for lo in range(0, capacity, 100_000):
+        n = min(100_000, capacity - lo)
+        obs = torch.from_numpy(rng.standard_normal((n, 4), dtype=np.float32))
+        part = {"obs": obs, "reward": torch.zeros(n)}
+        prio = torch.from_numpy(rng.exponential(size=n))
+        for rb in buffers.values():
+            ids = torch.as_tensor(rb.extend(part))
+            rb.update_priority(ids, prio)
+    return buffers
+
+
+def make_heap(kind: str, capacity: int, spec: Spec) -> ReplayBuffer:
+    return ReplayBuffer(capacity, spec, sampler=Table(f"{kind}_heap"))
+
+
+def part_b(args: argparse.Namespace) -> list[str]:
+    buffers = heap_buffers(args.items)
+    prios = [torch.from_numpy(np.random.default_rng(i).exponential(size=BATCH)) for i in range(16)]
+    freeze_heap()
+
+    def step(rb: ReplayBuffer) -> Callable[[int], object]:
+        distinct = isinstance(rb.sampler, Table)  # a heap's first 256 (with replacement: its top 256 times)
+
+        def call(i: int) -> None:
+            batch = rb.sample(BATCH, replace=not distinct)
+            rb.update_priority(batch["index"], prios[i % len(prios)])
+
+        return call
+
+    best = interleaved({name: step(rb) for name, rb in buffers.items()}, args.calls, args.chunks)
+    base = best["prioritized (sum-tree)"]
+    rows = [[name, fmt_us(t), fmt_ratio(t / base)] for name, t in best.items()]
+    return [
+        f"## (b) Heap selectors: sample(256) + update_priority(256) at {args.items:,} items",
+        "",
+        f"fastest of {args.chunks} interleaved blocks of {args.calls} calls",
+        "",
+        markdown_table(["selector", "µs per sample + update", "time vs prioritized"], rows),
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run: short rounds, 100k items")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every process")
+    p.add_argument("--batch", type=int, default=256, help="rows per writer extend")
+    p.add_argument("--seconds", type=float, default=None, help="per round (default 3; quick 0.5)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of each (default 5; quick 2)")
+    p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200; quick 20)")
+    p.add_argument("--chunks", type=int, default=None, help="timed blocks (default 7; quick 2)")
+    p.add_argument("--part", choices=["a", "b", "both"], default="both")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.seconds = args.seconds or (0.5 if q else 3.0)
+    args.rounds = args.rounds or (2 if q else 5)
+    args.calls = args.calls or (20 if q else 200)
+    args.chunks = args.chunks or (2 if q else 7)
+    args.capacity = 65_536
+    args.items = 100_000 if q else 1_000_000
+    torch.set_num_threads(args.threads)
+    log(f"environment: {environment({})}; load average {load_average():.1f}")
+    lines: list[str] = []
+    if args.part in ("a", "both"):
+        lines += part_a(args)
+    if args.part in ("b", "both"):
+        lines += part_b(args)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
