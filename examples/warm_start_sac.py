@@ -47,6 +47,7 @@ from xpbank.mix import Linear
 
 log = logging.getLogger("warm_start_sac")
 ENV_ID = "Pendulum-v1"
+ARMS = ("scratch", "warm")
 PRIOR_SEED = 1_000  # phase 1's seed: not one of phase 2's, so no scratch run repeats it
 NOTE = (
     "Exact numbers depend on the CPU (rounding differences early in training send a seed's run "
@@ -61,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--offline-share", type=float, default=0.5, help="the bank's share of each batch")
     p.add_argument("--anneal", action="store_true", help="the bank's share goes linearly to 0 over the run")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="phase-2 agents to train")
     p.add_argument("--thresholds", type=float, nargs="+", default=[-300.0, -200.0])
     p.add_argument("--eval-every", type=int, default=500, help="env steps between evaluations")
     p.add_argument("--eval-episodes", type=int, default=5)
@@ -140,7 +142,7 @@ def warm_buffer(args: argparse.Namespace, bank: Path) -> dict[str, Any]:
 def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Per arm and threshold: steps to reach it, median and range over seeds (never = inf)."""
     out: dict[str, Any] = {}
-    for arm in ("scratch", "warm"):
+    for arm in args.arms:
         mine = [r for r in runs if r["arm"] == arm]
         out[arm] = {"final_return_median": float(np.median([r["curve"][-1][1] for r in mine]))}
         for thr in args.thresholds:
@@ -163,7 +165,7 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         return never if v is None else f"{int(v):,}"
 
     lines = ["| arm | threshold | steps per seed | median | range | reached |", "|---|---|---|---|---|---|"]
-    for arm in ("scratch", "warm"):
+    for arm in args.arms:
         for thr in args.thresholds:
             s = summary[arm][str(thr)]
             per_seed = " / ".join(fmt(v) for v in s["per_seed"])
@@ -182,6 +184,8 @@ def plot(runs: list[dict[str, Any]], prior: dict[str, Any], args: argparse.Names
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
     for arm, color in (("scratch", "tab:gray"), ("warm", "tab:blue")):
         mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
         for r in mine:
             steps, rets = zip(*r["curve"], strict=True)
             ax.plot(steps, rets, color=color, alpha=0.3, lw=1)
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs = []
     for seed in args.seeds:
-        for arm in ("scratch", "warm"):
+        for arm in args.arms:
             buffer = warm_buffer(args, bank) if arm == "warm" else {"replay_buffer_class": XpbankReplayBuffer}
             run = {"arm": arm, "seed": seed, **train(args, make_sac(args, seed, **buffer), args.steps)}
             run["steps_to"] = {str(t): steps_to(run["curve"], t) for t in args.thresholds}
