@@ -17,6 +17,7 @@ It prints, for each arm, the env steps each seed needed to reach each return thr
 sends runs of one seed down other paths on another machine): compare ranges over seeds.
 
     python examples/warm_start_sac.py [--prior-steps 10000] [--steps 8000] [--seeds 0 1 2]
+    python examples/warm_start_sac.py --bank runs/my_bank --arms warm --anneal  # an existing bank
     python examples/warm_start_sac.py --quick   # a smoke run of a few seconds
 """
 
@@ -30,6 +31,7 @@ import logging
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -58,6 +60,7 @@ NOTE = (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prior-steps", type=int, default=10_000, help="env steps of the previous run (phase 1)")
+    p.add_argument("--bank", type=Path, default=None, help="warm-start from this bank (skips phase 1)")
     p.add_argument("--steps", type=int, default=8_000, help="env steps of each phase-2 run")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--offline-share", type=float, default=0.5, help="the bank's share of each batch")
@@ -199,8 +202,10 @@ def plot(runs: list[dict[str, Any]], prior: dict[str, Any], args: argparse.Names
     for thr in args.thresholds:
         ax.axhline(thr, color="k", ls=":", lw=0.8)
     ax.set(xlabel="env steps (phase 2)", ylabel=f"eval return ({args.eval_episodes} episodes)")
-    prior_final = prior["curve"][-1][1]
-    title = f"SAC on {ENV_ID}: bank of a {args.prior_steps:,}-step run (its final eval {prior_final:.0f})"
+    title = f"SAC on {ENV_ID}, warm-started from {prior['bank']}"
+    if prior["curve"] is not None:
+        final = prior["curve"][-1][1]
+        title = f"SAC on {ENV_ID}: bank of a {args.prior_steps:,}-step run (its final eval {final:.0f})"
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -208,9 +213,11 @@ def plot(runs: list[dict[str, Any]], prior: dict[str, Any], args: argparse.Names
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+def previous_run(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """Phase 1: SAC from scratch, its replay saved as a bank (or ``--bank``: an existing one)."""
+    if args.bank is not None:
+        log.info("phase 1 skipped: warm starts from %s", args.bank)
+        return args.bank, {"bank": str(args.bank), "curve": None}
     bank = args.out / "prior_bank"
     log.info(
         "phase 1: SAC from scratch, %d steps (seed %d), replay saved as a bank", args.prior_steps, PRIOR_SEED
@@ -218,12 +225,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = make_sac(args, PRIOR_SEED, replay_buffer_class=XpbankReplayBuffer)
     prior = train(args, model, args.prior_steps)
     if bank.exists():
-        import shutil
-
         shutil.rmtree(bank)
     model.replay_buffer.save_bank(bank)
     final, seconds = prior["curve"][-1][1], prior["wall_s"]
     log.info("  eval return %.1f after %d steps (%.0f s); bank: %s", final, args.prior_steps, seconds, bank)
+    return bank, {"bank": str(bank), **prior}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bank, prior = previous_run(args)
 
     runs = []
     for seed in args.seeds:

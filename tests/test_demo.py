@@ -179,6 +179,11 @@ def test_warm_start_sac_example_quick_writes_both_curves_and_the_summary(tmp_pat
     rows = (tmp_path / "ws" / "curves.csv").read_text().splitlines()
     assert rows[0] == "arm,seed,env_step,eval_return" and len(rows) == 1 + 2 * 4
     assert (tmp_path / "ws" / "curves.png").read_bytes().startswith(b"\x89PNG")
+    bank_path = str(tmp_path / "ws" / "prior_bank")
+    args = ["--quick", "--out", str(tmp_path / "ws2"), "--bank", bank_path, "--arms", "warm", "--anneal"]
+    again = example.main(args)
+    assert again["prior"] == {"bank": bank_path, "curve": None}  # no phase 1
+    assert [r["arm"] for r in again["runs"]] == ["warm"] and list(again["summary"]) == ["warm"]
 
 
 @pytest.mark.parametrize(
