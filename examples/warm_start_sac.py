@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-starts", type=int, default=100, help="SB3's default")
     p.add_argument("--batch-size", type=int, default=256, help="SB3's default")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="rl-zoo's for Pendulum")
+    p.add_argument("--ent-coef", default="auto", help="SAC's: 'auto' (from 1.0), 'auto_0.1', or a number")
     p.add_argument("--hidden", type=int, default=64, help="units in each of the 2 hidden layers")
     p.add_argument("--out", type=Path, default=Path("warm-start-sac"))
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny steps, one seed")
@@ -89,12 +90,16 @@ class EvalCurve(BaseCallback):
         super().__init__()
         self.every, self.episodes = every, episodes
         self.curve: list[tuple[int, float]] = []
+        self.ent_coef: list[tuple[int, float]] = []  # SAC's entropy temperature at each point
 
     def _evaluate(self) -> None:
         ret = evaluate(
             lambda obs: self.model.predict(obs.numpy(), deterministic=True)[0], ENV_ID, self.episodes, 0
         )  # the same start states at every point, in every run and arm
         self.curve.append((int(self.num_timesteps), ret))
+        log_alpha = getattr(self.model, "log_ent_coef", None)  # None: a fixed ent_coef
+        if log_alpha is not None:
+            self.ent_coef.append((int(self.num_timesteps), round(float(log_alpha.detach().exp()), 5)))
 
     def _on_training_start(self) -> None:
         self._evaluate()
@@ -109,9 +114,16 @@ def make_sac(args: argparse.Namespace, seed: int, **buffer: Any) -> SAC:
     return SAC(
         "MlpPolicy", gym.make(ENV_ID), learning_rate=args.learning_rate,
         buffer_size=args.prior_steps + args.steps, learning_starts=args.learning_starts,
-        batch_size=args.batch_size, seed=seed, device="cpu",
+        batch_size=args.batch_size, ent_coef=_number_or_text(args.ent_coef), seed=seed, device="cpu",
         policy_kwargs={"net_arch": [args.hidden, args.hidden]}, **buffer,
     )  # fmt: skip
+
+
+def _number_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def train(args: argparse.Namespace, model: SAC, steps: int) -> dict[str, Any]:
@@ -120,6 +132,7 @@ def train(args: argparse.Namespace, model: SAC, steps: int) -> dict[str, Any]:
     model.learn(steps, callback=callback)
     return {
         "curve": callback.curve,
+        "ent_coef": callback.ent_coef,
         "wall_s": round(time.perf_counter() - wall, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }
