@@ -119,6 +119,14 @@ def make_sac(args: argparse.Namespace, seed: int, **buffer: Any) -> SAC:
     )  # fmt: skip
 
 
+def _cpu_name() -> str:
+    try:  # Linux: the model name; elsewhere the architecture
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def _number_or_text(value: str) -> float | str:
     try:
         return float(value)
@@ -269,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python examples/warm_start_sac.py " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "environment": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": _cpu_name(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
