@@ -71,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-episodes", type=int, default=5)
     p.add_argument("--learning-starts", type=int, default=100, help="SB3's default")
     p.add_argument("--batch-size", type=int, default=256, help="SB3's default")
+    p.add_argument("--gradient-steps", type=int, default=1, help="per env step (SB3's default: 1)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="rl-zoo's for Pendulum")
     p.add_argument("--ent-coef", default="auto", help="SAC's: 'auto' (from 1.0), 'auto_0.1', or a number")
     p.add_argument("--hidden", type=int, default=64, help="units in each of the 2 hidden layers")
@@ -114,7 +115,8 @@ def make_sac(args: argparse.Namespace, seed: int, **buffer: Any) -> SAC:
     return SAC(
         "MlpPolicy", gym.make(ENV_ID), learning_rate=args.learning_rate,
         buffer_size=args.prior_steps + args.steps, learning_starts=args.learning_starts,
-        batch_size=args.batch_size, ent_coef=_number_or_text(args.ent_coef), seed=seed, device="cpu",
+        batch_size=args.batch_size, gradient_steps=args.gradient_steps,
+        ent_coef=_number_or_text(args.ent_coef), seed=seed, device="cpu",
         policy_kwargs={"net_arch": [args.hidden, args.hidden]}, **buffer,
     )  # fmt: skip
 
@@ -154,8 +156,8 @@ def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
 def warm_buffer(args: argparse.Namespace, bank: Path) -> dict[str, Any]:
     share = args.offline_share
     weights: list[Any] = [1.0 - share, share]
-    if args.anneal:  # over the run's gradient steps (one per env step after learning_starts)
-        n = max(args.steps - args.learning_starts, 1)
+    if args.anneal:  # over the run's gradient steps (after learning_starts)
+        n = max((args.steps - args.learning_starts) * args.gradient_steps, 1)
         weights = [Linear(1.0 - share, 1.0, steps=n), Linear(share, 0.0, steps=n)]
     return {
         "replay_buffer_class": XpbankMixtureReplayBuffer,
