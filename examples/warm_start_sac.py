@@ -31,7 +31,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -247,9 +246,7 @@ def previous_run(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     )
     model = make_sac(args, PRIOR_SEED, replay_buffer_class=XpbankReplayBuffer)
     prior = train(args, model, args.prior_steps)
-    if bank.exists():
-        shutil.rmtree(bank)
-    model.replay_buffer.save_bank(bank)
+    model.replay_buffer.save_bank(bank)  # replaces the bank of an earlier run of this script
     final, seconds = prior["curve"][-1][1], prior["wall_s"]
     log.info("  eval return %.1f after %d steps (%.0f s); bank: %s", final, args.prior_steps, seconds, bank)
     return bank, {"bank": str(bank), **prior}

@@ -146,11 +146,19 @@ class XpbankMixtureReplayBuffer(XpbankReplayBuffer):
     def sample(self, batch_size: int, env: Any = None) -> Any:
         """``batch_size`` transitions in the mixture's shares, as SB3's ``ReplayBufferSamples``.
 
-        Items are grouped by source (the live buffer's first); ``env``: a
-        ``VecNormalize`` normalizes observations and rewards, as SB3 does.
+        Items are grouped by source (the live buffer's first).
+
+        Args:
+            batch_size: items in all, split in the mixture's shares.
+            env: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
+
+        Returns:
+            SB3's ``ReplayBufferSamples`` on ``device`` (new memory).
 
         Raises:
             EmptyBufferError: the live buffer is empty and its weight is not 0.
+
+        Threads: atomic under the mixture's lock (each share under its source's lock).
         """
         return self.samples_of(self.mixture.sample(batch_size), env)
 
@@ -162,9 +170,14 @@ class XpbankMixtureReplayBuffer(XpbankReplayBuffer):
         :class:`~xpbank.integrations.sb3.PrioritizedDQN` does the latter, so it refuses
         this buffer (its live sampler must keep priorities, and then this raises).
 
+        Returns:
+            ``(samples, batch)``: SB3's ``ReplayBufferSamples`` and the xpbank batch.
+
         Raises:
             SpecError: the live buffer's sampler keeps priorities (PrioritizedDQN would
                 send the offline items' priorities to the live buffer).
+
+        Threads: as :meth:`sample`.
         """
         if hasattr(self.xp.sampler, "update_priority"):
             raise SpecError(
@@ -181,7 +194,19 @@ class XpbankMixtureReplayBuffer(XpbankReplayBuffer):
         the offline sources' generators in its metadata; the offline data is not copied.
         Resume with :meth:`load_bank` and the same ``offline``: the next samples are the
         ones this buffer would draw (an offline source's other sampler state, such as a
-        prioritized sampler's beta schedule, is not saved)."""
+        prioritized sampler's beta schedule, is not saved).
+
+        Args:
+            path: the bank directory (an existing bank there is replaced).
+
+        Returns:
+            The bank's path.
+
+        Raises:
+            BankError: as :func:`xpbank.save` (the target cannot be written).
+
+        Threads: atomic under the mixture's lock and each source's lock.
+        """
         from xpbank.bank import bank_metadata, save
 
         with self.mixture._lock:
@@ -213,10 +238,22 @@ class XpbankMixtureReplayBuffer(XpbankReplayBuffer):
         """A buffer restored from :meth:`save_bank`: the live transitions, cursor and RNG,
         and the mixture's step (schedules go on where they were), over ``offline``.
 
+        Args:
+            path: a bank written by :meth:`save_bank`.
+            observation_space, action_space, device, handle_timeout_termination: as the
+                constructor.
+            offline, weights, mix_seed, exact: as the constructor; the same ``offline``
+                and ``weights`` as the saved buffer's.
+
+        Returns:
+            The restored buffer: its next samples are the saved one's.
+
         Raises:
             SpecError: as the constructor; the saved mixture had other weights.
             BankError: the bank was not saved by :meth:`save_bank` (no mixture state or
                 no offline generators).
+
+        Threads: builds a new buffer; nothing is shared with the saved one.
         """
         from xpbank.bank import bank_metadata, load
 
