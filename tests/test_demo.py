@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import runpy
 import sys
@@ -148,8 +149,50 @@ def test_recurrent_ppo_example_runs_a_few_hundred_steps() -> None:
     np.testing.assert_allclose(obs, full[:, [0, 2]] / [2.4, 12 * 2 * np.pi / 360], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["dqn_prioritized_nstep", "ppo_cartpole", "recurrent_ppo_masked_cartpole"])
+def test_warm_start_sac_example_quick_writes_both_curves_and_the_summary(tmp_path: Path) -> None:
+    pytest.importorskip("stable_baselines3")
+    example = _load_example("warm_start_sac")
+    out = example.main(["--quick", "--out", str(tmp_path / "ws"), "--thresholds", "-3300", "0.1"])
+    bank = xpbank.open_bank(tmp_path / "ws" / "prior_bank")
+    assert len(bank) == 400 and bank.spec is not None and ("next", "obs") in bank.spec  # phase 1's replay
+    assert [(r["arm"], r["seed"]) for r in out["runs"]] == [("scratch", 0), ("warm", 0)]
+    for run in out["runs"]:
+        assert [step for step, _ in run["curve"]] == [0, 100, 200, 300]  # before training, then every 100
+        assert all(-3_300.0 < ret <= 0.0 for _, ret in run["curve"])  # 200 steps of rewards in [-16.3, 0]
+        assert run["steps_to"] == {"-3300.0": 0, "0.1": None}  # every return is above one, below the other
+    assert out["summary"]["warm"]["-3300.0"] == {
+        "per_seed": [0],
+        "reached": 1,
+        "median": 0.0,
+        "min": 0.0,
+        "max": 0.0,
+    }
+    assert out["summary"]["scratch"]["0.1"] == {
+        "per_seed": [None],
+        "reached": 0,
+        "median": None,
+        "min": None,
+        "max": None,
+    }
+    saved = json.loads((tmp_path / "ws" / "summary.json").read_text())
+    assert saved["summary"] == out["summary"] and "CPU" in saved["note"]
+    assert saved["command"].endswith("--quick --out " + str(tmp_path / "ws") + " --thresholds -3300 0.1")
+    rows = (tmp_path / "ws" / "curves.csv").read_text().splitlines()
+    assert rows[0] == "arm,seed,env_step,eval_return" and len(rows) == 1 + 2 * 4
+    assert (tmp_path / "ws" / "curves.png").read_bytes().startswith(b"\x89PNG")
+    bank_path = str(tmp_path / "ws" / "prior_bank")
+    args = ["--quick", "--out", str(tmp_path / "ws2"), "--bank", bank_path, "--arms", "warm", "--anneal"]
+    again = example.main(args)
+    assert again["prior"] == {"bank": bank_path, "curve": None}  # no phase 1
+    assert [r["arm"] for r in again["runs"]] == ["warm"] and list(again["summary"]) == ["warm"]
+
+
+@pytest.mark.parametrize(
+    "name", ["dqn_prioritized_nstep", "ppo_cartpole", "recurrent_ppo_masked_cartpole", "warm_start_sac"]
+)
 def test_examples_have_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if name == "warm_start_sac":
+        pytest.importorskip("stable_baselines3")
     example = _load_example(name)
     with pytest.raises(SystemExit) as exc:
         (example.main if hasattr(example, "main") else example.parse_args)(["--help"])

@@ -20,6 +20,7 @@ NOT_RUN = {
 NEEDS = {
     "guides/collecting.md": ["gymnasium"],
     "guides/sb3.md": ["stable_baselines3", "gymnasium"],
+    "guides/her.md": ["stable_baselines3", "gymnasium"],  # its last block trains SB3's DQN with HER
     "guides/minari.md": ["minari"],
     "guides/command-line.md": ["typer", "rich"],
     "getting-started.md": ["gymnasium"],
