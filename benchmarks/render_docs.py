@@ -39,6 +39,9 @@ README_FIGURES = [
      "Prioritized replay", "time vs xpbank", "xpbank", ["cpprb", "torchrl"]),
     ("n-step sample (time vs the same library's uniform sample)", "bench_prioritized", "N-step",
      "n-step / uniform", "xpbank", ["sb3"]),
+    ("queue table over shared memory, 4 writers, 1 reader (items/s vs the plain shm "
+     "buffer)", "bench_tables", "(a) FIFO queue", "vs plain",
+     "queue table: sample(256), each item once", []),
     ("rollout minibatches, 5 x 4 (time vs raw tensors; lower is faster)", "bench_rollout", "",
      "5 x 4 minibatches", "xpbank RolloutBuffer",
      ["rsl_rl RolloutStorage", "SB3 RolloutBuffer", "TorchRL (GAE + buffer)"]),
@@ -60,6 +63,13 @@ README_ROWS = [
      "Whole training loops", "SB3 DQN / CartPole", "original s", "xpbank s", []),
     ("HER sample 256 (time vs SB3's HerReplayBuffer)", "bench_her", "HER sample(256)",
      "xpbank HER (future", None, "per call: median (range)", []),
+    ("mixed sample 256 from two buffers (time vs its two sub-samples)", "bench_mix",
+     "Mixed sample", "uniform + uniform", "two sub-samples (128 + 128)", "Mixture.sample(256)", []),
+    ("mixed sample 256, buffer + memory-mapped bank (time vs its two sub-samples)", "bench_mix",
+     "Mixed sample", "uniform (memory) + bank", "two sub-samples (128 + 128)",
+     "Mixture.sample(256)", []),
+    ("heap table, sample + update of 256 at 1M (time vs the prioritized sampler)",
+     "bench_tables", "(b) Heap selectors", "max-heap", None, "µs per sample + update", []),
 ]  # fmt: skip
 
 # the order of the page; files of other benchmarks follow, by name
@@ -286,19 +296,22 @@ def _median(cell: str) -> float | None:
 
 def readme_rows(docs: list[dict[str, Any]]) -> list[str]:
     """The README's rows for small calls and whole loops (:data:`README_ROWS`)."""
-    by_stem = {d["benchmark"]: d for d in docs}
     lines = []
     for what, stem, title, label, base, ours, peers in README_ROWS:
-        doc = by_stem.get(stem)
-        tables = [t for t in (doc or {}).get("tables", []) if t["title"].startswith(title)]
-        if not tables:
+        # a benchmark may have several result files (a partial rerun of some rows): the
+        # first table that has the row
+        tables = [
+            t for d in docs if d["benchmark"] == stem for t in d["tables"] if t["title"].startswith(title)
+        ]
+        found = [(t, r) for t in tables for r in t["rows"] if r[0].startswith(label)]
+        if not found:
             continue
-        headers, rows = tables[0]["headers"], tables[0]["rows"]
-        row = next((r for r in rows if r[0].startswith(label)), None)
-        if row is None or ours not in headers:
+        table, row = found[0]
+        headers, rows = table["headers"], table["rows"]
+        if ours not in headers:
             continue
-        if base is None:  # a ratio against another row: SB3's HER, by its label
-            ref = next((r for r in rows if r[0].startswith("SB3")), None)
+        if base is None:  # a ratio against another row: SB3's HER, the prioritized sampler
+            ref = next((r for r in rows if r[0].startswith(("SB3", "prioritized"))), None)
             reference = _median(ref[headers.index(ours)]) if ref else None
         else:
             reference = _median(row[headers.index(base)]) if base in headers else None
