@@ -217,7 +217,7 @@ def test_sampling_waits_for_min_size_to_sample_then_times_out(nstep_rb: RayRepla
     nstep_rb.extend(env_steps(1, 5, rng))
     assert nstep_rb.sample(4).batch_size == torch.Size([4])  # flushed: 10 inserted
     assert nstep_rb.rate_limiter_state() == {
-        "inserts": 10, "deletes": 0, "samples": 4, "diff": 0.0, "min_diff": -math.inf,
+        "inserts": 10, "samples": 4, "diff": 0.0, "min_diff": -math.inf,
         "max_diff": math.inf,
     }  # fmt: skip
 
