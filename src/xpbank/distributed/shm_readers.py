@@ -42,7 +42,6 @@ import logging
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +57,7 @@ from xpbank.distributed.channel import (
     Channel,
     record_dtype,
 )
+from xpbank.distributed.shm_writer import ChannelHandle
 from xpbank.errors import BufferTimeoutError, CapacityError, ChannelError, check_positive_int
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import Spec
@@ -75,7 +75,7 @@ def reader_record(spec: Spec) -> np.dtype:
     return record_dtype(spec, _INDEX)
 
 
-class ShmReader:
+class ShmReader(ChannelHandle):
     """A reader process's handle on one reader channel of a :class:`ShmReplayBuffer`.
 
     Picklable; maps its channel on first use, in the process that uses it. One live
@@ -85,30 +85,10 @@ class ShmReader:
         timeout: seconds ``sample`` waits for its rows (and for the channel) by default.
     """
 
-    def __init__(self, path: Path, spec: Spec, rows: int, timeout: float = 60.0):
-        self._path, self._spec, self._rows, self.timeout = path, spec, rows, timeout
-        self._keys = list(spec)
-        self._channel: Channel | None = None
+    ROLE = "reader"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "path": str(self._path),
-            "spec": self._spec.to_dict(),
-            "rows": self._rows,
-            "timeout": self.timeout,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(Path(state["path"]), Spec.from_dict(state["spec"]), state["rows"], state["timeout"])  # type: ignore[misc]
-
-    def _open(self) -> Channel:
-        if self._channel is None:
-            if not self._path.exists():
-                raise ChannelError(f"reader: channel {self._path} is gone (was the buffer closed?)")
-            channel = Channel(self._path, reader_record(self._spec), self._rows)
-            channel.attach_writer(timeout=self.timeout, role="reader")
-            self._channel = channel
-        return self._channel
+    def _record(self) -> np.dtype:
+        return reader_record(self._spec)
 
     def sample(self, batch_size: int, timeout: float | None = None) -> Any:
         """``batch_size`` items sampled by the owner's table for this reader (see the module).
@@ -160,16 +140,7 @@ class ShmReader:
     def close(self) -> None:
         """Detach (rows asked for and not taken go back to the owner's table).
         Threads/processes: the handle's own process; the owner reclaims at its next round."""
-        if self._channel is not None:
-            self._channel.close_writer()
-            self._channel.close()
-            self._channel = None
-
-    def __enter__(self) -> ShmReader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().close()
 
 
 class ReaderPool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from xpbank.distributed.channel import Channel, record_dtype
@@ -36,21 +37,22 @@ class WriterStatus:
     lost_rows: int
 
 
-class ShmWriter:
-    """A collector process's handle on one channel of a :class:`ShmReplayBuffer`.
+class ChannelHandle:
+    """What a process holds of one shared-memory channel of a :class:`ShmReplayBuffer`:
+    picklable (the channel's path, spec and size), mapped on first use in the process
+    that uses it, one live process per channel at a time. :class:`ShmWriter` publishes
+    rows through it; :class:`~xpbank.distributed.shm_readers.ShmReader` asks for and
+    takes rows."""
 
-    Picklable (it holds the channel's path, spec and size); it maps the channel on
-    first use, in the process that uses it. One live process per channel at a time.
-
-    Args:
-        timeout: seconds ``extend`` waits for room when the learner falls behind
-            before raising :class:`~xpbank.BufferTimeoutError`.
-    """
+    ROLE = "writer"  # the channel's user, for messages (Channel.attach_writer)
 
     def __init__(self, path: Path, spec: Spec, rows: int, timeout: float = 60.0):
         self._path, self._spec, self._rows, self.timeout = path, spec, rows, timeout
         self._keys = list(spec)
         self._channel: Channel | None = None
+
+    def _record(self) -> np.dtype:
+        return record_dtype(self._spec)
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -66,11 +68,36 @@ class ShmWriter:
     def _open(self) -> Channel:
         if self._channel is None:
             if not self._path.exists():
-                raise ChannelError(f"writer: channel {self._path} is gone (was the buffer closed?)")
-            channel = Channel(self._path, record_dtype(self._spec), self._rows)
-            channel.attach_writer(timeout=self.timeout)
+                raise ChannelError(f"{self.ROLE}: channel {self._path} is gone (was the buffer closed?)")
+            channel = Channel(self._path, self._record(), self._rows)
+            channel.attach_writer(timeout=self.timeout, role=self.ROLE)
             self._channel = channel
         return self._channel
+
+    def close(self) -> None:
+        """Detach (marks a clean exit: the owner will not count a crash)."""
+        if self._channel is not None:
+            self._channel.close_writer()
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ShmWriter(ChannelHandle):
+    """A collector process's handle on one channel of a :class:`ShmReplayBuffer`.
+
+    Picklable (it holds the channel's path, spec and size); it maps the channel on
+    first use, in the process that uses it. One live process per channel at a time.
+
+    Args:
+        timeout: seconds ``extend`` waits for room when the learner falls behind
+            before raising :class:`~xpbank.BufferTimeoutError`.
+    """
 
     def extend(self, batch: Any) -> int:
         """Check ``batch`` (leading dim = items) against the spec and publish it; returns its rows.
@@ -99,16 +126,3 @@ class ShmWriter:
     def add(self, item: Any) -> int:
         """Publish one item (no batch dim)."""
         return self.extend({k: torch.as_tensor(v).unsqueeze(0) for k, v in flatten(item, self._spec).items()})
-
-    def close(self) -> None:
-        """Detach (marks a clean exit: the learner will not count a crash)."""
-        if self._channel is not None:
-            self._channel.close_writer()
-            self._channel.close()
-            self._channel = None
-
-    def __enter__(self) -> ShmWriter:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
