@@ -130,6 +130,19 @@ def check_positive_int(name: str, value: Any) -> int:
     return number
 
 
+def check_finite_number(name: str, value: Any, low: float) -> float:
+    """``value`` as a finite float ``>= low`` (bools not), or a :class:`CapacityError` naming it."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < low:
+        raise CapacityError(f"{name}: expected a finite number >= {low}, got {value!r}")
+    return number
+
+
 def install_hint(extra: str) -> str:
     """How to install an xpbank extra, as every message that names one says it.
 

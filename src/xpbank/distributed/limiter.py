@@ -45,19 +45,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from xpbank.errors import CapacityError, RateLimitTimeout, check_positive_int
+from xpbank.errors import CapacityError, RateLimitTimeout, check_finite_number, check_positive_int
 
 __all__ = ["RateLimiter", "insert_room", "sample_room"]
-
-
-def _finite(name: str, value: Any, low: float) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < low:
-        raise CapacityError(f"{name}: expected a finite number >= {low}, got {value!r}")
-    return number
 
 
 class RateLimiter:
@@ -90,13 +80,13 @@ class RateLimiter:
             self.samples_per_insert = None
             self.min_diff, self.max_diff = -math.inf, math.inf
         else:
-            spi = _finite("samples_per_insert", samples_per_insert, 0.0)
+            spi = check_finite_number("samples_per_insert", samples_per_insert, 0.0)
             if spi == 0.0:
                 raise CapacityError(
                     "samples_per_insert: expected a number > 0, got 0 (use None for no ratio)"
                 )
             floor = max(1.0, spi)
-            buffer = _finite("error_buffer", floor if error_buffer is None else error_buffer, 0.0)
+            buffer = check_finite_number("error_buffer", floor if error_buffer is None else error_buffer, 0.0)
             if buffer < floor:
                 raise CapacityError(
                     f"error_buffer: expected >= max(1, samples_per_insert) = {floor}, got {error_buffer!r}; "
@@ -183,7 +173,7 @@ class RateLimiter:
     def _await(self, what: str, n: int, timeout: float, ready: Any) -> Iterator[None]:
         """Hold the lock from the moment ``n`` is admitted until it is counted."""
         n = check_positive_int(f"{what} count", n)
-        timeout = _finite("timeout", timeout, 0.0)
+        timeout = check_finite_number("timeout", timeout, 0.0)
         deadline = time.monotonic() + timeout
         with self._cond:
             if not ready(n):

@@ -3,18 +3,16 @@ limiter as a config (JSON-able, for banks and Ray shards), number checks."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from xpbank.distributed.limiter import RateLimiter
-from xpbank.errors import CapacityError, SpecError
+from xpbank.errors import SpecError
 from xpbank.spec.keys import NestedKey
 
 __all__ = [
     "REMOVERS",
     "SELECTORS",
     "as_tuple",
-    "check_number",
     "limiter_config",
     "make_limiter",
     "reads_episodes",
@@ -52,14 +50,3 @@ def reads_episodes(storage: Any) -> bool:
 def as_tuple(key: NestedKey) -> tuple[str, ...]:
     """A nested key as a tuple (a JSON list in a config)."""
     return key if isinstance(key, tuple) else (key,)
-
-
-def check_number(name: str, value: Any, low: float) -> float:
-    """``value`` as a finite float ``>= low``, or a :class:`~xpbank.CapacityError` naming it."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < low:
-        raise CapacityError(f"{name}: expected a finite number >= {low}, got {value!r}")
-    return number

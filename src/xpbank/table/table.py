@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from xpbank.distributed.limiter import RateLimiter
-from xpbank.errors import SpecError, XpbankError, check_positive_int
+from xpbank.errors import SpecError, XpbankError, check_finite_number, check_positive_int
 from xpbank.ring.episode_keys import wants_episodes
 from xpbank.sampler import sumtree
 from xpbank.sampler.registry import register_sampler
@@ -27,7 +27,6 @@ from xpbank.table.options import (
     REMOVERS,
     SELECTORS,
     as_tuple,
-    check_number,
     limiter_config,
     make_limiter,
     reads_episodes,
@@ -112,9 +111,9 @@ class Table:
             None if max_times_sampled is None else check_positive_int("max_times_sampled", max_times_sampled)
         )
         self.rate_limiter = make_limiter(rate_limiter)
-        self.priority_exponent = check_number("priority_exponent", priority_exponent, 0.0)
-        self.default_priority = check_number("default_priority", default_priority, 0.0)
-        self.timeout = check_number("timeout", timeout, 0.0)
+        self.priority_exponent = check_finite_number("priority_exponent", priority_exponent, 0.0)
+        self.default_priority = check_finite_number("default_priority", default_priority, 0.0)
+        self.timeout = check_finite_number("timeout", timeout, 0.0)
         if isinstance(version_key, list):  # from a JSON config
             version_key = tuple(version_key)
         self.version_key = None if version_key is None else normalize_key(version_key)
