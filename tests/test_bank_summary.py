@@ -23,7 +23,7 @@ import torch
 
 import xpbank
 from bank_cases import small_bank
-from xpbank import PrioritizedSampler, SequenceSampler
+from xpbank import PrioritizedSampler, SequenceSampler, Table
 from xpbank.bank import manifest_check, summary
 from xpbank.bank.ops import bank_summary
 from xpbank.bank.summary import quick_summary
@@ -55,6 +55,13 @@ BANKS = {  # name -> (make, whether the quick check must decide it)
     "bfloat16": (_bf16_bank, True),
     "empty": (lambda p: xpbank.save(xpbank.ReplayBuffer(8), p), True),
     "her": (lambda p: small_bank(p, sampler=HerSampler(strategy="final")), True),
+    "table": (
+        lambda p: small_bank(p, capacity=16, sampler=Table("max_heap", "lifo", max_times_sampled=2)), True
+    ),
+    "queue": (lambda p: small_bank(p, capacity=16, sampler=Table.queue(versioned=True)), True),
+    "table_versions": (  # a version field: its dtype is the full check's to judge
+        lambda p: small_bank(p, capacity=16, sampler=Table("fifo", version_key="action")), False
+    ),
     "her_per": (
         lambda p: small_bank(
             p,
@@ -178,6 +185,10 @@ def test_rule_tables_name_what_the_constructors_take() -> None:
     assert set(summary._GOAL_ROLES) == {f.name for f in dataclasses.fields(GoalKeys)}
     assert set(summary._SAMPLERS["prioritized"]) == set(PrioritizedSampler().config())
     assert set(summary._SAMPLERS["sequence"]) == set(SequenceSampler(1).config())
+    assert set(summary._SAMPLERS["table"]) == set(Table().config())
+    from xpbank.table.options import REMOVERS, SELECTORS
+
+    assert (summary._TABLE_SELECTORS, summary._TABLE_REMOVERS) == (SELECTORS, REMOVERS)
     assert set(summary._NSTEP) == set(xpbank.NStep(1, 0.5).config())
     assert summary.NOT_OPTIONS | set(summary._OPTIONS) | {"episode_keys"} == set(
         inspect.signature(xpbank.ReplayBuffer).parameters

@@ -136,7 +136,7 @@ def check_finite_number(name: str, value: Any, low: float) -> float:
 
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # float(10**400) overflows
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number) or number < low:
         raise CapacityError(f"{name}: expected a finite number >= {low}, got {value!r}")

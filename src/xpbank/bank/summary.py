@@ -6,7 +6,7 @@ manifest parsed with NumPy and torch, the options rebuilt on a 16-slot buffer).
 ``xpbank ls`` first tries :func:`quick_summary`, which imports neither: the same
 manifest checks (:func:`~xpbank.bank.manifest_check.check_manifest`, with a table of
 the dtypes banks hold) and the same size limits (:func:`check_sized`), then the options
-xpbank writes (uniform, prioritized, sequence and hindsight samplers, ``num_envs``,
+xpbank writes (uniform, prioritized, sequence, hindsight and table samplers, ``num_envs``,
 ``nstep``, ``cast``) checked against the constructors' rules. It answers only when it is sure:
 an error raised by the shared checks (the same message the full check gives), or a
 summary the full check would give; anything else (a dtype or sampler it does not know,
@@ -224,6 +224,10 @@ def _real(value: Any, low: float, high: float = math.inf, strict: bool = False) 
 _FLOAT_MAX = sys.float_info.max
 
 
+# xpbank.table.options' SELECTORS and REMOVERS (importing it imports torch; a test pins them)
+_TABLE_SELECTORS = ("uniform", "prioritized", "fifo", "lifo", "min_heap", "max_heap")
+_TABLE_REMOVERS = ("fifo", "lifo", "min_heap", "max_heap", "uniform")
+
 _SAMPLERS: dict[str, dict[str, Callable[[Any], bool]]] = {  # name -> {option: valid?}
     "uniform": {},
     "prioritized": {  # PrioritizedSampler.__init__
@@ -245,6 +249,17 @@ _SAMPLERS: dict[str, dict[str, Callable[[Any], bool]]] = {  # name -> {option: v
         "beta": lambda v: _real(v, -math.inf),
         "eta": lambda v: _real(v, 0.0, 1.0),
         "eps": lambda v: _real(v, -math.inf),
+    },
+    "table": {  # Table.__init__ (rate limiters other than None / "queue": the full check)
+        "selector": lambda v: v in _TABLE_SELECTORS,
+        "remover": lambda v: v in _TABLE_REMOVERS,
+        "max_times_sampled": lambda v: v is None or _int(v, 1),
+        "rate_limiter": lambda v: v is None or v == "queue",
+        "priority_exponent": lambda v: _real(v, 0.0),
+        "default_priority": lambda v: _real(v, 0.0),
+        "version_key": lambda v: v is None,  # a field's dtype and shape: the full check
+        "versioned": lambda v: type(v) is bool,
+        "timeout": lambda v: _real(v, 0.0),
     },
 }
 _REQUIRED = {"sequence": {"length"}}
@@ -299,7 +314,11 @@ def _options_surely_valid(config: dict[str, Any]) -> bool:
     ``config`` (what :func:`~xpbank.bank.rebuild.check_options` builds); ``False`` also
     where it cannot tell."""
     rest = {k: v for k, v in config.items() if k not in NOT_OPTIONS}
-    return _sampler_ok(config.get("sampler")) and _valid(rest, _OPTIONS)
+    sampler = config.get("sampler")
+    table = isinstance(sampler, dict) and sampler.get("name") == "table"
+    if table and (rest.get("nstep") is not None or rest.get("num_envs") is not None):
+        return False  # Table.bind_buffer refuses these: its message, by the full check
+    return _sampler_ok(sampler) and _valid(rest, _OPTIONS)
 
 
 def _sampler_ok(sampler: Any) -> bool:
