@@ -17,8 +17,10 @@ API note (for the backends built on it):
   :class:`~xpbank.table.slots.TableRing` (ids and free slots) and sets ``rb._place``,
   the hook :func:`xpbank.replay.writing.write` hands every checked batch to
   (:func:`xpbank.table.ops.write`: waits on the limiter, evicts by the remover, picks the
-  slots, writes the storage). The write fast path is off for a table's buffer
-  (``rb._fast_write = False``).
+  slots, writes the storage). The write fast path (:mod:`xpbank.replay.fast_write`)
+  stores a batch shaped like the last one straight into a contiguous run of free slots
+  where the table offers one (:mod:`xpbank.table.runs`: slots in the ring's order, no
+  wait, no eviction, no ``version_key``), else hands it to ``ops.write``.
 - ``rb.sample(B, replace, fields, timeout=, max_staleness=, current_version=)``: the
   buffer passes the options (``Table.sample_options``) to ``Table.sample``, which waits
   on the limiter (a ``threading.Condition`` on ``rb.lock``, rebuilt when the buffer
