@@ -142,13 +142,14 @@ def victims(t: Table, k: int) -> np.ndarray:
     return dense.slots[sample_distinct(dense.count, k, t._rb._generator).numpy()]
 
 
-def remove(t: Table, slots: np.ndarray) -> None:
-    """Remove distinct live ``slots`` from the table (their ids become stale)."""
+def remove(t: Table, slots: np.ndarray, used_up: bool = False) -> None:
+    """Remove distinct live ``slots`` from the table (their ids become stale); ``used_up``:
+    each was drawn ``max_times_sampled`` times (no draws left to take off the budget)."""
     ring = t.ring
     assert ring is not None
     if slots.size == 0:
         return
-    if t.max_times_sampled is not None:
+    if t.max_times_sampled is not None and not used_up:
         left = t.max_times_sampled - ring.times[slots]
         t.budget -= int(left.sum())
         if t.tree is not None:
@@ -311,6 +312,11 @@ def _consume(t: Table, slots: np.ndarray, counts: np.ndarray) -> None:
     """Count draws of distinct ``slots``; remove the items used up."""
     ring = t.ring
     assert ring is not None
+    if t.max_times_sampled == 1:  # live items were never drawn: each drawn once, used up
+        ring.times[slots] = 1
+        t.budget -= slots.shape[0]
+        remove(t, slots, True)
+        return
     ring.times[slots] += counts
     if t.max_times_sampled is not None:
         t.budget -= int(counts.sum())
