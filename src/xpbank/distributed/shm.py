@@ -256,7 +256,7 @@ class ShmReplayBuffer(ReplayBuffer):
             first, last = channel.waiting()
             if room is not None:
                 last = min(last, first + max(0, room - moved - sum(len(r) for r in runs)))
-            for run in channel.runs(first, last):
+            for run in channel.runs(first, last) if last > first else ():  # nothing waiting: no empty run
                 if table:
                     runs.append(run)
                 else:

@@ -17,8 +17,10 @@ API note (for the backends built on it):
   :class:`~xpbank.table.slots.TableRing` (ids and free slots) and sets ``rb._place``,
   the hook :func:`xpbank.replay.writing.write` hands every checked batch to
   (:func:`xpbank.table.ops.write`: waits on the limiter, evicts by the remover, picks the
-  slots, writes the storage). The write fast path is off for a table's buffer
-  (``rb._fast_write = False``).
+  slots, writes the storage). The write fast path (:mod:`xpbank.replay.fast_write`)
+  stores a batch shaped like the last one straight into a contiguous run of free slots
+  where the table offers one (:mod:`xpbank.table.runs`: slots in the ring's order, no
+  wait, no eviction, no ``version_key``), else hands it to ``ops.write``.
 - ``rb.sample(B, replace, fields, timeout=, max_staleness=, current_version=)``: the
   buffer passes the options (``Table.sample_options``) to ``Table.sample``, which waits
   on the limiter (a ``threading.Condition`` on ``rb.lock``, rebuilt when the buffer
@@ -57,13 +59,17 @@ Modules: :mod:`~xpbank.table.table` (the class, presets, binding),
 and sample paths, waits), :mod:`~xpbank.table.select` (batch semantics),
 :mod:`~xpbank.table.orders` (FIFO/LIFO log, heapq's lazy heaps, dense uniform set),
 :mod:`~xpbank.table.heap` (indexed heaps compiled with numba),
-:mod:`~xpbank.table.slots` (ids, free slots), :mod:`~xpbank.table.state`.
+:mod:`~xpbank.table.slots` (ids, free slots), :mod:`~xpbank.table.runs` (the write
+fast path's runs of slots), :mod:`~xpbank.table.state`.
 
 Costs (one process, ``OMP_NUM_THREADS=1``): at 1M items a heap selector's sample of
 256 plus a priority update of 256 runs in compiled loops (an indexed binary heap: the
 first ``k`` items by a best-first walk from the root, updates moved in place); consuming
-``k`` items costs ``k`` heap removals, O(k log N) cache misses. Writes go through the
-full checks (the write fast path is off for a table's buffer).
+``k`` items costs ``k`` heap removals, O(k log N) cache misses. A table whose free
+slots are in the ring's order (a FIFO queue drained oldest first, a FIFO-removal ring)
+places writes as contiguous runs (slices, no lookups), and a batch shaped like the last
+one takes the write fast path (:mod:`~xpbank.table.runs`); anything else goes through
+the full checks and :func:`~xpbank.table.ops.write`.
 """
 
 from __future__ import annotations

@@ -54,32 +54,41 @@ def write(t: Table, rb: Any, flat: dict[Any, torch.Tensor], n: int, spec: Spec) 
         return range(ring.next_id, ring.next_id)
     if m > ring.free_count:
         remove(t, victims(t, m - ring.free_count))
+    head = ring.free_head
     slots = ring.take_free(m)
     rows = slice(start, n)
     part = flat if start == 0 else {k: v[rows] for k, v in flat.items()}
-    run = int(slots[-1]) - int(slots[0]) == m - 1 and bool((np.diff(slots) == 1).all())
-    storage.write(slice(int(slots[0]), int(slots[0]) + m) if run else torch.from_numpy(slots), part)
-    ids = ring.insert(slots)
-    _entered(t, slots, versions[start:])
+    if ring.in_order and head + m <= ring.capacity:  # take_free gave head, head + 1, ...
+        run: slice | None = slice(head, head + m)
+    elif int(slots[-1]) - int(slots[0]) == m - 1 and bool((np.diff(slots) == 1).all()):
+        run = slice(int(slots[0]), int(slots[0]) + m)
+    else:
+        run = None
+    storage.write(torch.from_numpy(slots) if run is None else run, part)
+    ids = ring.insert(slots, run)
+    entered(t, slots, versions if isinstance(versions, int) else versions[start:], run)
     t.notify()
     first = int(ids[0])
-    if int(ids[-1]) - first == m - 1 and bool((np.diff(ids) == 1).all()):
+    if m == 1 or (int(ids[-1]) - first == m - 1 and bool((np.diff(ids) == 1).all())):
         return range(first, first + m)
     return torch.from_numpy(ids)
 
 
-def _versions_of(t: Table, flat: dict[Any, torch.Tensor], n: int) -> np.ndarray:
+def _versions_of(t: Table, flat: dict[Any, torch.Tensor], n: int) -> int | np.ndarray:
+    """The rows' versions: the writer-side stamp (one int for all) or ``version_key``'s values."""
     if t.version_key is None:
-        return np.full(n, t.writer_version, dtype=np.int64)
+        return int(t.writer_version)
     return flat[t.version_key].reshape(n).cpu().numpy().astype(np.int64)
 
 
-def _entered(t: Table, slots: np.ndarray, versions: np.ndarray) -> None:
-    """Enter newly inserted ``slots`` in every order the table keeps."""
+def entered(t: Table, slots: np.ndarray, versions: int | np.ndarray, run: slice | None = None) -> None:
+    """Enter newly inserted ``slots`` in every order the table keeps (``run``: the same
+    slots as a slice, when they are contiguous)."""
     ring = t.ring
     assert ring is not None
-    ring.priority[slots] = t.default_priority
-    ring.version[slots] = versions
+    at = slots if run is None else run
+    ring.priority[at] = t.default_priority
+    ring.version[at] = versions
     n = slots.shape[0]
     if t.max_times_sampled is not None:
         t.budget += n * t.max_times_sampled
@@ -89,9 +98,12 @@ def _entered(t: Table, slots: np.ndarray, versions: np.ndarray) -> None:
         t.log.append(ring, slots)
     if t.dense is not None:
         t.dense.add(slots)
-    _push_priorities(t, slots, True)
+    if t.min_heap is not None or t.max_heap is not None or t.tree is not None:
+        _push_priorities(t, slots, True)
     if t.versions is not None:
-        t.versions.push(ring, slots, versions)
+        t.versions.push(
+            ring, slots, np.full(n, versions, dtype=np.int64) if isinstance(versions, int) else versions
+        )
 
 
 def _push_priorities(t: Table, slots: np.ndarray, new: bool) -> None:
@@ -130,13 +142,14 @@ def victims(t: Table, k: int) -> np.ndarray:
     return dense.slots[sample_distinct(dense.count, k, t._rb._generator).numpy()]
 
 
-def remove(t: Table, slots: np.ndarray) -> None:
-    """Remove distinct live ``slots`` from the table (their ids become stale)."""
+def remove(t: Table, slots: np.ndarray, used_up: bool = False) -> None:
+    """Remove distinct live ``slots`` from the table (their ids become stale); ``used_up``:
+    each was drawn ``max_times_sampled`` times (no draws left to take off the budget)."""
     ring = t.ring
     assert ring is not None
     if slots.size == 0:
         return
-    if t.max_times_sampled is not None:
+    if t.max_times_sampled is not None and not used_up:
         left = t.max_times_sampled - ring.times[slots]
         t.budget -= int(left.sum())
         if t.tree is not None:
@@ -283,6 +296,9 @@ def _ordered(t: Table, b: int, replace: bool) -> tuple[np.ndarray, dict[str, tor
         cand = t.log.newest(ring, k)
     else:
         cand = (t.min_heap if kind == "min_heap" else t.max_heap).best(ring, k)
+    if limit == 1:  # live items were never drawn: the first b, once each (b are there)
+        _consume(t, cand, np.ones(cand.shape[0], dtype=np.int64))
+        return cand, {}
     left = np.full(cand.shape[0], b, dtype=np.int64) if limit is None else limit - ring.times[cand]
     if not replace:
         left = np.minimum(left, 1)
@@ -296,6 +312,11 @@ def _consume(t: Table, slots: np.ndarray, counts: np.ndarray) -> None:
     """Count draws of distinct ``slots``; remove the items used up."""
     ring = t.ring
     assert ring is not None
+    if t.max_times_sampled == 1:  # live items were never drawn: each drawn once, used up
+        ring.times[slots] = 1
+        t.budget -= slots.shape[0]
+        remove(t, slots, True)
+        return
     ring.times[slots] += counts
     if t.max_times_sampled is not None:
         t.budget -= int(counts.sum())

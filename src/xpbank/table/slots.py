@@ -16,7 +16,9 @@ too moves every slot's next id to the next multiple of ``capacity``, as the ring
 Free slots are a FIFO queue (a circular array): a write takes the slots that were freed
 first. A queue that hands its items out oldest first frees slots in the ring's order,
 so it keeps writing contiguous runs of slots (one ``storage.write`` of a slice) with
-ids that count up by one, as a plain ring.
+ids that count up by one, as a plain ring. ``in_order`` says that every slot was freed
+at its own place in the queue (``free[p] == p``: the queue is the ring's order, as
+after ``clear``), so taking free slots needs no lookup: they are ``head, head + 1, ...``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class TableRing(Ring):
         self.version = np.zeros(c, dtype=np.int64)
         self.free = np.arange(c, dtype=np.int64)  # circular FIFO queue of free slots
         self.free_head, self.free_count = 0, c
+        self.in_order = True  # free[p] == p for every p (see the module docstring)
         self.inserted = 0  # items inserted so far: the next item's seq
         self.stamps = 0
         self._rows = 0
@@ -63,26 +66,32 @@ class TableRing(Ring):
     # -- placement -----------------------------------------------------------------
     def take_free(self, n: int) -> np.ndarray:
         """The ``n`` slots freed first (``n <= free_count``), now taken."""
-        idx = (self.free_head + np.arange(n)) % self.capacity
-        out = self.free[idx]
+        head, c = self.free_head, self.capacity
+        if self.in_order and head + n <= c:  # the queue is the ring's order: no lookup
+            out = np.arange(head, head + n, dtype=np.int64)
+        else:
+            out = self.free[(head + np.arange(n)) % c]
         self.free_head = (self.free_head + n) % self.capacity
         self.free_count -= n
         return out
 
-    def insert(self, slots: np.ndarray) -> np.ndarray:
-        """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids."""
+    def insert(self, slots: np.ndarray, run: slice | None = None) -> np.ndarray:
+        """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids.
+        ``run``: the same slots as a slice (they are contiguous), indexed without a lookup."""
         n = slots.shape[0]
-        ids = self.ids[slots] + self.capacity
-        self.ids[slots] = ids
-        self.live[slots] = True
-        self.seq[slots] = self.inserted + np.arange(n)
+        at = slots if run is None else run
+        ids = self.ids[at] + self.capacity
+        self.ids[at] = ids
+        self.live[at] = True
+        self.seq[at] = np.arange(self.inserted, self.inserted + n)
         self.inserted += n
-        self.restamp(slots)
-        self.times[slots] = 0
+        self.stamp[at] = np.arange(self.stamps, self.stamps + n)
+        self.stamps += n
+        self.times[at] = 0
         self.size += n
         if n:
             self.next_id = max(self.next_id, int(ids.max()) + 1)
-            self._rows = max(self._rows, int(slots.max()) + 1)
+            self._rows = max(self._rows, int(slots[-1] if run is not None else slots.max()) + 1)
         return ids
 
     def restamp(self, slots: np.ndarray) -> None:
@@ -95,7 +104,9 @@ class TableRing(Ring):
         k = slots.shape[0]
         self.live[slots] = False
         idx = (self.free_head + self.free_count + np.arange(k)) % self.capacity
-        self.free[idx] = slots
+        if not (self.in_order and np.array_equal(slots, idx)):  # in order: free[idx] == idx already
+            self.in_order = False
+            self.free[idx] = slots
         self.free_count += k
         self.size -= k
 
@@ -108,6 +119,7 @@ class TableRing(Ring):
         self.live[:] = False
         self.free[:] = np.arange(c)
         self.free_head, self.free_count, self.size, self._rows = 0, c, 0, 0
+        self.in_order = True
 
     # -- ids and positions -----------------------------------------------------------
     def live_slots(self) -> np.ndarray:
@@ -205,3 +217,4 @@ class TableRing(Ring):
             int(state["rows"]),
         )
         self.next_id, self.size = int(state["next_id"]), int(state["size"])
+        self.in_order = bool(np.array_equal(self.free, np.arange(self.capacity)))

@@ -9,6 +9,7 @@ buffer and the state. The write and sample paths are in :mod:`xpbank.table.ops`.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from xpbank.sampler import sumtree
 from xpbank.sampler.registry import register_sampler
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
-from xpbank.table import heap, ops
+from xpbank.table import heap, ops, runs
 from xpbank.table import state as table_state
 from xpbank.table.options import (
     REMOVERS,
@@ -228,7 +229,7 @@ class Table:
         self.ring = TableRing(c)
         rb._ring = self.ring
         rb.__dict__["_place"] = self.write  # the write path's hook (xpbank.replay.writing.write)
-        rb.__dict__["_fast_write"] = False  # the fast path writes at the FIFO cursor
+        rb.__dict__["_runs"] = (partial(runs.run_start, self), partial(runs.run_written, self))  # fast path
         self._rb = rb
         limiter = self.rate_limiter
         self.limiter = (
