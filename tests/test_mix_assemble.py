@@ -90,3 +90,20 @@ def test_sources_of_one_layout_are_joined_in_one_copy(monkeypatch: pytest.Monkey
     calls.clear()
     Mixture([a, other], [1, 1]).sample(8)
     assert calls == [None]  # another layout: joined field by field
+
+
+def test_a_plain_uniform_source_is_drawn_through_its_fast_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed uniform source's share takes the sample fast path's draw (the same draws:
+    the first test compares the batches), a prioritized one its general path."""
+    from xpbank.replay import fast_read
+
+    a, b = _make("packed", 1, None), _make("prioritized", 2, None)
+    taken = []
+    real = fast_read.draw_records
+    monkeypatch.setattr(fast_read, "draw_records", lambda rb, k: taken.append(real(rb, k)) or taken[-1])
+    Mixture([a, b], [1, 1]).sample(8)
+    assert len(taken) == 2 and taken[0] is not None and taken[1] is None
+    a._fast_read = False  # the switch the tests use turns it off here too
+    taken.clear()
+    Mixture([a, b], [1, 1]).sample(8)
+    assert taken == [None, None]

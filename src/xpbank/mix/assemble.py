@@ -1,6 +1,8 @@
 """Joining the sources' shares of a :class:`~xpbank.mix.Mixture` batch into one TensorDict.
 
-Each share is drawn by the source's own read path up to the TensorDict
+A plain uniform source's share is its sample fast path's draw and one take of whole
+records (:func:`xpbank.replay.fast_read.draw_records`: the same draws). Any other share
+is drawn by the source's own read path up to the TensorDict
 (:func:`xpbank.replay.reading.draw` and :func:`~xpbank.replay.reading.gather_flat`,
 under the source's lock): its sampler, generator, n-step option and relabelling, and
 its fields as a flat ``{key: tensor}``, so no per-source TensorDict is built and taken
@@ -22,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError
-from xpbank.replay import ReplayBuffer, reading
+from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.spec.batch import to_tensordict
 
 __all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
@@ -47,6 +49,10 @@ def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> 
         return s, dict(td.items(include_nested=True, leaves_only=True)), tuple(td.batch_size), None
     storage = rb.storage
     with rb.lock:
+        found = fast_read.draw_records(rb, k) if replace and fields is None else None
+        if found is not None:  # a plain uniform buffer's fast sample, stopped at the records
+            taken, numbers, reader = found
+            return s, {"index": torch.from_numpy(numbers)}, (k,), (taken, reader)
         slots, ids, keys, info, flat = reading.draw(rb, k, replace, fields)
         reader = getattr(storage, "host_reader", None)
         whole = flat is None and keys is None and slots.ndim == 1

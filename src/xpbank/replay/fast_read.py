@@ -42,7 +42,7 @@ from xpbank.spec.batch import flat_tensordict, to_tensordict
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["ReadPlan", "ids_of_rows", "try_read", "try_sample"]
+__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "try_read", "try_sample"]
 
 # batch sizes whose slot tensors a buffer keeps (a loop samples one or two sizes)
 _KEPT_SIZES = 8
@@ -118,6 +118,24 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     slots, rows, size = plan.draw(batch_size)
     plan.sampler.draw_into(ring, slots, rb._generator)
     return _batch(plan, ring, rows, size, None)
+
+
+def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
+    """:func:`try_sample`'s draw and read, stopping before the batch: ``(the taken
+    records, their ids, the RecordReader that splits them into fields)``, for a
+    :class:`~xpbank.Mixture`'s share (which joins several sources' records in one copy);
+    ``None`` where :func:`try_sample` would decline. The caller holds the lock."""
+    ring = rb._ring
+    if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
+        return None
+    if rb._nstep is not None:
+        return None
+    plan = _plan(rb)
+    if plan is None or not plan.uniform:
+        return None
+    slots, rows, _ = plan.draw(batch_size)
+    plan.sampler.draw_into(ring, slots, rb._generator)
+    return plan.reader.records.take(rows), ids_of_rows(ring, rows), plan.reader
 
 
 def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
