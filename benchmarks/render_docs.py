@@ -298,11 +298,12 @@ def readme_rows(docs: list[dict[str, Any]]) -> list[str]:
     """The README's rows for small calls and whole loops (:data:`README_ROWS`)."""
     lines = []
     for what, stem, title, label, base, ours, peers in README_ROWS:
-        # a benchmark may have several result files (a partial rerun of some rows): the
-        # first table that has the row
-        tables = [
-            t for d in docs if d["benchmark"] == stem for t in d["tables"] if t["title"].startswith(title)
-        ]
+        # a benchmark may have several result files (a partial rerun of some rows, a
+        # "before" file): the newest table that has the row
+        docs_of = sorted(
+            (d for d in docs if d["benchmark"] == stem), key=lambda d: str(d["date"]), reverse=True
+        )
+        tables = [t for d in docs_of for t in d["tables"] if t["title"].startswith(title)]
         found = [(t, r) for t in tables for r in t["rows"] if r[0].startswith(label)]
         if not found:
             continue
