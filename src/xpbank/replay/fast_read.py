@@ -103,10 +103,10 @@ def _plan(rb: Any) -> ReadPlan | None:
     return plan if plan.usable else None
 
 
-def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
-    """``sample(batch_size)`` of every field with replacement from a buffer with the
-    uniform sampler (the caller holds the lock), or ``None``: the general path takes the
-    call (and raises what it raises)."""
+def _uniform_draw(rb: Any, batch_size: Any) -> tuple[ReadPlan, np.ndarray, torch.Size] | None:
+    """The uniform sampler's draw with replacement into the plan's kept slot tensor:
+    ``(plan, the slots as NumPy rows, the batch's size)``, or ``None`` where the fast
+    path does not apply (the caller holds the lock)."""
     ring = rb._ring
     if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
         return None
@@ -117,7 +117,18 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
         return None
     slots, rows, size = plan.draw(batch_size)
     plan.sampler.draw_into(ring, slots, rb._generator)
-    return _batch(plan, ring, rows, size, None)
+    return plan, rows, size
+
+
+def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field with replacement from a buffer with the
+    uniform sampler (the caller holds the lock), or ``None``: the general path takes the
+    call (and raises what it raises)."""
+    drawn = _uniform_draw(rb, batch_size)
+    if drawn is None:
+        return None
+    plan, rows, size = drawn
+    return _batch(plan, rb._ring, rows, size, None)
 
 
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
@@ -125,17 +136,11 @@ def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any]
     records, their ids, the RecordReader that splits them into fields)``, for a
     :class:`~xpbank.Mixture`'s share (which joins several sources' records in one copy);
     ``None`` where :func:`try_sample` would decline. The caller holds the lock."""
-    ring = rb._ring
-    if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
+    drawn = _uniform_draw(rb, batch_size)
+    if drawn is None:
         return None
-    if rb._nstep is not None:
-        return None
-    plan = _plan(rb)
-    if plan is None or not plan.uniform:
-        return None
-    slots, rows, _ = plan.draw(batch_size)
-    plan.sampler.draw_into(ring, slots, rb._generator)
-    return plan.reader.records.take(rows), ids_of_rows(ring, rows), plan.reader
+    plan, rows, _ = drawn
+    return plan.reader.records.take(rows), ids_of_rows(rb._ring, rows), plan.reader
 
 
 def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
