@@ -207,8 +207,8 @@ def test_dtype_tables_are_numpys_and_torchs() -> None:
 
 
 def test_key_paths_are_the_storages() -> None:
-    """Manifest key checks use the storage's file-name rule (a copy: storage does not
-    import the bank layer)."""
-    assert manifest_check.SAFE_PART.pattern == memmap._SAFE_PART.pattern
+    """Manifest key checks use the storage's file-name rule (one torch-free function,
+    xpbank._paths.safe_file_parts, that both call)."""
+    assert manifest_check.safe_file_parts is memmap.safe_file_parts
     for key in ("obs", ("next", "obs"), ("a", "b.c", "d-e_1")):
         assert manifest_check.data_relpath(key) == memmap.field_path(Path("data"), key).as_posix()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from xpbank._paths import safe_file_parts
 from xpbank.bank.safeio import MANIFEST_MAX_BYTES, open_regular, read_bounded
 from xpbank.errors import BankError, CorruptBankError, SpecError
 
@@ -44,8 +45,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 ALGORITHMS = ("xxh3_64", "crc32")  # the data checksums a bank may carry
 _STATE_NAME = re.compile(r"^state/g[0-9]+_[0-9]+\.npy$")
-# a key part that is a plain file name (the same rule as storage.memmap.field_path)
-SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _MAX_BYTES = 1 << 62  # no file (and no array) is larger
 # Slots a bank may claim without bytes on disk behind them (fields of zero bytes, no spec
 # yet): a buffer keeps some bookkeeping per slot (ids, episode links: ~25 bytes), so a
@@ -122,20 +121,10 @@ def read_manifest(root: Path, dir_fd: int | None = None) -> dict[str, Any]:
 
 
 # -- paths and keys ------------------------------------------------------------------
-def _key_str(key: NestedKey) -> str:
-    return key if isinstance(key, str) else ".".join(key)
-
-
 def data_relpath(key: NestedKey) -> str:
     """``data/next/obs.npy`` for ``("next", "obs")`` (a key part that is not a plain
     file name raises :class:`SpecError`)."""
-    parts = (key,) if isinstance(key, str) else key
-    for part in parts:
-        if not SAFE_PART.fullmatch(part) or part in {".", ".."}:
-            raise SpecError(
-                f"field {_key_str(key)!r}: key part {part!r} is not a safe file name "
-                "(letters, digits, '_', '-', '.'; not starting with '.')"
-            )
+    parts = safe_file_parts(key)  # the rule storage.memmap.field_path applies
     return "/".join(("data", *parts[:-1], parts[-1] + ".npy"))
 
 

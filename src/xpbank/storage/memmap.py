@@ -9,7 +9,6 @@ file ``next/obs.npy``.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import warnings
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xpbank._paths import safe_file_parts
 from xpbank.errors import ReadOnlyError, SpecError
 from xpbank.spec.keys import NestedKey, key_str
 from xpbank.spec.spec import Spec
@@ -29,8 +29,6 @@ from xpbank.storage.dtypes import as_torch, numpy_dtype
 
 __all__ = ["MemmapStorage", "field_path"]
 
-_SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
 
 def field_path(root: Path, key: NestedKey) -> Path:
     """The file of field ``key`` under ``root``: ``obs.npy``, ``next/obs.npy``.
@@ -38,13 +36,7 @@ def field_path(root: Path, key: NestedKey) -> Path:
     Raises:
         SpecError: a key part is not a plain file name (``..``, ``/``, leading dot).
     """
-    parts = (key,) if isinstance(key, str) else key
-    for part in parts:
-        if not _SAFE_PART.fullmatch(part) or part in {".", ".."}:
-            raise SpecError(
-                f"field {key_str(key)!r}: key part {part!r} is not a safe file name "
-                "(letters, digits, '_', '-', '.'; not starting with '.')"
-            )
+    parts = safe_file_parts(key)
     return root.joinpath(*parts[:-1], parts[-1] + ".npy")
 
 
