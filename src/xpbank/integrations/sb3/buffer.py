@@ -343,12 +343,19 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
             SpecError: the bank's layout differs from what the spaces give.
             BankError, CorruptBankError: see :func:`xpbank.load`.
         """
+        return cls(
+            observation_space=observation_space, action_space=action_space, device=device,
+            handle_timeout_termination=handle_timeout_termination, **cls._bank_arguments(path),
+        )  # fmt: skip
+
+    @staticmethod
+    def _bank_arguments(path: str | os.PathLike[str]) -> dict[str, Any]:
+        """The bank at ``path`` loaded (``_xp``) and the constructor arguments it fixes:
+        ``buffer_size``, ``n_envs``, ``n_steps`` and ``gamma`` (for :meth:`load_bank`)."""
         from xpbank.bank import load
 
         xp = load(path)
         config = xp.config()
         n_steps, gamma = (config["nstep"]["n"], config["nstep"]["gamma"]) if "nstep" in config else (1, 0.99)
-        return cls(
-            xp.capacity, observation_space, action_space, device, int(config.get("num_envs", 1)),
-            handle_timeout_termination=handle_timeout_termination, n_steps=n_steps, gamma=gamma, _xp=xp,
-        )  # fmt: skip
+        n_envs = int(config.get("num_envs", 1))
+        return {"buffer_size": xp.capacity, "n_envs": n_envs, "n_steps": n_steps, "gamma": gamma, "_xp": xp}

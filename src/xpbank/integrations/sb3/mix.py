@@ -255,15 +255,14 @@ class XpbankMixtureReplayBuffer(XpbankReplayBuffer):
 
         Threads: builds a new buffer; nothing is shared with the saved one.
         """
-        from xpbank.bank import bank_metadata, load
+        from xpbank.bank import bank_metadata
 
-        xp = load(path)
-        config = xp.config()
-        n_steps, gamma = (config["nstep"]["n"], config["nstep"]["gamma"]) if "nstep" in config else (1, 0.99)
+        arguments = cls._bank_arguments(path)
+        xp = arguments["_xp"]
         buf = cls(
-            xp.capacity, observation_space, action_space, device, int(config.get("num_envs", 1)),
-            handle_timeout_termination=handle_timeout_termination, n_steps=n_steps, gamma=gamma,
-            offline=offline, weights=weights, mix_seed=mix_seed, exact=exact, _xp=xp,
+            observation_space=observation_space, action_space=action_space, device=device,
+            handle_timeout_termination=handle_timeout_termination,
+            offline=offline, weights=weights, mix_seed=mix_seed, exact=exact, **arguments,
         )  # fmt: skip
         buf.mixture.load_saved(xp)
         entry = bank_metadata(xp).get(METADATA_KEY)
