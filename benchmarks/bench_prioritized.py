@@ -85,6 +85,27 @@ def per_data(capacity: int, chunk: int = 100_000) -> list[dict[str, np.ndarray]]
 # -- part 1: prioritized replay ----------------------------------------------------------
 Timed = dict[str, Callable[[int], object]]
 
+# what each xpbank row times: (its name in the table, what the call does)
+ALONE = {
+    "xpbank sample + update": (
+        "step: sample + update_priority",
+        "the table above: a training loop's step, sample(B) then update_priority of its ids",
+    ),
+    "xpbank sample": ("sample alone", "sample(B) after sample(B): no write between two samples"),
+    "xpbank update": (
+        "update_priority alone",
+        "the ids of 64 earlier samples in turn, with the same priorities at each turn",
+    ),
+    "xpbank uniform sample": ("uniform sample", "sample(B) of the same data with the uniform sampler"),
+}
+STEP_GAP = (
+    "A step costs more than its sample and its update timed alone: a row that repeats one "
+    "call finds the tree's nodes, the rows read and its own arrays in the caches where the "
+    "call before left them; in a step each call follows the other (timed inside a step, "
+    "both take longer). Summing the top of the tree anew after each write and the min-tree's "
+    "upkeep add a few µs at most: benchmarks/profile_prioritized.py shows each phase of a step."
+)
+
 
 def xpbank_per(capacity: int) -> Timed:
     rb = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha=0.6, beta=0.4), seed=0)
@@ -96,8 +117,8 @@ def xpbank_per(capacity: int) -> Timed:
     batch = rb.sample(BATCH)
     assert batch["obs"].shape == (BATCH, OBS) and batch["weight"].shape == (BATCH,)
     # update alone: the ids of 64 drawn batches in turn (each with the same priorities every
-    # round: this times the trees' work; "sample + update" times everything, the upkeep of
-    # the smallest priority included)
+    # round: this times the trees' work; "sample + update" times a training loop's step, the
+    # upkeep of the smallest priority included: see STEP_GAP)
     ids = [rb.sample(BATCH)["index"] for _ in range(64)]
 
     def step(i: int) -> None:
@@ -243,9 +264,11 @@ def report(r: dict[str, float], capacity: int, skipped: dict[str, str]) -> str:
         if t is not None:
             rows.append([name, fmt_us(t), fmt_ratio(t / base if base else None)])
     lines.append(markdown_table(["library", "sample + update_priority", "time vs xpbank"], rows))
-    alone = ("xpbank sample", "xpbank update", "xpbank uniform sample")
+    alone = ("xpbank sample + update", "xpbank sample", "xpbank update", "xpbank uniform sample")
     if all(k in r for k in alone):
-        lines += ["", "xpbank alone: " + ", ".join(f"{k[7:]} {fmt_us(r[k])}" for k in alone)]
+        lines += ["", f"## xpbank's prioritized calls, in a step and alone, batch {BATCH}", ""]
+        rows = [[ALONE[k][0], fmt_us(r[k]), ALONE[k][1]] for k in alone]
+        lines += [markdown_table(["timed", "µs per call", "what the call does"], rows), "", STEP_GAP]
     lines += ["", f"## N-step (n=3): {capacity:,} items from {NUM_ENVS} envs, batch {BATCH}", ""]
     rows = []
     for name in ("xpbank", "sb3"):

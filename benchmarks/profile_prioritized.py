@@ -45,9 +45,10 @@ PHASES = [
     ("fast sample (fast_read.try_prioritized)", 1),
     ("draw (prioritized_fast.draw_into)", 2),
     ("top prefix sums (top_prefix)", 3),
+    ("smallest priority (LazyMin flush)", 3),
+    ("compiled draw (sumtree_numba.draw_fresh)", 3),
     ("compiled draw + weights (prioritized_fast.weigh)", 3),
     ("compiled draw (sumtree_numba.draw)", 4),
-    ("smallest priority (LazyMin flush)", 4),
     ("batch: ids, records, TensorDict (fast_read._batch)", 2),
     ("general path: sampler.sample", 1),
     ("descent (find_prefix_sum)", 2),
@@ -116,6 +117,7 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     if kernels is not None:  # numba: the compiled calls that replace the NumPy phases above
         patches += [
             (kernels, "draw", "compiled draw (sumtree_numba.draw)"),
+            (kernels, "draw_fresh", "compiled draw (sumtree_numba.draw_fresh)"),
             (kernels, "live_slots", "compiled check (sumtree_numba.live_slots)"),
             (kernels, "live_priorities", "compiled check (sumtree_numba.live_priorities)"),
             (kernels, "update", "compiled tree write (sumtree_numba.update)"),
