@@ -19,6 +19,8 @@ import torch
 from sumtree_paths import kernels_fixture  # noqa: F401 (the kernels fixture)
 from xpbank import PrioritizedSampler, PriorityError, ReplayBuffer, StaleIndexError, XpbankIndexError
 from xpbank.replay import writing
+from xpbank.replay.fast_read import ids_of_rows
+from xpbank.ring.ids import Ring
 from xpbank.sampler import prioritized_fast
 
 
@@ -196,8 +198,12 @@ def test_draw_fresh_is_prefix_then_draw(kernels: object) -> None:
         kernels.draw(tuple(tree), want_cums, draws, 1.0, 0.01, want_slots, want_ratios)  # type: ignore[attr-defined]
         for fresh in (True, False):
             cums = np.full(want_cums.shape, np.nan) if fresh else want_cums.copy()
-            slots, ratios = np.empty(b, dtype=np.int64), np.empty(b)
-            kernels.draw_fresh(tuple(tree), cums, fresh, draws, 1.0, 0.01, slots, ratios)  # type: ignore[attr-defined]
+            slots, ratios, ids = np.empty(b, dtype=np.int64), np.empty(b), np.empty(b, dtype=np.int64)
+            first = int(rng.integers(0, 5 * capacity))  # a ring at any point: ids of its live slots
+            args = (slots, ratios, ids, first, capacity)
+            kernels.draw_fresh(tuple(tree), cums, fresh, draws, 1.0, 0.01, *args)  # type: ignore[attr-defined]
             np.testing.assert_array_equal(cums, want_cums)
             np.testing.assert_array_equal(slots, want_slots)
             np.testing.assert_array_equal(ratios, want_ratios)
+            ring = Ring(capacity, first + capacity, capacity)  # full: every slot live
+            np.testing.assert_array_equal(ids, ids_of_rows(ring, slots))

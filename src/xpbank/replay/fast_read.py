@@ -152,10 +152,11 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     if plan is None or not plan.prioritized:
         return None
     _, rows, size = plan.draw(batch_size)
-    weights = draw_into(plan.sampler, ring, rows, rb._generator)
-    if weights is None:
+    drawn = draw_into(plan.sampler, ring, rows, rb._generator)
+    if drawn is None:
         return None
-    return _batch(plan, ring, rows, size, {"weight": weights})
+    ids, weights = drawn
+    return _batch(plan, ring, rows, size, {"weight": weights}, ids)
 
 
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
@@ -191,11 +192,18 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
 
 
 def _batch(
-    plan: ReadPlan, ring: Any, rows: np.ndarray, size: torch.Size, info: dict[str, torch.Tensor] | None
+    plan: ReadPlan,
+    ring: Any,
+    rows: np.ndarray,
+    size: torch.Size,
+    info: dict[str, torch.Tensor] | None,
+    ids: np.ndarray | None = None,
 ) -> TensorDict:
     """The batch of ``rows``: the fields, ``"index"``, then ``info``'s entries, as the
-    general path's ``reading.gather`` orders them."""
-    ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
+    general path's ``reading.gather`` orders them (``ids``: the rows' ids, a new array,
+    where the draw computed them)."""
+    if ids is None:
+        ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
     flat = plan.reader.read(rows)
     flat["index"] = torch.from_numpy(ids)
     if info:

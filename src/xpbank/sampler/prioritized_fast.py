@@ -102,11 +102,14 @@ def _weights(sampler: Any, ratios: np.ndarray) -> np.ndarray:
     return weights
 
 
-def draw_into(sampler: Any, ring: Ring, slots: np.ndarray, generator: torch.Generator) -> torch.Tensor | None:
+def draw_into(
+    sampler: Any, ring: Ring, slots: np.ndarray, generator: torch.Generator
+) -> tuple[np.ndarray, torch.Tensor] | None:
     """:meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` with
-    replacement into ``slots`` (int64, the batch size long); returns the weights, or
-    ``None`` before any draw where the sampler's own ``sample`` must take the call
-    (no numba, the torch trees, nothing written, every priority 0: it raises)."""
+    replacement into ``slots`` (int64, the batch size long); returns the items' ids (a
+    new array) and weights, or ``None`` before any draw where the sampler's own
+    ``sample`` must take the call (no numba, the torch trees, nothing written, every
+    priority 0: it raises)."""
     kernels = sumtree_numba.load()
     levels = sampler._levels
     if kernels is None or sampler._trees is not None or not levels:
@@ -126,10 +129,15 @@ def draw_into(sampler: Any, ring: Ring, slots: np.ndarray, generator: torch.Gene
         scale, divisor = float(ring.size), float(cums[-1])
         if not divisor > 0:
             return None
-    arrays = sampler._arrays.of(slots.shape[0])
+    b = slots.shape[0]
+    arrays = sampler._arrays.of(b)
     arrays.fill(generator)
-    kernels.draw_fresh(levels, cums, fresh, arrays.draws, scale, divisor, slots, arrays.ratios)
-    return torch.from_numpy(_weights(sampler, arrays.ratios))
+    ids = np.empty(b, dtype=np.int64)
+    first = ring.next_id - ring.size
+    kernels.draw_fresh(
+        levels, cums, fresh, arrays.draws, scale, divisor, slots, arrays.ratios, ids, first, ring.capacity
+    )
+    return ids, torch.from_numpy(_weights(sampler, arrays.ratios))
 
 
 def write(sampler: Any, kernels: Any, slots: np.ndarray, shifted: np.ndarray) -> None:

@@ -233,13 +233,21 @@ def draw_fresh(
     divisor: float,
     slots: np.ndarray,
     ratios: np.ndarray,
+    ids: np.ndarray,
+    first: int,
+    capacity: int,
 ) -> None:
     """:func:`draw`, with ``fresh``: the top's prefix sums first rewritten in place
     (``cums``: its length, :func:`prefix`'s sums), sparing a sample after a write the
-    separate :func:`prefix` call and its array."""
+    separate :func:`prefix` call and its array; and the drawn items' ids into ``ids``
+    (live ids ``[first, first + n)`` in a ring of ``capacity`` slots: ``first + (slot -
+    first mod capacity) mod capacity``, as ``fast_read.ids_of_rows`` gives them)."""
     if fresh:
         prefix_into(levels[-1], cums)
     draw_body(levels, cums, draws, scale, divisor, slots, ratios)
+    offset = first % capacity
+    for i in range(slots.shape[0]):
+        ids[i] = first + (slots[i] - offset) % capacity
 
 
 def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.ndarray) -> None:
