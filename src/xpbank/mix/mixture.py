@@ -22,7 +22,7 @@ from tensordict import TensorDict
 
 from xpbank.errors import BankError, CapacityError, DeviceError, EmptyBufferError, PriorityError, SpecError
 from xpbank.mix import routing
-from xpbank.mix.assemble import Assembler, draw_share, refuse_keys
+from xpbank.mix.assemble import Assembler, refuse_keys
 from xpbank.mix.schedule import Constant, Linear, Schedule, as_schedule, split_counts
 from xpbank.replay import ReplayBuffer
 
@@ -165,8 +165,7 @@ class Mixture:
         with self._lock:
             counts = self._draw_counts(batch_size)
             self._check_sources(counts, replace)  # before any source draws
-            parts = [draw_share(s, self.sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
-            batch = self._assembler.join(parts, counts)
+            batch = self._assembler.sample(self.sources, counts, replace, fields)
             self.step += 1
             return batch
 
