@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xpbank import Mixture, PrioritizedSampler, ReplayBuffer, UniformSampler
+from xpbank import MemmapStorage, Mixture, PrioritizedSampler, ReplayBuffer, UniformSampler, open_bank, save
 from xpbank.mix import Linear, assemble
 
 
@@ -129,3 +129,36 @@ def test_other_samplers_are_read_their_own_way_and_joined(other: type, monkeypat
         ones = torch.ones(3, dtype=torch.float64)
         assert torch.equal(batch["weight"], torch.cat([ones, want[1]["weight"]]))
     assert seen[-1] is False  # joined share by share, not in place
+
+
+def _memmapped(tmp_path: object, seed: int, kind: str) -> ReplayBuffer:
+    """A bank opened "r" (uniform or prioritized), or a buffer over a MemmapStorage."""
+    if kind == "own sampler memmap":
+        rb = ReplayBuffer(32, seed=seed, sampler=_OwnUniform(), storage=MemmapStorage(32, f"{tmp_path}/mm"))
+        rb.extend(_data(40, seed))
+        return rb
+    src = _buffer(seed, PrioritizedSampler() if kind == "prioritized bank" else None)
+    return open_bank(save(src, f"{tmp_path}/bank{seed}"), "r")
+
+
+@pytest.mark.parametrize("second", ["bank", "prioritized bank", "own sampler memmap"])
+def test_a_bank_and_a_buffer_are_taken_field_by_field_in_place(
+    second: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory-mapped source: every field's rows go straight into the batch (no join)."""
+    joined = []
+    real = assemble.Assembler.join
+    monkeypatch.setattr(assemble.Assembler, "join", lambda self, *a: joined.append(1) or real(self, *a))
+    a, b = _buffer(1), _memmapped(tmp_path, 2, second)
+    states = [a.generator.get_state(), b.generator.get_state()]
+    mix = Mixture([a, b, a], [1, 2, 1])
+    got = mix.sample(12)
+    want = [*_expect([(a, 3), (b, 6)], states), a.sample(3)]
+    _same(got, [w.exclude("weight") for w in want])
+    if second == "prioritized bank":
+        ones = torch.ones(3)
+        assert torch.equal(got["weight"], torch.cat([ones, want[1]["weight"], ones]))
+    assert got["source"].tolist() == [0] * 3 + [1] * 6 + [2] * 3
+    assert joined == []
+    got["obs"].zero_()  # fresh memory: the bank (opened "r") is not written
+    assert not torch.equal(mix.sample(12)["obs"], torch.zeros(12, 3))

@@ -34,9 +34,11 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError
+from xpbank.mix.fields import FieldLayout, share_entries, take_fields
 from xpbank.mix.inplace import Layout, Share, take_share
 from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.spec.batch import flat_tensordict, to_tensordict
+from xpbank.storage.dtypes import as_torch
 
 __all__ = ["Assembler", "Share", "draw_share", "refuse_keys"]
 
@@ -103,7 +105,7 @@ class Assembler:
         self.keys = keys
         self._columns: dict[tuple[Any, ...], torch.Tensor] = {}
         self._plans: dict[tuple[Any, ...], tuple[list[Any], bool, tuple[int, ...]]] = {}
-        self._layout: Layout | None = None  # the last one found (None: not found yet)
+        self._layout: Layout | FieldLayout | None = None  # the last one found
         self._unfit: tuple[Any, ...] | None = None  # the last state without one
         # counts -> ("source" of a batch in place, its torch.Size)
         self._flat_columns: dict[tuple[int, ...], tuple[np.ndarray, torch.Size]] = {}
@@ -124,6 +126,8 @@ class Assembler:
             parts = [draw_share(s, sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
             return self.join(parts, counts)
         column, size = self._flat_column(counts)
+        if isinstance(layout, FieldLayout):
+            return self._take_fields(layout, sources, counts, replace, column, size)
         joint = (np.empty(size[0], dtype=layout.dtype), np.empty(size[0], dtype=np.int64))
         weights: list[np.ndarray | None] = [None]
         parts, lo = [], 0
@@ -136,21 +140,47 @@ class Assembler:
         out = _join_rows(parts)  # the fields as views of the joint records
         if out is None:
             return self.join(parts, counts)
-        if weights[0] is not None:
-            out["weight"] = torch.from_numpy(weights[0])
-        out["source"] = torch.from_numpy(column.copy())
-        if layout.flat:
-            return flat_tensordict(out, size, layout.device)
-        return to_tensordict(out, size, layout.device)
+        return _batch(out, weights[0], column, size, layout)
 
-    def _layout_of(self, sources: tuple[ReplayBuffer, ...], counts: list[int]) -> Layout | None:
+    def _take_fields(
+        self,
+        layout: FieldLayout,
+        sources: tuple[ReplayBuffer, ...],
+        counts: list[int],
+        replace: bool,
+        column: np.ndarray,
+        size: torch.Size,
+    ) -> TensorDict:
+        """:meth:`sample` through a :class:`~xpbank.mix.fields.FieldLayout`."""
+        n = size[0]
+        outs = {key: np.empty((n, *f[1]), dtype=f[0]) for key, f in layout.fields.items()}
+        joint = (outs, np.empty(n, dtype=np.int64))
+        weights: list[np.ndarray | None] = [None]
+        own: list[tuple[int, int, int, Share | None]] = []
+        lo = 0
+        for s, k in enumerate(counts):
+            if k:
+                views = layout.views[s]
+                own.append((s, lo, k, take_fields(s, sources[s], k, replace, views, joint, lo, weights)))
+                lo += k
+        if any(share is not None for *_, share in own):  # joined share by share
+            parts = [
+                (s, share_entries(layout, joint, weights[0], lo, k), (k,), None) if share is None else share
+                for s, lo, k, share in own
+            ]
+            return self.join(parts, counts)
+        out = {key: as_torch(joint[0][key], f[2]) for key, f in layout.fields.items()}
+        out["index"] = torch.from_numpy(joint[1])
+        return _batch(out, weights[0], column, size, layout)
+
+    def _layout_of(self, sources: tuple[ReplayBuffer, ...], counts: list[int]) -> Layout | FieldLayout | None:
         state = Layout.state_of(sources, counts)
         layout = self._layout
         if layout is not None and layout.state == state:
             return layout
         if state == self._unfit:
             return None
-        layout = Layout.of(sources, state)
+        layout = Layout.of(sources, state) or FieldLayout.of(sources, state)
         if layout is None:
             self._unfit = state
         else:
@@ -243,6 +273,23 @@ class Assembler:
                 column = column.reshape(-1, *(1,) * (len(batch_size) - 1)).expand(batch_size)
             column = self._columns[key] = column.to(device).contiguous()
         return column.clone()
+
+
+def _batch(
+    out: dict[Any, torch.Tensor],
+    weights: np.ndarray | None,
+    column: np.ndarray,
+    size: torch.Size,
+    layout: Layout | FieldLayout,
+) -> TensorDict:
+    """The TensorDict of a batch taken in place: its fields and ``"index"`` (``out``),
+    ``"weight"`` where a source gave weights, and ``"source"`` (a copy of the kept column)."""
+    if weights is not None:
+        out["weight"] = torch.from_numpy(weights)
+    out["source"] = torch.from_numpy(column.copy())
+    if layout.flat:
+        return flat_tensordict(out, size, layout.device)
+    return to_tensordict(out, size, layout.device)
 
 
 def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:

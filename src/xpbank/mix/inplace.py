@@ -98,21 +98,15 @@ def take_share(
     """
     hi = lo + k
     with rb.lock:
-        found = fast_read.draw_records(rb, k) if replace else None
-        if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
-            rows, reader = found
-            weight = None
-        elif rb._nstep is None and type(rb._ring) is Ring and getattr(rb._sampler, "relabel", None) is None:
-            slots, info = reading.draw_slots(rb, k, replace)  # e.g. a prioritized sample
-            reader = getattr(rb._storage, "host_reader", None)
-            found = _rows_of(slots, info, k)
-            if found is None or reader is None:  # read as the source's own sample reads them
-                ids = rb._ring.ids_of_slots(slots)
-                return s, reading.gather_flat(rb, slots, ids, None, info, None), tuple(slots.shape), None
-            rows, weight = found
-        else:  # n-step, relabelling or a ring of its own: the source's own read path
-            slots, ids, keys, info, flat = reading.draw(rb, k, replace, None)
-            return s, reading.gather_flat(rb, slots, ids, keys, info, flat), tuple(slots.shape), None
+        rows, weight, own = draw_rows(s, rb, k, replace)
+        if own is not None:
+            return own
+        reader = getattr(rb._storage, "host_reader", None)
+        if reader is None:  # no packed block since it was checked: read as gather does
+            slots = torch.from_numpy(rows.copy())
+            info = {} if weight is None else {"weight": torch.from_numpy(weight)}
+            flat = reading.gather_flat(rb, slots, rb._ring.ids_of_slots(slots), None, info, None)
+            return s, flat, (k,), None
         if reader is not expected or type(rb._sampler) not in _IN_RANGE:
             # another layout since it was checked, or slots to check: take as gather does
             entries = {"index": torch.from_numpy(fast_read.ids_of_rows(rb._ring, rows))}
@@ -124,13 +118,40 @@ def take_share(
         fast_read.ids_of_rows(rb._ring, rows, numbers)
     entries = {"index": torch.from_numpy(numbers)}
     if weight is not None:
-        every = weights[0]
-        if every is None:
-            every = weights[0] = np.ones(joint[1].shape[0], dtype=np.float32)
-        share = every[lo:hi]
-        share[:] = weight
-        entries["weight"] = torch.from_numpy(share)
+        entries["weight"] = torch.from_numpy(put_weights(weights, weight, lo, joint[1].shape[0]))
     return s, entries, (k,), (records, reader, joint)
+
+
+def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any, Share | None]:
+    """Source ``s``'s draw of ``k`` items as its ``sample(k, replace)`` draws them:
+    ``(rows, weights or None, None)`` (NumPy int64 slots, float32 weights) where the
+    caller can read the rows itself, else ``(None, None, the share)`` read the source's
+    own way (n-step, relabelling, windows, other per-item entries). The caller holds
+    the lock. A plain uniform source's rows are its fast path's kept array: read them
+    before its next draw."""
+    found = fast_read.draw_records(rb, k) if replace else None
+    if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
+        return found[0], None, None
+    if rb._nstep is None and type(rb._ring) is Ring and getattr(rb._sampler, "relabel", None) is None:
+        slots, info = reading.draw_slots(rb, k, replace)  # e.g. a prioritized sample
+        fit = _rows_of(slots, info, k)
+        if fit is not None:
+            return fit[0], fit[1], None
+        entries = reading.gather_flat(rb, slots, rb._ring.ids_of_slots(slots), None, info, None)
+        return None, None, (s, entries, tuple(slots.shape), None)
+    slots, ids, keys, info, read = reading.draw(rb, k, replace, None)
+    return None, None, (s, reading.gather_flat(rb, slots, ids, keys, info, read), tuple(slots.shape), None)
+
+
+def put_weights(weights: list[np.ndarray | None], weight: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """Write a share's ``weight`` at ``lo`` into the batch's weights ``weights[0]`` (made
+    on first use: 1.0 for the items of sources without weights); returns its slice."""
+    every = weights[0]
+    if every is None:
+        every = weights[0] = np.ones(n, dtype=np.float32)
+    share = every[lo : lo + weight.shape[0]]
+    share[:] = weight
+    return share
 
 
 def _rows_of(
