@@ -117,17 +117,23 @@ class _Float64Weights(PrioritizedSampler):
         return slots, {"weight": info["weight"].double()}
 
 
+@pytest.mark.parametrize("first", [None, PrioritizedSampler])
 @pytest.mark.parametrize("other", [_OwnUniform, _Float64Weights])
-def test_other_samplers_are_read_their_own_way_and_joined(other: type, monkeypatch) -> None:
+def test_other_samplers_are_read_their_own_way_and_joined(
+    first: type | None, other: type, monkeypatch
+) -> None:
+    """A share that is not taken in place: the shares that were are joined with it."""
     seen = _in_place_spy(monkeypatch)
-    a, b = _buffer(1), _buffer(2, other())
+    a, b = _buffer(1, first() if first else None), _buffer(2, other())
     states = [a.generator.get_state(), b.generator.get_state()]
     batch = Mixture([a, b], [1, 3]).sample(12)
     want = _expect([(a, 3), (b, 9)], states)
     _same(batch, [w.exclude("weight") for w in want])
-    if other is _Float64Weights:
-        ones = torch.ones(3, dtype=torch.float64)
-        assert torch.equal(batch["weight"], torch.cat([ones, want[1]["weight"]]))
+    if first or other is _Float64Weights:
+        weights = [w["weight"] if "weight" in w else torch.ones(w.batch_size) for w in want]
+        assert torch.equal(batch["weight"], torch.cat(weights))
+    else:
+        assert "weight" not in batch
     assert seen[-1] is False  # joined share by share, not in place
 
 

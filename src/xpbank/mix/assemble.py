@@ -35,7 +35,7 @@ from tensordict import TensorDict
 
 from xpbank.errors import SpecError
 from xpbank.mix.fields import FieldLayout, share_entries, take_fields
-from xpbank.mix.inplace import Layout, Share, take_share
+from xpbank.mix.inplace import Layout, Share, spelled_out, take_share
 from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.spec.batch import flat_tensordict, to_tensordict
 from xpbank.storage.dtypes import as_torch
@@ -130,16 +130,16 @@ class Assembler:
             return self._take_fields(layout, sources, counts, replace, column, size)
         joint = (np.empty(size[0], dtype=layout.dtype), np.empty(size[0], dtype=np.int64))
         weights: list[np.ndarray | None] = [None]
-        parts, lo = [], 0
+        parts, lo, in_place = [], 0, True
         for s, k in enumerate(counts):
             if k:
-                parts.append(take_share(s, sources[s], k, replace, layout.readers[s], joint, lo, weights))
+                part = take_share(s, sources[s], k, replace, layout.readers[s], joint, lo, weights)
+                in_place = in_place and part[3] is not None and part[3][2] is joint
+                parts.append(part)
                 lo += k
-        if any(part[3] is None or part[3][2] is not joint for part in parts):
-            return self.join(parts, counts)  # a share read its own way (see take_share)
-        out = _join_rows(parts)  # the fields as views of the joint records
-        if out is None:
-            return self.join(parts, counts)
+        out = _join_rows(parts) if in_place else None  # the fields as views of the joint records
+        if out is None:  # a share read its own way (see take_share)
+            return self.join([spelled_out(p, joint, weights[0]) for p in parts], counts)
         return _batch(out, weights[0], column, size, layout)
 
     def _take_fields(

@@ -22,11 +22,12 @@ from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.ring.ids import Ring
 from xpbank.sampler import PrioritizedSampler, UniformSampler
 
-__all__ = ["Layout", "Share", "take_share"]
+__all__ = ["Layout", "Share", "draw_rows", "put_weights", "spelled_out", "take_share"]
 
 # (source number, its entries {key: tensor}, its batch shape, its rows where its fields
 # are still whole records, else None: (the taken records, the RecordReader that splits
-# them, and the batch's (records, ids) when they were taken into a slice of those, else None))
+# them, and None; or, taken into a slice of a batch's (records, ids), that pair and the
+# slice's start, the entries then left out: spelled_out gives them))
 Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...], Any]
 # samplers whose slots are always stored slots: their rows are taken without a bounds check
 _IN_RANGE = (UniformSampler, PrioritizedSampler)
@@ -116,10 +117,23 @@ def take_share(
         records, numbers = joint[0][lo:hi], joint[1][lo:hi]
         reader.records.take(rows, out=records, mode="clip")  # in range: no buffered copy
         fast_read.ids_of_rows(rb._ring, rows, numbers)
-    entries = {"index": torch.from_numpy(numbers)}
     if weight is not None:
-        entries["weight"] = torch.from_numpy(put_weights(weights, weight, lo, joint[1].shape[0]))
-    return s, entries, (k,), (records, reader, joint)
+        put_weights(weights, weight, lo, joint[1].shape[0])
+    return s, {}, (k,), (records, reader, joint, lo)  # its entries: see spelled_out
+
+
+def spelled_out(part: Share, joint: Any, weights: np.ndarray | None) -> Share:
+    """``part`` with its entries (``"index"``, ``"weight"`` where the batch has weights)
+    and its records as its own, where :func:`take_share` took it into ``joint``: the
+    form :meth:`Assembler.join <xpbank.mix.assemble.Assembler.join>` joins."""
+    rows = part[3]
+    if rows is None or rows[2] is not joint:
+        return part
+    s, _, shape, (records, reader, _, lo) = part
+    entries = {"index": torch.from_numpy(joint[1][lo : lo + shape[0]])}
+    if weights is not None:
+        entries["weight"] = torch.from_numpy(weights[lo : lo + shape[0]])
+    return s, entries, shape, (records, reader, None)
 
 
 def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any, Share | None]:
