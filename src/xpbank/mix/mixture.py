@@ -170,10 +170,13 @@ class Mixture:
             return batch
 
     def _check_sources(self, counts: list[int], replace: bool) -> None:
+        same = self.keys == "same"
+        given = []  # (source, spec) of the sources with a share and a spec
         for s, k in enumerate(counts):
             if not k:
                 continue
-            n = len(self.sources[s])
+            rb = self.sources[s]
+            n = len(rb)
             if n == 0:
                 raise EmptyBufferError(
                     f"sample: source {s} is empty but its weight gives it {k} items of this batch; "
@@ -184,14 +187,15 @@ class Mixture:
                     f"sample: source {s}: {k} distinct items asked for (replace=False), "
                     f"but only {n} are stored"
                 )
-        if self.keys == "same":
-            given = tuple((s, spec) for s, k in enumerate(counts) if k and (spec := self.sources[s].spec))
-            if given != self._checked:  # specs are compared by value: checked once per change
-                specs = [(s, set(spec.keyset)) for s, spec in given]
-                for s, keys in specs[1:]:
-                    if keys != specs[0][1]:
-                        refuse_keys(specs[0], (s, keys))
-                self._checked = given
+            if same and (spec := rb.spec):
+                given.append((s, spec))
+        if same and (checked := tuple(given)) != self._checked:
+            # specs are compared by value: checked once per change
+            specs = [(s, set(spec.keyset)) for s, spec in checked]
+            for s, keys in specs[1:]:
+                if keys != specs[0][1]:
+                    refuse_keys(specs[0], (s, keys))
+            self._checked = checked
 
     # -- updates ----------------------------------------------------------------
     def update(self, source: Any, indices: Any, values: Any) -> None:
