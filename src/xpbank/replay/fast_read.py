@@ -137,6 +137,8 @@ def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
     share (which takes several sources' records into one batch); ``None`` where
     :func:`try_sample` would decline. The rows are the plan's kept slot array: read them
     before this buffer's next draw. The caller holds the lock."""
+    if type(rb._sampler) is not UniformSampler:  # (try_sample's caller checks this first too)
+        return None
     drawn = _uniform_draw(rb, batch_size)
     if drawn is None:
         return None
