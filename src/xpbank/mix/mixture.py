@@ -4,8 +4,12 @@ A sampling-time composition: each source is a :class:`~xpbank.ReplayBuffer` (a l
 buffer, or a bank opened with ``xpbank.open_bank(path, "r")``: memory-mapped, so a
 large offline dataset is read page by page as sampled, never loaded) and keeps its own
 sampler, n-step option and RNG. The mixture only decides how many items each source
-gives to a batch, draws each share through the source's own read path, and joins the
-shares into one batch (:mod:`xpbank.mix.assemble`: no TensorDict per share).
+gives to a batch and draws each share with the source's own sampler. Where the sources
+store their fields alike (one packed layout, or a memory-mapped bank beside buffers of
+the same fields) each share's rows are taken straight into one batch allocated once
+(:mod:`xpbank.mix.inplace`, :mod:`xpbank.mix.fields`); otherwise each share is read by
+the source's own read path and the shares are joined (:mod:`xpbank.mix.assemble`). No
+TensorDict is made per share.
 """
 
 from __future__ import annotations
@@ -150,9 +154,10 @@ class Mixture:
         """Draw ``batch_size`` items: each source's count as its own ``sample(k, replace, fields)``.
 
         Each source draws as its own ``sample`` does (its sampler, generator and options
-        such as n-step, under its own lock: the same items); the shares are concatenated
-        key by key. Items
-        are grouped by source, in source order. The returned batch is new memory (never aliases a source).
+        such as n-step, under its own lock: the same items); the shares' rows are taken
+        into one batch (or, for sources stored differently, concatenated key by key).
+        Items are grouped by source, in source order. The returned batch is new memory
+        (never aliases a source, nor an earlier batch).
 
         Raises:
             EmptyBufferError: a source with a share of this batch holds nothing.
