@@ -8,10 +8,12 @@ records of one packed CPU block of one layout (``host_reader`` of a
 allocated once and each share is drawn under its source's lock and taken straight into
 its slice: a plain uniform source by its sample fast path's draw
 (:func:`xpbank.replay.fast_read.draw_records`: the same draws), any other by its
-sampler's own draw (:func:`xpbank.replay.reading.draw`, e.g. a prioritized
+sampler's own draw (:func:`xpbank.replay.reading.draw_slots`, e.g. a prioritized
 sample). The rows are copied once, as by the sources' own samples; the fields are views
 of the records, and the TensorDict is made as the sample fast path makes it. Whether the
-sources qualify is worked out once per state of theirs (:class:`Layout`).
+sources qualify is worked out once per state of theirs (:class:`~xpbank.mix.inplace.Layout`).
+A memory-mapped source (an opened bank) beside sources of the same fields takes each
+field's rows into the batch's per-field arrays instead (:mod:`xpbank.mix.fields`).
 
 **Share by share** otherwise: each share is drawn by the source's own read path up to
 the TensorDict (:func:`xpbank.replay.reading.draw` and
@@ -115,8 +117,10 @@ class Assembler:
     ) -> TensorDict:
         """One batch of ``counts[s]`` items of each source ``s`` (in source order), each
         share drawn as the source's own ``sample(counts[s], replace, fields)`` draws it:
-        taken in place where the sources have one :class:`Layout` and every field is
-        asked for, else share by share and joined (:meth:`join`).
+        taken in place where every field is asked for and the sources store them alike
+        (one packed :class:`~xpbank.mix.inplace.Layout`, or a memory-mapped source
+        beside others of the same fields: :class:`~xpbank.mix.fields.FieldLayout`),
+        else share by share and joined (:meth:`join`).
 
         Raises:
             SpecError: as :meth:`join`; what a source's sample raises.

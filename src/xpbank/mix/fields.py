@@ -48,8 +48,8 @@ class FieldLayout:
     @classmethod
     def of(cls, sources: tuple[ReplayBuffer, ...], state: tuple[Any, ...]) -> FieldLayout | None:
         """The layout, or ``None``: no source with a share is memory-mapped, one samples
-        its own way, is not on the CPU or keeps a field without a NumPy view, or the
-        sources' specs differ."""
+        its own way, is not on the CPU, or keeps a field without a contiguous NumPy view
+        (and no packed block), or the sources' specs differ."""
         if not any(f is not None and isinstance(f[0], MemmapStorage) for f in state):
             return None
         views: list[dict[Any, np.ndarray] | None] = []
@@ -71,9 +71,13 @@ class FieldLayout:
             arrays = {key: host(key) for key in spec}
             if any(a is None for a in arrays.values()):
                 return None
+            # a packed block: whole records taken, then split; other fields must be
+            # contiguous (NumPy's take of a strided view copies the whole field first)
+            reader = found[1]
+            if reader is None and not all(a.flags.c_contiguous for a in arrays.values()):
+                return None
             views.append(arrays)
-            reader = found[1]  # a packed block: whole records taken, then split (NumPy's take
-            readers.append(reader)  # of a strided field view would copy the whole field first)
+            readers.append(reader)
         given = [v for v in views if v is not None]
         fields = {}
         for key in given[0]:

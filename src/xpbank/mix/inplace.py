@@ -5,10 +5,12 @@ arrays (:mod:`xpbank.mix.assemble` makes the arrays and the TensorDict).
 Where every source with a share keeps its fields in one packed CPU block (``host_reader``
 of a :class:`~xpbank.TensorStorage`) and those blocks share one record layout, a batch
 of ``B`` items is one ``np.empty`` of ``B`` records and one of ``B`` ids, then per share
-the draw (a plain uniform source's sample fast path, :func:`~xpbank.replay.fast_read.draw_records`;
-any other source's own :func:`~xpbank.replay.reading.draw`: the same draws as its
-``sample``) and one ``take`` of whole records into the share's slice: the rows are copied
-once, as by the sources' own samples, with no join copy afterwards.
+the draw (:func:`draw_rows`: a plain uniform source's sample fast path,
+:func:`~xpbank.replay.fast_read.draw_records`, else the source's sampler's own draw,
+:func:`~xpbank.replay.reading.draw_slots`, e.g. a prioritized one: the same draws as its
+``sample``) and one ``take`` of whole records into the share's slice. The rows are
+copied once, as by the sources' own samples, with no join copy afterwards; the ids are
+computed into their slice, the weights (where a sampler gives them) copied into theirs.
 """
 
 from __future__ import annotations
