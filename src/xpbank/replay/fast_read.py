@@ -159,16 +159,19 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     return _batch(plan, ring, rows, size, {"weight": weights}, ids)
 
 
-def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
-    """:func:`try_sample`'s draw and read, stopping before the batch: ``(the taken
-    records, their ids, the RecordReader that splits them into fields)``, for a
-    :class:`~xpbank.Mixture`'s share (which joins several sources' records in one copy);
-    ``None`` where :func:`try_sample` would decline. The caller holds the lock."""
+def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
+    """:func:`try_sample`'s draw, stopping before the read: ``(the drawn slots as NumPy
+    rows, the RecordReader whose records they index)``, for a :class:`~xpbank.Mixture`'s
+    share (which takes several sources' records into one batch); ``None`` where
+    :func:`try_sample` would decline. The rows are the plan's kept slot array: read them
+    before this buffer's next draw. The caller holds the lock."""
+    if type(rb._sampler) is not UniformSampler:  # (try_sample's caller checks this first too)
+        return None
     drawn = _uniform_draw(rb, batch_size)
     if drawn is None:
         return None
     plan, rows, _ = drawn
-    return plan.reader.records.take(rows), ids_of_rows(rb._ring, rows), plan.reader
+    return rows, plan.reader
 
 
 def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
@@ -213,9 +216,10 @@ def _batch(
     return to_tensordict(flat, size, plan.device)
 
 
-def ids_of_rows(ring: Any, rows: np.ndarray) -> np.ndarray:
+def ids_of_rows(ring: Any, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The ids of the live items in slots ``rows`` (a NumPy int64 index), as
-    :meth:`Ring.ids_of_slots <xpbank.ring.ids.Ring.ids_of_slots>` gives them.
+    :meth:`Ring.ids_of_slots <xpbank.ring.ids.Ring.ids_of_slots>` gives them, in a
+    new array or written into ``out`` (int64, the shape of ``rows``).
 
     The live ids are ``[first, first + size)`` and an id's slot is ``id % capacity``, so
     a live slot ``s`` holds id ``first + (s - first) mod capacity``: two in-place NumPy
@@ -225,8 +229,8 @@ def ids_of_rows(ring: Any, rows: np.ndarray) -> np.ndarray:
     first = ring.next_id - ring.size
     offset = first % ring.capacity  # the oldest item's slot
     if offset == 0:
-        return rows + first
-    ids = rows - offset
+        return np.add(rows, first, out=out)
+    ids = np.subtract(rows, offset, out=out)
     ids %= ring.capacity
     ids += first
     return ids

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "draw",
+    "draw_slots",
     "epochs",
     "gather",
     "gather_flat",
@@ -145,6 +146,16 @@ def draw(
     of :func:`gather` / :func:`gather_flat` (``flat``: the fields n-step or the sampler's
     ``relabel`` read already, else ``None``). The caller holds the lock."""
     return _read_plan(rb, *_draw_slots(rb, batch_size, replace, fields, None))
+
+
+def draw_slots(
+    rb: BufferParts, batch_size: int, replace: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`sample`'s checks and the sampler's draw of every field, before the read:
+    ``(slots, info)``, for a caller that reads the slots itself as :func:`sample` would
+    (a :class:`~xpbank.Mixture`'s share of a plain buffer: no n-step option, no
+    relabelling, the ring's own ids). The caller holds the lock."""
+    return _draw_slots(rb, batch_size, replace, None, None)[1:]
 
 
 def _draw_slots(
