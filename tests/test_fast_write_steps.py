@@ -96,8 +96,9 @@ def test_small_torch_tensors_of_every_stored_dtype_match_the_full_path():
         "f64": (torch.float64, [1e308, -0.0, float("nan"), 5e-324]),
         "b": (torch.bool, [True, False, True, True]),
     }
-    items, rows = pair(8, Spec({k: Field((4,), d) for k, (d, _) in cases.items()})), pair(
-        8, Spec({k: Field((), d) for k, (d, _) in cases.items()})
+    items, rows = (
+        pair(8, Spec({k: Field((4,), d) for k, (d, _) in cases.items()})),
+        pair(8, Spec({k: Field((), d) for k, (d, _) in cases.items()})),
     )
     for i in range(6):
         batch = {k: torch.tensor(v, dtype=d).roll(i) for k, (d, v) in cases.items()}
