@@ -28,6 +28,7 @@ this tree / base. No timing is asserted anywhere.
 from __future__ import annotations
 
 import datetime
+import subprocess
 import sys
 import tempfile
 import time
@@ -171,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     calls = args.calls if args.calls != 100 else (300 if args.quick else 2000)
     t = timed(fns, calls, args.rounds)
     out = table(t)
+    commit = subprocess.run(["git", "rev-parse", "--short", args.base], capture_output=True, text=True).stdout
     out["notes"] = (
-        f"{args.rounds} rounds of {calls} calls, thread CPU time, median block; base = {args.base}."
+        f"{args.rounds} rounds of {calls} calls, thread CPU time, median block; "
+        f"base = {args.base} ({commit.strip() or '?'})."
     )
     print(f"\n### {out['title']}\n\n{markdown_table(out['headers'], out['rows'])}\n\n{out['notes']}")
     if args.json:
