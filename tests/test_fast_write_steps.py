@@ -83,7 +83,7 @@ def test_stored_ends_say_where_each_flag_lies_or_refuse():
 
 
 def test_small_torch_tensors_of_every_stored_dtype_match_the_full_path():
-    """1-d tensors up to 16 values are read with tolist(): Python numbers must land as
+    """1-d tensors up to 8 values are read with tolist(): Python numbers must land as
     the same bytes as the full path's copy (int64 extremes, float16, NaN, -0.0)."""
     cases = {
         "i64": (torch.int64, [2**63 - 1, -(2**63), 0, -1]),

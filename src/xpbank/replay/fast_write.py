@@ -27,7 +27,7 @@ What still runs on every fast call, because it depends on values, not signatures
   :class:`~xpbank.FrameStorage`) never gets the fast path.
 
 A torch tensor's values are read as the cheapest exact conversion allows: a 0-d tensor
-or a 1-d one of up to 16 values through ``tolist()`` (Python numbers, exact for every
+or a 1-d one of up to 8 values through ``tolist()`` (Python numbers, exact for every
 dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one through
 ``numpy()`` (a view of a CPU tensor without grad). ``tolist()`` raises for a sparse,
 mkldnn or meta tensor and a nested tensor has no shape, so each of those declines.
@@ -68,7 +68,7 @@ _TENSOR = 3  # a CPU torch tensor of the field's dtype and shape: its NumPy view
 _NUMBER = 4  # a Python / NumPy scalar of one type, stored as it is (exact)
 _BOUNDED = 5  # a Python / NumPy scalar stored only within +-bound (exact / finite there)
 _ARRAY_NARROW = 6  # a float64 array into a float32 field, within +-bound
-_LIST_MAX = 16  # a 1-d tensor up to this long: .tolist() and a store of numbers beat .numpy()
+_LIST_MAX = 8  # a 1-d tensor up to this long: tolist() + a store of numbers beat numpy() (even at 16)
 
 # the field dtypes the fast path stores (NumPy holds them natively: not bfloat16, complex)
 _PLAIN = {
