@@ -161,7 +161,8 @@ class Signature:
                 if type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
                     return None
             elif kind <= _TENSOR_LIST:  # a torch tensor read as Python numbers (exact)
-                if type(v) is not tensor or v.dtype is not want:
+                # a device the full path refuses (not CPU or CUDA) would convert here
+                if type(v) is not tensor or v.dtype is not want or not (v.is_cpu or v.is_cuda):
                     return None
                 try:  # raise: a nested tensor's shape, tolist() of a sparse, mkldnn or meta
                     # tensor (the full path refuses each: no layout check needed, ~50 ns)
