@@ -11,8 +11,12 @@ and reads through it:
   tensor kept per batch size (:meth:`UniformSampler.draw_into
   <xpbank.sampler.UniformSampler.draw_into>`: the same draws as the general path), then
   the batch;
-- :func:`try_read`, after any other sampler's own draw (a prioritized sample): the batch
-  of its slots and per-item ``info`` (weights).
+- :func:`try_prioritized`, for the prioritized sampler (NumPy trees, numba): its draw
+  into the same kept slot tensor (:func:`~xpbank.sampler.prioritized_fast.draw_into`:
+  the same draws, weights and schedule as its ``sample``), then the batch with the
+  weights;
+- :func:`try_read`, after any other sampler's own draw: the batch of its slots and
+  per-item ``info``.
 
 The batch: ids by NumPy arithmetic (:func:`ids_of_rows`), one ``take`` of whole rows
 (:class:`~xpbank.storage.blocks.RecordReader`) and the TensorDict
@@ -36,13 +40,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from xpbank.ring.ids import Ring
+from xpbank.sampler.prioritized import PrioritizedSampler
+from xpbank.sampler.prioritized_fast import draw_into
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.batch import flat_tensordict, to_tensordict
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "try_read", "try_sample"]
+__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "try_prioritized", "try_read", "try_sample"]
 
 # batch sizes whose slot tensors a buffer keeps (a loop samples one or two sizes)
 _KEPT_SIZES = 8
@@ -59,6 +66,7 @@ class ReadPlan:
         # every field in one CPU block, delivered there
         self.usable = reader is not None and rb._device == rb._storage.device
         self.uniform = type(rb._sampler) is UniformSampler  # try_sample draws for it
+        self.prioritized = type(rb._sampler) is PrioritizedSampler  # try_prioritized draws for it
         self.flat = self.usable and all(type(k) is str for k in reader.keys)  # no nested keys
         # batch size -> (slot tensor, its NumPy view, the batch's torch.Size)
         self.draws: dict[int, tuple[torch.Tensor, Any, torch.Size]] = {}
@@ -131,6 +139,26 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     return _batch(plan, rb._ring, rows, size, None)
 
 
+def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field from a buffer with the prioritized sampler
+    (the caller holds the lock), or ``None`` before anything is drawn: the general path
+    takes the call (and raises what it raises)."""
+    ring = rb._ring
+    if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
+        return None
+    if rb._nstep is not None or type(ring) is not Ring:
+        return None
+    plan = _plan(rb)
+    if plan is None or not plan.prioritized:
+        return None
+    _, rows, size = plan.draw(batch_size)
+    drawn = draw_into(plan.sampler, ring, rows, rb._generator)
+    if drawn is None:
+        return None
+    ids, weights = drawn
+    return _batch(plan, ring, rows, size, {"weight": weights}, ids)
+
+
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
     """:func:`try_sample`'s draw and read, stopping before the batch: ``(the taken
     records, their ids, the RecordReader that splits them into fields)``, for a
@@ -164,11 +192,18 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
 
 
 def _batch(
-    plan: ReadPlan, ring: Any, rows: np.ndarray, size: torch.Size, info: dict[str, torch.Tensor] | None
+    plan: ReadPlan,
+    ring: Any,
+    rows: np.ndarray,
+    size: torch.Size,
+    info: dict[str, torch.Tensor] | None,
+    ids: np.ndarray | None = None,
 ) -> TensorDict:
     """The batch of ``rows``: the fields, ``"index"``, then ``info``'s entries, as the
-    general path's ``reading.gather`` orders them."""
-    ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
+    general path's ``reading.gather`` orders them (``ids``: the rows' ids, a new array,
+    where the draw computed them)."""
+    if ids is None:
+        ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
     flat = plan.reader.read(rows)
     flat["index"] = torch.from_numpy(ids)
     if info:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import try_read, try_sample
+from xpbank.replay.fast_read import try_prioritized, try_read, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
-from xpbank.sampler import UniformSampler, epoch_plan
+from xpbank.sampler import PrioritizedSampler, UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
@@ -113,10 +113,16 @@ def sample(
     sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
     whether there is enough to draw, and may wait for it.
     """
-    if replace and fields is None and not options and type(rb._sampler) is UniformSampler:
-        batch = try_sample(rb, batch_size)  # see fast_read.py
-        if batch is not None:
-            return batch
+    if replace and fields is None and not options:
+        kind = type(rb._sampler)
+        if kind is UniformSampler:
+            batch = try_sample(rb, batch_size)  # see fast_read.py
+            if batch is not None:
+                return batch
+        elif kind is PrioritizedSampler:
+            batch = try_prioritized(rb, batch_size)
+            if batch is not None:
+                return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
     plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
     if plain and getattr(rb._sampler, "relabel", None) is None:
