@@ -201,14 +201,13 @@ class ReplayBuffer:
         )
 
     # -- writing ---------------------------------------------------------------
-    @locked
     def add(self, item: Any) -> int:
         """Store one item (a mapping or TensorDict without a batch dim); returns its id.
 
         Threads: one step under rb.lock."""
-        return writing.add(self, item)  # a TensorDict's batch dims: checked there
+        with self._lock:  # not @locked: its (*args, **kwargs) wrapper is ~5% of a small add
+            return writing.add(self, item)  # a TensorDict's batch dims: checked there
 
-    @locked
     def extend(self, batch: Any) -> range:
         """Store a batch of items (leading dim = items); returns their ids, as a ``range``.
 
@@ -223,7 +222,8 @@ class ReplayBuffer:
             SpecError: missing/unknown keys, or a field's shape or dtype differs from the spec.
             BatchTypeError: ``batch`` is not a TensorDict or mapping of tensors/arrays.
         """
-        return writing.extend(self, batch)  # as add
+        with self._lock:  # as add
+            return writing.extend(self, batch)
 
     @locked
     def update(self, indices: Any, batch: Any) -> None:
