@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import try_read, try_sample
+from xpbank.replay.fast_read import try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
 from xpbank.sampler import UniformSampler, epoch_plan
@@ -113,8 +113,11 @@ def sample(
     sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
     whether there is enough to draw, and may wait for it.
     """
-    if replace and fields is None and not options and type(rb._sampler) is UniformSampler:
-        batch = try_sample(rb, batch_size)  # see fast_read.py
+    if replace and fields is None and not options:
+        if type(rb._sampler) is UniformSampler:
+            batch = try_sample(rb, batch_size)  # see fast_read.py
+        else:  # a sampler that reads the records itself (HerSampler), or None
+            batch = try_records(rb, batch_size)
         if batch is not None:
             return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
