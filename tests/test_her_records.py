@@ -153,18 +153,24 @@ def test_the_loop_runs_as_python_and_compiled_alike() -> None:
     c, w = 12, 5
     src = rng.integers(0, 2**32, (c, w), dtype=np.uint64).astype(np.uint32)
     rows = rng.integers(0, c, 9)
-    ids = rows + 24  # the ring wrapped twice
     left = rng.integers(0, 4, c)  # 0: open episodes
     uniform = rng.random(6)
     outs = []
     for run in (her_records._records_loop, her_records.kernel()):
-        out, goal, goal_ids = np.zeros((9, w), np.uint32), np.zeros((6, 2), np.uint32), np.zeros(9, np.int64)
-        run(src, rows, ids, uniform, left, 1, c, 36, False, 3, np.array([0]), out, goal, goal_ids, src, out)
-        outs.append((out, goal, goal_ids))
+        out, ids, goal_ids = np.zeros((9, w), np.uint32), np.zeros(9, np.int64), np.zeros(9, np.int64)
+        goal, reached = np.zeros((6, 2), np.uint32), np.zeros((6, 2), np.uint32)
+        # the ring wrapped: the oldest live id is 29 (slot 5), the newest 40; goals: words 3-4
+        args = (uniform, left, 1, 41, False, 3, np.array([0]), out, out, goal, reached, ids, goal_ids)
+        run(src, src, rows, 29, *args)
+        outs.append((out, goal, reached, ids, goal_ids))
     for a, b in zip(*outs, strict=True):
         np.testing.assert_array_equal(a, b)
-    out, goal, goal_ids = outs[0]
+    out, goal, reached, ids, goal_ids = outs[0]
+    np.testing.assert_array_equal(ids % c, rows)
+    assert ids.min() >= 29 and ids.max() <= 40
+    assert (goal_ids[6:] == -1).all() and (goal_ids[:6] >= ids[:6]).all()
     np.testing.assert_array_equal(goal, src[goal_ids[:6] % c, 3:5])
+    np.testing.assert_array_equal(reached, src[rows[:6], 3:5])
     np.testing.assert_array_equal(out[:6, 0:2], goal)  # the goal over the record's words 0..1
     np.testing.assert_array_equal(out[:6, 2:], src[rows[:6], 2:])
     np.testing.assert_array_equal(out[6:], src[rows[6:]])

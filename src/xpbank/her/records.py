@@ -42,7 +42,6 @@ from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
 from xpbank.her.goals import ends_table
 from xpbank.her.relabel import _per_item
-from xpbank.replay.fast_read import ids_of_rows
 from xpbank.sampler.uniform import UniformSampler
 
 __all__ = ["RecordLayout", "kernel", "sample_records"]
@@ -51,46 +50,53 @@ _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() c
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _LINE = 64  # bytes per cache line, for the prefetches
 _AHEAD = 16  # records prefetched ahead of the copy
+_NO_U = np.zeros(0, dtype=np.float64)  # the arguments of a batch with no relabelled item
+_NO_LEFT = np.zeros(0, dtype=np.int64)
 
 
 def _records_loop(
     src: Any,
+    wide: Any,
     rows: Any,
-    ids: Any,
+    first: Any,
     uniform: Any,
     left_table: Any,
     stride: Any,
-    capacity: Any,
     next_id: Any,
     final: Any,
     achieved: Any,
     goal_at: Any,
     out: Any,
-    goal: Any,
-    goal_ids: Any,
-    wide: Any,
     copy: Any,
+    goal: Any,
+    reached: Any,
+    ids: Any,
+    goal_ids: Any,
 ) -> None:  # pragma: no cover - run compiled; the tests also run it as Python
-    """Records ``rows`` of ``src`` ``[C, W]`` (machine words) into ``out`` ``[B, W]``
-    (copied through ``wide`` and ``copy``, the same memory as 8-byte words where rows
-    are a multiple of 8 bytes); the
-    first ``m = goal.shape[0]`` items (ids ``ids``) get a goal: its id into
-    ``goal_ids``, its words (``goal.shape[1]`` from word ``achieved`` of the goal's
-    record) into ``goal`` and over words ``goal_at[j] ..`` of the item's record."""
-    b, m, g = rows.shape[0], goal.shape[0], goal.shape[1]
+    """Records ``rows`` of ``src`` ``[C, W]`` (words of the goal's itemsize) into ``out``
+    ``[B, W]``, copied through ``wide`` and ``copy`` (the same memory as wider words);
+    their ids (the oldest live id is ``first``) into ``ids``. The first ``m =
+    goal.shape[0]`` items get a goal (``goal_ids[m:]`` are ``-1``): its id into
+    ``goal_ids``, its ``g = goal.shape[1]`` words (from word ``achieved`` of the goal's
+    record) into ``goal`` and over words ``goal_at[j] ..`` of the item's record; the
+    item's own next achieved goal into ``reached``."""
+    b, m, g, capacity = rows.shape[0], goal.shape[0], goal.shape[1], src.shape[0]
     src_base, step = np.int64(src.ctypes.data), np.int64(src.strides[0])
     row_bytes = np.int64(wide.shape[1] * wide.itemsize)
     left_base = np.int64(left_table.ctypes.data)
+    offset = first % capacity  # the oldest item's slot
     for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
         prefetch(left_base + np.int64(rows[i]) * 8)
     for i in range(b + _AHEAD):
-        if i < b:  # the record read _AHEAD items later
+        if i < b:  # the record copied _AHEAD items later, and the item's id
             at = src_base + np.int64(rows[i]) * step
             for off in range(0, row_bytes, _LINE):
                 prefetch(at + off)
             prefetch(at + row_bytes - 1)
+            back = np.int64(rows[i]) - offset
+            ids[i] = first + (back + capacity if back < 0 else back)
         if i < m:  # item i's goal, as _goals_loop chooses it; its row prefetched
-            item = np.int64(ids[i])
+            item = ids[i]
             left = np.int64(left_table[rows[i]])
             if left == 0:  # the env's open episode: up to its newest item
                 left = (next_id - 1 - item) // stride + 1
@@ -102,6 +108,8 @@ def _records_loop(
             at = src_base + s * step + np.int64(achieved) * src.itemsize
             prefetch(at)
             prefetch(at + g * src.itemsize - 1)  # a goal may cross a line
+        elif i < b:
+            goal_ids[i] = -1
         j = i - _AHEAD
         if j >= 0:
             s = rows[j]
@@ -110,6 +118,7 @@ def _records_loop(
     for i in range(m):
         s = goal_ids[i] % capacity
         for k in range(g):
+            reached[i, k] = out[i, achieved + k]
             v = src[s, achieved + k]
             goal[i, k] = v
             for j in range(goal_at.shape[0]):
@@ -126,110 +135,118 @@ def kernel() -> Callable[..., Any] | None:
 
 class RecordLayout:
     """Where a record reader's block keeps the goal and reward fields, in machine words
-    of the goal's itemsize; made once per (reader, resolved keys).
+    of the goal's itemsize; made once per (reader, spec, episode index).
 
     Args:
         reader: the storage's :class:`~xpbank.storage.blocks.RecordReader`.
-        keys: :meth:`GoalKeys.resolve <xpbank.her.GoalKeys.resolve>`'s answer.
+        resolved: the sampler's ``(spec, keys, stride, goal reader)`` for ``spec``.
+        spec: the storage's spec.
+        episodes: the ring's episode index.
 
-    ``usable`` is False where a goal or the reward is not in the block, or NumPy does
-    not hold it as itself (bfloat16), or the rows do not split into goal-sized words.
+    ``usable`` is False where items are not in lockstep (an env field), a goal or the
+    reward is not in the block, NumPy does not hold it as itself (bfloat16), or the
+    rows do not split into goal-sized words.
     """
 
-    def __init__(self, reader: Any, keys: dict[str, Any]):
-        self.reader, self.keys = reader, keys
+    def __init__(self, reader: Any, resolved: tuple[Any, ...], spec: Any, episodes: Any):
+        self.reader, self.spec, self.episodes = reader, spec, episodes
+        keys, self.stride = resolved[1], resolved[2]
         self.usable = False
-        name_of = {key: (name, bits) for key, name, bits in reader.fields}
+        native = {key: name for key, name, bits in reader.fields if bits is None}  # NumPy's own dtypes
         records = reader.records
-        found = {
-            role: name_of.get(keys[role]) for role in ("next_achieved", "desired", "next_desired", "reward")
-        }
-        if found["next_desired"] is None and keys["next_desired"] is not None:
-            return  # a next desired goal the block does not hold
-        if any(found[r] is None or found[r][1] is not None for r in ("next_achieved", "desired", "reward")):
+        roles = ("next_achieved", "desired", "next_desired", "reward")
+        name: dict[str, Any] = {role: native.get(keys[role]) for role in roles}  # the record's fields
+        if self.stride is None or any(name[r] is None for r in roles if r != "next_desired"):
+            return  # not lockstep, or a field not in the block (or bfloat16)
+        if name["next_desired"] is None and keys["next_desired"] is not None:
             return
-        if found["next_desired"] is not None and found["next_desired"][1] is not None:
-            return
-        goal_type, achieved_at = records.dtype.fields[found["next_achieved"][0]][:2]
+        goal_type, achieved_at = records.dtype.fields[name["next_achieved"]][:2]
         base = goal_type.base
         word = _WORDS.get(base.itemsize)
-        row = records.dtype.itemsize
-        if word is None or base.kind not in "biuf" or row % base.itemsize or records.strides != (row,):
+        self.record, self.row = records.dtype, records.dtype.itemsize
+        if (
+            word is None
+            or base.kind not in "biuf"
+            or self.row % base.itemsize
+            or records.strides != (self.row,)
+        ):
             return
-        self.goal_dtype, self.goal_shape = base, goal_type.shape
+        self.goal_dtype, self.goal_shape, self.word = base, goal_type.shape, np.dtype(word)
         size = base.itemsize
         self.achieved = achieved_at // size
         self.goal_words = goal_type.itemsize // size
-        self.goal_at = np.array(
-            [
-                records.dtype.fields[found[r][0]][1] // size
-                for r in ("desired", "next_desired")
-                if found[r] is not None
-            ],
-            dtype=np.int64,
-        )
-        self.achieved_name, self.reward_name = found["next_achieved"][0], found["reward"][0]
+        at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
+        self.goal_at = np.array(at, dtype=np.int64)
+        self.reward_name = name["reward"]
         # [C, row / size] words, a view of the storage's block; and as wide words to copy
-        data = records.view(np.uint8).reshape(records.shape[0], row)
+        data = records.view(np.uint8).reshape(records.shape[0], self.row)
         self.words = data.view(word)
-        self.wide = data.view(np.uint64 if row % 8 == 0 else word)
+        self.wide = data.view(np.uint64 if self.row % 8 == 0 else word)
         self.usable = True
+
+    def as_goals(self, words: np.ndarray) -> np.ndarray:
+        """``[m, goal_words]`` words as ``[m, *goal shape]`` goals (a view)."""
+        goals = words.view(self.goal_dtype)
+        return goals if len(self.goal_shape) == 1 else goals.reshape(words.shape[0], *self.goal_shape)
 
 
 def sample_records(
     her: Any, plan: Any, ring: Any, batch_size: int, generator: torch.Generator
 ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
-    """``her``'s (a :class:`~xpbank.her.HerSampler`) sample of ``batch_size`` read through ``plan`` (the buffer's
-    :class:`~xpbank.replay.fast_read.ReadPlan`): ``(the records, their ids, info)``
-    with ``info["her_goal"]``, or ``None`` (nothing drawn) where the fast path does not
-    apply. The caller holds the buffer's lock.
+    """``her``'s (a :class:`~xpbank.her.HerSampler`) sample of ``batch_size`` read
+    through ``plan`` (the buffer's :class:`~xpbank.replay.fast_read.ReadPlan`): ``(the
+    records, their ids, info)`` with ``info["her_goal"]``, or ``None`` (nothing drawn)
+    where the fast path does not apply. The caller holds the buffer's lock.
 
     Raises:
-        SpecError: ``compute_reward`` returning the wrong number of values (the goals
-            are drawn by then, as in the general path).
+        SpecError: the goal fields not found, or ``compute_reward`` returning the wrong
+            number of values (the goals are drawn by then, as in the general path).
     """
-    reward = her.compute_reward
-    storage, episodes = plan.storage, ring.episodes
+    reward, run = her.compute_reward, kernel()
     if (
         reward is None  # the general path raises
+        or run is None
         or type(her.base) is not UniformSampler
         or her.strategy == "episode"
         or her.info_keys
         or her.compute_terminated is not None
-        or episodes is None
-        or storage.spec is None
     ):
         return None
-    resolved = her._resolve(storage.spec, episodes)
-    stride = resolved[2]
-    run = kernel()
-    if stride is None or run is None:
-        return None
+    spec, episodes, reader = plan.storage.spec, ring.episodes, plan.reader
     layout = getattr(her, "_records", None)  # (absent from a sampler pickled before it)
-    if layout is None or layout.reader is not plan.reader or layout.keys is not resolved[1]:
-        layout = her._records = RecordLayout(plan.reader, resolved[1])
+    if (
+        layout is None
+        or layout.reader is not reader
+        or layout.spec is not spec
+        or layout.episodes is not episodes
+    ):
+        if spec is None or episodes is None:
+            return None
+        layout = her._records = RecordLayout(reader, her._resolve(spec, episodes), spec, episodes)
     if not layout.usable:
         return None
     slots, rows, _ = plan.draw(batch_size)
     her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
     m = int(her.relabel_fraction * batch_size)
-    goal_index = np.empty(batch_size, dtype=np.int64)
-    goal_index[m:] = -1
-    records = np.empty(batch_size, dtype=layout.reader.records.dtype)
-    data = records.view(np.uint8).reshape(batch_size, -1)
-    goal = np.empty((m, layout.goal_words), dtype=layout.words.dtype)
-    ids = ids_of_rows(ring, rows)
-    uniform = her._draw(m, generator) if m else np.zeros(0)
-    left = ends_table(episodes, ring, stride).left if m else np.zeros(0, dtype=np.int64)
+    records = np.empty(batch_size, dtype=layout.record)
+    data = records.view(np.uint8).reshape(batch_size, layout.row)
+    ids, goal_index = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.int64)
+    goal = np.empty((m, layout.goal_words), dtype=layout.word)
+    reached = np.empty((m, layout.goal_words), dtype=layout.word)
+    if m:
+        uniform = her._draw(m, generator)
+        left = ends_table(episodes, ring, layout.stride).left
+    else:
+        uniform, left = _NO_U, _NO_LEFT
     run(
-        layout.words, rows, ids, uniform, left, stride, ring.capacity, ring.next_id,
-        her.strategy == "final", layout.achieved, layout.goal_at, data.view(layout.words.dtype), goal,
-        goal_index, layout.wide, data.view(layout.wide.dtype),
+        layout.words, layout.wide, rows, ring.next_id - ring.size, uniform, left, layout.stride,
+        ring.next_id, her.strategy == "final", layout.achieved, layout.goal_at, data.view(layout.word),
+        data.view(layout.wide.dtype), goal, reached, ids, goal_index,
     )  # fmt: skip
     if m:
-        goals = goal.view(layout.goal_dtype).reshape(m, *layout.goal_shape)
-        achieved = records[layout.achieved_name][:m]
-        value = _per_item("compute_reward", reward(achieved, goals, None), m)
+        value = reward(layout.as_goals(reached), layout.as_goals(goal), None)
+        if type(value) is not np.ndarray or value.shape != (m,):
+            value = _per_item("compute_reward", value, m)
         field = records[layout.reward_name][:m]
-        field[...] = value if value.shape == field.shape else value.reshape(field.shape)
+        field[...] = value if field.ndim == 1 else value.reshape(field.shape)
     return records, ids, {"her_goal": torch.from_numpy(goal_index)}
