@@ -224,16 +224,15 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     assert run is not None
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        records = np.empty(BATCH, dtype=layout.record)
-        data = records.view(np.uint8).reshape(BATCH, layout.row)
+        out = np.empty((BATCH, layout.words.shape[1]), dtype=layout.word)
         ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
         goal = np.empty((m, layout.goal_words), dtype=layout.word)
         reached = np.empty((m, layout.goal_words), dtype=layout.word)
         run(
-            layout.words, layout.wide, rows[i], ring.next_id - ring.size, draws[i], left, layout.stride,
-            ring.next_id, False, layout.achieved, layout.goal_at, data.view(layout.word),
-            data.view(layout.wide.dtype), goal, reached, ids, goal_ids,
+            layout.words, rows[i], ring.next_id - ring.size, draws[i], left, layout.stride, ring.next_id,
+            False, layout.achieved, layout.goal_at, out, goal, reached, ids, goal_ids,
         )  # fmt: skip
+        records = out.view(layout.record)[:, 0]
         return records, layout.as_goals(reached), layout.as_goals(goal)
 
     read_out = [read(i) for i in range(calls)]

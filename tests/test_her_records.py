@@ -160,8 +160,8 @@ def test_the_loop_runs_as_python_and_compiled_alike() -> None:
         out, ids, goal_ids = np.zeros((9, w), np.uint32), np.zeros(9, np.int64), np.zeros(9, np.int64)
         goal, reached = np.zeros((6, 2), np.uint32), np.zeros((6, 2), np.uint32)
         # the ring wrapped: the oldest live id is 29 (slot 5), the newest 40; goals: words 3-4
-        args = (uniform, left, 1, 41, False, 3, np.array([0]), out, out, goal, reached, ids, goal_ids)
-        run(src, src, rows, 29, *args)
+        args = (uniform, left, 1, 41, False, 3, np.array([0]), out, goal, reached, ids, goal_ids)
+        run(src, rows, 29, *args)
         outs.append((out, goal, reached, ids, goal_ids))
     for a, b in zip(*outs, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -12,14 +12,14 @@ sample does, plus the relabelling:
   :class:`~xpbank.UniformSampler`), then the relabelling draw (:meth:`HerSampler._draw
   <xpbank.her.HerSampler>`), in the general path's order: the same batch for a seed;
 - one compiled call (:func:`_records_loop`): it prefetches the relabelled items' cells
-  of the ends table and every sampled record, chooses each goal (the arithmetic of
-  :func:`xpbank.her.kernel._goals_loop`, to the bit) and prefetches its row, copies the
-  records whole into fresh memory, then copies each goal (the goal step's next achieved
-  goal) over the record's desired goal and next desired goal, and into a fresh
-  contiguous ``[m, ...]`` array;
-- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows
-  (``achieved``: a view of the batch's next achieved goals, as the general path gives),
-  its rewards written into the records' reward field;
+  of the ends table; then, item by item, prefetches the record a few items ahead,
+  chooses the goal (the arithmetic of :func:`xpbank.her.kernel._goals_loop`, to the
+  bit), prefetches its row and copies a record whole into fresh memory; then copies
+  each goal (the goal step's next achieved goal) over the record's desired goal and
+  next desired goal, and into a fresh ``[m, ...]`` array, and the item's own next
+  achieved goal into another;
+- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
+  two fresh contiguous arrays), its rewards written into the records' reward field;
 - the batch split from the records as the fast read does (:meth:`RecordReader.split
   <xpbank.storage.blocks.RecordReader.split>`): the same keys, order, dtypes and values
   as the general path (the tests compare the two).
@@ -56,7 +56,6 @@ _NO_LEFT = np.zeros(0, dtype=np.int64)
 
 def _records_loop(
     src: Any,
-    wide: Any,
     rows: Any,
     first: Any,
     uniform: Any,
@@ -67,22 +66,21 @@ def _records_loop(
     achieved: Any,
     goal_at: Any,
     out: Any,
-    copy: Any,
     goal: Any,
     reached: Any,
     ids: Any,
     goal_ids: Any,
 ) -> None:  # pragma: no cover - run compiled; the tests also run it as Python
     """Records ``rows`` of ``src`` ``[C, W]`` (words of the goal's itemsize) into ``out``
-    ``[B, W]``, copied through ``wide`` and ``copy`` (the same memory as wider words);
-    their ids (the oldest live id is ``first``) into ``ids``. The first ``m =
+    ``[B, W]``; their ids (the oldest live id is ``first``) into ``ids``. The first ``m =
     goal.shape[0]`` items get a goal (``goal_ids[m:]`` are ``-1``): its id into
     ``goal_ids``, its ``g = goal.shape[1]`` words (from word ``achieved`` of the goal's
     record) into ``goal`` and over words ``goal_at[j] ..`` of the item's record; the
     item's own next achieved goal into ``reached``."""
     b, m, g, capacity = rows.shape[0], goal.shape[0], goal.shape[1], src.shape[0]
     src_base, step = np.int64(src.ctypes.data), np.int64(src.strides[0])
-    row_bytes = np.int64(wide.shape[1] * wide.itemsize)
+    w = src.shape[1]
+    row_bytes = np.int64(w * src.itemsize)
     left_base = np.int64(left_table.ctypes.data)
     offset = first % capacity  # the oldest item's slot
     for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
@@ -113,8 +111,8 @@ def _records_loop(
         j = i - _AHEAD
         if j >= 0:
             s = rows[j]
-            for k in range(wide.shape[1]):
-                copy[j, k] = wide[s, k]
+            for k in range(w):
+                out[j, k] = src[s, k]
     for i in range(m):
         s = goal_ids[i] % capacity
         for k in range(g):
@@ -178,10 +176,8 @@ class RecordLayout:
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
         self.reward_name = name["reward"]
-        # [C, row / size] words, a view of the storage's block; and as wide words to copy
-        data = records.view(np.uint8).reshape(records.shape[0], self.row)
-        self.words = data.view(word)
-        self.wide = data.view(np.uint64 if self.row % 8 == 0 else word)
+        # [C, row / size] words, a view of the storage's block
+        self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
         self.usable = True
 
     def as_goals(self, words: np.ndarray) -> np.ndarray:
@@ -228,8 +224,8 @@ def sample_records(
     slots, rows, _ = plan.draw(batch_size)
     her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
     m = int(her.relabel_fraction * batch_size)
-    records = np.empty(batch_size, dtype=layout.record)
-    data = records.view(np.uint8).reshape(batch_size, layout.row)
+    out = np.empty((batch_size, layout.words.shape[1]), dtype=layout.word)
+    records = out.view(layout.record)[:, 0]  # the rows as records (a view)
     ids, goal_index = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.int64)
     goal = np.empty((m, layout.goal_words), dtype=layout.word)
     reached = np.empty((m, layout.goal_words), dtype=layout.word)
@@ -239,9 +235,8 @@ def sample_records(
     else:
         uniform, left = _NO_U, _NO_LEFT
     run(
-        layout.words, layout.wide, rows, ring.next_id - ring.size, uniform, left, layout.stride,
-        ring.next_id, her.strategy == "final", layout.achieved, layout.goal_at, data.view(layout.word),
-        data.view(layout.wide.dtype), goal, reached, ids, goal_index,
+        layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
+        her.strategy == "final", layout.achieved, layout.goal_at, out, goal, reached, ids, goal_index,
     )  # fmt: skip
     if m:
         value = reward(layout.as_goals(reached), layout.as_goals(goal), None)
