@@ -174,3 +174,31 @@ def test_the_loop_runs_as_python_and_compiled_alike() -> None:
     np.testing.assert_array_equal(out[:6, 0:2], goal)  # the goal over the record's words 0..1
     np.testing.assert_array_equal(out[:6, 2:], src[rows[:6], 2:])
     np.testing.assert_array_equal(out[6:], src[rows[6:]])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_every_relabel_fraction_and_a_pickled_buffer(fraction: float) -> None:
+    """No item relabelled (no offsets drawn), half, every one; a pickled buffer's sampler
+    makes its layout again and draws the same batch."""
+    import pickle
+
+    needs_kernel()
+    rng = np.random.default_rng(3)
+    rbs = []
+    for fast in (True, False):
+        rb = ReplayBuffer(
+            70, num_envs=2, seed=5, sampler=HerSampler(relabel_fraction=fraction, compute_reward=gap)
+        )
+        rb._fast_read = fast
+        rbs.append(rb)
+    state = rng.bit_generator.state
+    for rb in rbs:
+        rng.bit_generator.state = state
+        nested_stream(rb, rng, 50, 2, 0)  # 100 items in 70 slots: wrapped
+    for b in (1, 2, 64):
+        assert_same(rbs[0].sample(b), rbs[1].sample(b))
+    assert rbs[0].sampler._records.usable
+    copy = pickle.loads(pickle.dumps(rbs[0]))
+    assert copy.sampler._records is None
+    assert_same(copy.sample(33), rbs[1].sample(33))
+    assert copy.sampler._records is not None and copy.sampler._records.usable
