@@ -202,3 +202,19 @@ def test_every_relabel_fraction_and_a_pickled_buffer(fraction: float) -> None:
     assert copy.sampler._records is None
     assert_same(copy.sample(33), rbs[1].sample(33))
     assert copy.sampler._records is not None and copy.sampler._records.usable
+
+
+def test_a_subclass_that_relabels_its_own_way_takes_the_general_path() -> None:
+    needs_kernel()
+
+    class Shifted(HerSampler):
+        def relabel(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            flat = super().relabel(*args, **kwargs)
+            flat[("next", "reward")] += 100.0
+            return flat
+
+    rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=Shifted(compute_reward=gap))
+    nested_stream(rb, np.random.default_rng(0), 10, 2, 0)
+    batch = rb.sample(16)
+    assert rb.sampler._records is None
+    assert (batch["next", "reward"] >= 90.0).all()
