@@ -12,7 +12,9 @@ and reads through it:
   <xpbank.sampler.UniformSampler.draw_into>`: the same draws as the general path), then
   the batch;
 - :func:`try_read`, after any other sampler's own draw (a prioritized sample): the batch
-  of its slots and per-item ``info`` (weights).
+  of its slots and per-item ``info`` (weights);
+- :func:`try_records`, for a sampler that draws and reads the records itself
+  (``sample_records``: a :class:`~xpbank.her.HerSampler`, :mod:`xpbank.her.records`).
 
 The batch: ids by NumPy arithmetic (:func:`ids_of_rows`), one ``take`` of whole rows
 (:class:`~xpbank.storage.blocks.RecordReader`) and the TensorDict
