@@ -69,14 +69,20 @@ def assert_same(a, b) -> None:
 
 def needs_kernel() -> None:
     if her_records.kernel() is None:
-        pytest.skip("numba is not installed (or XPBANK_NO_NUMBA is set): only the general path runs")
+        pytest.skip("numba is not installed (or XPBANK_NO_NUMBA is set): only the NumPy pass runs")
 
 
 @pytest.mark.parametrize("strategy", ["future", "final"])
 @pytest.mark.parametrize("envs", [1, 3])
 @pytest.mark.parametrize("stream", [nested_stream, flat_stream])
-def test_the_fast_path_gives_the_general_batch(strategy: str, envs: int, stream) -> None:
-    needs_kernel()
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_fast_path_gives_the_general_batch(
+    strategy: str, envs: int, stream, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if compiled:
+        needs_kernel()
+    else:  # the NumPy pass (numba missing)
+        monkeypatch.setattr(her_records, "_compiled", [None])
     rng = np.random.default_rng(envs)
     rbs = []
     for fast in (True, False):
@@ -107,9 +113,9 @@ def test_the_fast_path_gives_the_general_batch(strategy: str, envs: int, stream)
 
 @pytest.mark.parametrize(
     "case",
-    ["compute_terminated", "info_keys", "episode", "prioritized", "nstep", "no_kernel"],
+    ["compute_terminated", "info_keys", "episode", "prioritized", "nstep"],
 )
-def test_other_cases_decline_before_drawing(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_cases_decline_before_drawing(case: str) -> None:
     rng = np.random.default_rng(1)
     rbs = []
     for fast in (True, False):
@@ -125,8 +131,6 @@ def test_other_cases_decline_before_drawing(case: str, monkeypatch: pytest.Monke
         rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=HerSampler(base, **kw), nstep=nstep)
         rb._fast_read = fast
         rbs.append(rb)
-    if case == "no_kernel":
-        monkeypatch.setattr(her_records, "_compiled", [None])
     state = rng.bit_generator.state
     for rb in rbs:
         rng.bit_generator.state = state
@@ -138,7 +142,6 @@ def test_other_cases_decline_before_drawing(case: str, monkeypatch: pytest.Monke
 
 
 def test_a_reward_of_the_wrong_size_is_refused() -> None:
-    needs_kernel()
     rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=HerSampler(compute_reward=lambda a, d, i: np.zeros(3)))
     nested_stream(rb, np.random.default_rng(0), 10, 2, 0)
     with pytest.raises(SpecError, match="compute_reward must return one value per item"):
@@ -182,7 +185,6 @@ def test_every_relabel_fraction_and_a_pickled_buffer(fraction: float) -> None:
     makes its layout again and draws the same batch."""
     import pickle
 
-    needs_kernel()
     rng = np.random.default_rng(3)
     rbs = []
     for fast in (True, False):
@@ -205,7 +207,6 @@ def test_every_relabel_fraction_and_a_pickled_buffer(fraction: float) -> None:
 
 
 def test_a_subclass_that_relabels_its_own_way_takes_the_general_path() -> None:
-    needs_kernel()
 
     class Shifted(HerSampler):
         def relabel(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -25,9 +25,11 @@ sample does, plus the relabelling:
   as the general path (the tests compare the two).
 
 It applies in the kernel's case (lockstep, ``future`` or ``final``, no n-step, no
-``info_keys``, no ``compute_terminated``), with the uniform base sampler, numba present,
-and goal and reward fields NumPy holds as themselves; anything else returns ``None``
-before any randomness is drawn, and the general path takes the call.
+``info_keys``, no ``compute_terminated``), with the uniform base sampler and goal and
+reward fields NumPy holds as themselves; anything else returns ``None`` before any
+randomness is drawn, and the general path takes the call. Without numba the same pass
+runs in NumPy (:func:`_numpy_pass`: a ``take`` of whole rows, :func:`choose_goals
+<xpbank.her.goals.choose_goals>`, a fancy index of the goal rows).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ import torch
 
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
-from xpbank.her.goals import ends_table
+from xpbank.her.goals import choose_goals, ends_table
 from xpbank.her.relabel import _per_item
+from xpbank.replay.fast_read import ids_of_rows
 from xpbank.sampler.uniform import UniformSampler
 
 __all__ = ["RecordLayout", "kernel", "sample_records"]
@@ -198,10 +201,9 @@ def sample_records(
         SpecError: the goal fields not found, or ``compute_reward`` returning the wrong
             number of values (the goals are drawn by then, as in the general path).
     """
-    reward, run = her.compute_reward, kernel()
+    reward = her.compute_reward
     if (
         reward is None  # the general path raises
-        or run is None
         or type(her.base) is not UniformSampler
         or her.strategy == "episode"
         or her.info_keys
@@ -234,10 +236,14 @@ def sample_records(
         left = ends_table(episodes, ring, layout.stride).left
     else:
         uniform, left = _NO_U, _NO_LEFT
-    run(
-        layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-        her.strategy == "final", layout.achieved, layout.goal_at, out, goal, reached, ids, goal_index,
-    )  # fmt: skip
+    run = kernel()
+    if run is None:
+        _numpy_pass(layout, ring, rows, uniform, her.strategy, out, goal, reached, ids, goal_index)
+    else:
+        run(
+            layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
+            her.strategy == "final", layout.achieved, layout.goal_at, out, goal, reached, ids, goal_index,
+        )  # fmt: skip
     if m:
         value = reward(layout.as_goals(reached), layout.as_goals(goal), None)
         if type(value) is not np.ndarray or value.shape != (m,):
@@ -245,3 +251,30 @@ def sample_records(
         field = records[layout.reward_name][:m]
         field[...] = value if field.ndim == 1 else value.reshape(field.shape)
     return records, ids, {"her_goal": torch.from_numpy(goal_index)}
+
+
+def _numpy_pass(
+    layout: RecordLayout,
+    ring: Any,
+    rows: np.ndarray,
+    uniform: np.ndarray,
+    strategy: str,
+    out: np.ndarray,
+    goal: np.ndarray,
+    reached: np.ndarray,
+    ids: np.ndarray,
+    goal_ids: np.ndarray,
+) -> None:
+    """:func:`_records_loop`'s work in NumPy, where numba is missing: the same records,
+    ids, goals (:func:`~xpbank.her.goals.choose_goals`, the kernel's reference) and rows."""
+    m, g, a = goal.shape[0], goal.shape[1], layout.achieved
+    np.take(layout.words, rows, axis=0, out=out)  # whole rows, one call
+    ids[...] = ids_of_rows(ring, rows)
+    goal_ids[m:] = -1
+    if not m:
+        return
+    choose_goals(ring.episodes, ring, ids[:m], strategy, uniform, layout.stride, rows[:m], goal_ids[:m])
+    goal[...] = layout.words[goal_ids[:m] % ring.capacity, a : a + g]
+    reached[...] = out[:m, a : a + g]
+    for at in layout.goal_at.tolist():
+        out[:m, at : at + g] = goal
