@@ -16,7 +16,9 @@ and reads through it:
   the same draws, weights and schedule as its ``sample``), then the batch with the
   weights;
 - :func:`try_read`, after any other sampler's own draw: the batch of its slots and
-  per-item ``info``.
+  per-item ``info``;
+- :func:`try_records`, for a sampler that draws and reads the records itself
+  (``sample_records``: a :class:`~xpbank.her.HerSampler`, :mod:`xpbank.her.records`).
 
 The batch: ids by NumPy arithmetic (:func:`ids_of_rows`), one ``take`` of whole rows
 (:class:`~xpbank.storage.blocks.RecordReader`) and the TensorDict
@@ -49,7 +51,15 @@ from xpbank.spec.batch import flat_tensordict, to_tensordict
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "try_prioritized", "try_read", "try_sample"]
+__all__ = [
+    "ReadPlan",
+    "draw_records",
+    "ids_of_rows",
+    "try_prioritized",
+    "try_read",
+    "try_records",
+    "try_sample",
+]
 
 # batch sizes whose slot tensors a buffer keeps (a loop samples one or two sizes)
 _KEPT_SIZES = 8
@@ -192,6 +202,34 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
         if not value.is_cpu:
             return None
     return _batch(plan, rb._ring, rows, slots.shape, info)
+
+
+def try_records(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field with replacement from a buffer whose sampler
+    reads the records itself (``sampler.sample_records(plan, ring, batch_size,
+    generator)``: a :class:`~xpbank.her.HerSampler`'s relabelled draw, see
+    :mod:`xpbank.her.records`), or ``None``: the general path takes the call (the caller
+    holds the lock)."""
+    sample_records = getattr(rb._sampler, "sample_records", None)
+    ring = rb._ring
+    if sample_records is None or type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH:
+        return None
+    if ring.size == 0 or rb._nstep is not None or type(ring) is not Ring:
+        return None
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    got = sample_records(plan, ring, batch_size, rb._generator)
+    if got is None:
+        return None
+    records, ids, info = got
+    flat = plan.reader.split(records)
+    flat["index"] = torch.from_numpy(ids)
+    flat.update(info)
+    size = plan.draw(batch_size)[2]
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
+    return to_tensordict(flat, size, plan.device)
 
 
 def _batch(

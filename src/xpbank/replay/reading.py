@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import try_prioritized, try_read, try_sample
+from xpbank.replay.fast_read import try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
 from xpbank.sampler import PrioritizedSampler, UniformSampler, epoch_plan
@@ -118,12 +118,12 @@ def sample(
         kind = type(rb._sampler)
         if kind is UniformSampler:
             batch = try_sample(rb, batch_size)  # see fast_read.py
-            if batch is not None:
-                return batch
         elif kind is PrioritizedSampler:
             batch = try_prioritized(rb, batch_size)
-            if batch is not None:
-                return batch
+        else:  # a sampler that reads the records itself (HerSampler), or None
+            batch = try_records(rb, batch_size)
+        if batch is not None:
+            return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
     plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
     if plain and getattr(rb._sampler, "relabel", None) is None:
