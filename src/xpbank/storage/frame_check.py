@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -35,7 +36,7 @@ from xpbank import _jit
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_table import FrameTable
 
-__all__ = ["FrameSource", "step_kernel", "step_obeys", "words"]
+__all__ = ["FrameSource", "step_kernel", "step_obeys", "word_width", "words"]
 
 
 class FrameSource(Protocol):
@@ -111,8 +112,8 @@ _compiled = _jit.compile_kernels(step_kernel, helpers=(same, zero))
 
 def words(a: np.ndarray, width: int) -> np.ndarray:
     """``a`` (C-contiguous, its last axes a whole number of ``width``-byte words) as
-    ``[a.shape[0], ..., words]`` unsigned words of ``width`` bytes."""
-    return a.reshape(a.shape[0], -1).view(_WORDS[width])
+    ``[a.shape[0], words]`` unsigned words of ``width`` bytes (``a`` may have no rows)."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:])).view(_WORDS[width])
 
 
 def step_obeys(
@@ -121,31 +122,31 @@ def step_obeys(
     """Whether a lockstep step (``obs``, ``next obs`` as arrays; ``start``: the rows that
     begin an episode, ``None``: none does; ``slots``: the other rows' predecessors)
     obeys the frame-stack rules."""
-    s = st.stack
-    if _compiled is not None and o.dtype.kind in "iub" and o.shape[0]:
-        width = _width(st, o, x)
+    last = st._last._np
+    if _compiled is not None and o.dtype.kind in "iub" and o.shape[0] and last.shape[0]:
+        width = word_width(o, (o, x, st._np_frames, last))
         if width:
-            n = o.shape[0]
+            n, s = o.shape[0], st.stack
             return bool(
                 _compiled[0](
                     words(o, width).reshape(n, s, -1), words(x, width).reshape(n, s, -1),
                     np.zeros(n, dtype=bool) if start is None else start, slots,
-                    words(st._np_frames, width), st._frame_table().src, words(st._last._np, width),
+                    words(st._np_frames, width), st._frame_table().src, words(last, width),
                     st._last.index, st.pad == "zero",
                 )
             )  # fmt: skip
     return _step_obeys_numpy(st, o, x, start, slots)
 
 
-def _width(st: FrameSource, o: np.ndarray, x: np.ndarray) -> int:
-    """The widest word that divides a frame's bytes and every array's start (0: an array
-    is not C-contiguous, or the side store is empty)."""
-    arrays = (o, x, st._np_frames, st._last._np)
-    if st._last._np.shape[0] == 0 or o[0, 0].size == 0 or not all(a.flags.c_contiguous for a in arrays):
+def word_width(o: np.ndarray, arrays: tuple[np.ndarray, ...]) -> int:
+    """The widest word that divides a frame's bytes (``o``: ``[n, stack, *frame]``) and
+    the start of every array that has rows (0: an array is not C-contiguous, or a frame
+    has no bytes)."""
+    frame = o.itemsize * math.prod(o.shape[2:])
+    if frame == 0 or not all(a.flags.c_contiguous for a in arrays):
         return 0
-    frame = o.itemsize * o[0, 0].size
     for width in (8, 4, 2, 1):
-        if frame % width == 0 and all(a.ctypes.data % width == 0 for a in arrays):
+        if frame % width == 0 and all(a.ctypes.data % width == 0 for a in arrays if a.shape[0]):
             return width
     return 0
 

@@ -1,0 +1,208 @@
+"""One lockstep step's write into a FrameStorage, in one compiled call.
+
+:func:`~xpbank.storage.frame_write.plan_step` checks a step of ``E`` envs in lockstep
+(the checks stay there: :func:`~xpbank.storage.frame_check.step_obeys`); the write that
+follows changes, per item, a few rows of the frame table, a few entries of the side
+stores and one frame, each a NumPy call of a microsecond or more on a handful of rows.
+With numba (the ``fast`` extra), :func:`step_kernel` does all of it in one call, in the
+order :meth:`FrameStorage.prepare_write <xpbank.FrameStorage.prepare_write>` applies a
+:class:`~xpbank.storage.frame_write.FrameWrite` and then
+:meth:`~xpbank.FrameStorage.write` stores the newest frames:
+
+1. the stacks kept aside (``_stacks``) of the stored items that survive the step but
+   whose stack reaches an item it overwrites (``frame_write._rescue``'s items, in its
+   order), their table rows marked;
+2. the next frames kept aside (``_last``) of the overwritten slots and of the
+   predecessors dropped, the stacks kept aside of the overwritten slots dropped;
+3. each new item's next frame kept aside, its table row (its stack, padding), its
+   predecessor's row linked to it, and its newest frame stored in the frame array.
+
+It reads the step once more for the two newest frames per item (just read by the
+check: from cache). The NumPy path (``FrameWrite``) is the reference: the kernel leaves
+the same frames, table and side-store contents per slot (``tests/test_frame_step.py``;
+which free entry a side store hands out may differ, which nothing reads).
+
+A side store too small for the step is grown first, by the rule
+:meth:`SlotPool.put <xpbank.storage.frame_pool.SlotPool.put>` follows: the kernel's
+first pass only counts (it changes nothing) and says how many entries it needs.
+
+Example:
+    >>> positions(np.int64(9), 8, 10), positions(np.int64(9), 1, 10)
+    (11, 9)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from xpbank import _jit
+from xpbank.storage.frame_check import word_width, words
+
+if TYPE_CHECKING:
+    from xpbank.ring.episodes import _Plan
+    from xpbank.storage.frames import FrameStorage
+
+__all__ = ["StepWrite", "apply_step", "positions", "step_kernel", "usable"]
+
+
+@dataclass
+class StepWrite:
+    """A checked lockstep step, written by :func:`apply_step` (``plan_step``'s answer
+    where the kernel runs): ``obs`` / ``nxt`` as ``[n, stack, *frame]`` arrays."""
+
+    obs: np.ndarray
+    nxt: np.ndarray
+    plan: _Plan
+    first_new: int  # the ring's next id before the step
+    first_id: int  # its oldest live id
+    size: int  # and its size
+
+
+def positions(slot: np.int64, envs: int, rows: int) -> int:
+    """Where slot ``slot``'s frame is (``FrameTable.positions`` of one slot)."""
+    if envs == 1:
+        return int(slot)
+    return int(slot % envs * rows + slot // envs)
+
+
+def step_kernel(
+    o: np.ndarray,
+    x: np.ndarray,
+    first_new: int,
+    first_id: int,
+    size: int,
+    start: np.ndarray,
+    prev: np.ndarray,
+    fresh: np.ndarray,
+    ep_start: np.ndarray,
+    frames: np.ndarray,
+    src: np.ndarray,
+    envs: int,
+    rows: int,
+    zero_pad: bool,
+    last: np.ndarray,
+    last_at: np.ndarray,
+    last_free: np.ndarray,
+    last_nfree: int,
+    kept: np.ndarray,
+    kept_at: np.ndarray,
+    kept_free: np.ndarray,
+    kept_nfree: int,
+) -> tuple[int, int, int, int]:
+    """The step's write on words (``o``, ``x`` ``[n, stack, w]``, ``frames`` and ``last``
+    ``[*, w]``, ``kept`` ``[*, stack * w]``); ``start``/``prev``/``fresh`` the plan's,
+    ``ep_start`` the episode index's per-slot episode starts.
+
+    Returns ``(0, last_nfree, kept_nfree, 0)`` once written, or ``(1, need_last,
+    need_kept, 0)`` with nothing changed: the side stores need that many free entries
+    (``need_last`` before the step's drops give theirs back).
+    """
+    n, s = o.shape[0], o.shape[1]
+    c = src.shape[0]
+    w = o.shape[2]
+    new_first = first_new + n - min(size + n, c)  # the oldest live id after the step
+    # pass 1, counting: the stacks to keep aside and the next frames dropped
+    rescue = 0
+    if s > 1:
+        for k in range(1, s):
+            for d in range(first_id, new_first):
+                a = (d + k * n) % c
+                if ep_start[a] <= d and kept_at[a] < 0:
+                    rescue += 1
+    freed = 0
+    for i in range(n):
+        if last_at[(first_new + i) % c] >= 0:
+            freed += 1
+        if not fresh[i] and last_at[prev[i] % c] >= 0:
+            freed += 1
+    if rescue > kept_nfree or n > last_nfree + freed:
+        return 1, n - freed, rescue, 0
+    # pass 2: stacks kept aside, whole, before this step overwrites their older frames
+    if s > 1:
+        for k in range(1, s):
+            for d in range(first_id, new_first):
+                a = (d + k * n) % c
+                if ep_start[a] <= d and kept_at[a] < 0:
+                    kept_nfree -= 1
+                    e = kept_free[kept_nfree]
+                    kept_at[a] = e
+                    for j in range(s):
+                        kept[e, j * w : (j + 1) * w] = frames[src[a, j]]
+                    src[a, 0] = -1
+    # next frames and stacks aside of the overwritten slots and the linked predecessors
+    for i in range(n):
+        q = (first_new + i) % c
+        if last_at[q] >= 0:
+            last_free[last_nfree] = last_at[q]
+            last_nfree += 1
+            last_at[q] = -1
+        if kept_at[q] >= 0:
+            kept_free[kept_nfree] = kept_at[q]
+            kept_nfree += 1
+            kept_at[q] = -1
+    for i in range(n):
+        p = prev[i] % c
+        if not fresh[i] and last_at[p] >= 0:
+            last_free[last_nfree] = last_at[p]
+            last_nfree += 1
+            last_at[p] = -1
+    # the new items: next frame aside, table row, predecessor linked, newest frame stored
+    for i in range(n):
+        x_id = first_new + i
+        q = x_id % c
+        last_nfree -= 1
+        e = last_free[last_nfree]
+        last_at[q] = e
+        last[e] = x[i, s - 1]
+        for j in range(s):
+            walked = x_id - (s - 1 - j) * n
+            if walked < start[i]:
+                src[q, j] = c if zero_pad else positions(start[i] % c, envs, rows)
+            else:
+                src[q, j] = positions(walked % c, envs, rows)
+        src[q, s] = -1
+        here = positions(q, envs, rows)
+        if not fresh[i]:
+            src[prev[i] % c, s] = here
+        frames[here] = o[i, s - 1]
+    return 0, last_nfree, kept_nfree, 0
+
+
+_compiled = _jit.compile_kernels(step_kernel, helpers=(positions,))
+
+
+def usable(st: FrameStorage, o: np.ndarray, x: np.ndarray) -> bool:
+    """Whether :func:`apply_step` can write this step (numba installed, every array
+    viewable as words)."""
+    if _compiled is None or o.shape[0] == 0:
+        return False
+    arrays = (o, x, st._np_frames, st._last._np, st._stacks._np)
+    return word_width(o, arrays) > 0
+
+
+def apply_step(st: FrameStorage, todo: StepWrite) -> None:
+    """Write a checked lockstep step (what ``prepare_write`` and ``write`` do with its
+    ``FrameWrite``), growing the side stores first where they are too small."""
+    plan, o, x = todo.plan, todo.obs, todo.nxt
+    n, s = o.shape[0], st.stack
+    table = st._frame_table()
+    starts = st._links_ring().episodes.links().start  # type: ignore[union-attr]
+    fresh = plan.fresh if plan.fresh is not None else np.zeros(n, dtype=bool)
+    while True:
+        last, kept = st._last, st._stacks
+        width = word_width(o, (o, x, st._np_frames, last._np, kept._np))
+        code, a, b, _ = _compiled[0](  # type: ignore[index]
+            words(o, width).reshape(n, s, -1), words(x, width).reshape(n, s, -1),
+            todo.first_new, todo.first_id, todo.size, plan.start, plan.prev, fresh, starts,
+            words(st._np_frames, width), table.src, table.envs, table.rows, st.pad == "zero",
+            words(last._np, width), last.index, last.free, last.nfree,
+            words(kept._np, width), kept.index, kept.free, kept.nfree,
+        )  # fmt: skip
+        if code == 0:
+            last.nfree, kept.nfree = a, b
+            return
+        last.reserve(a)  # the rule of SlotPool.put (then the word width is checked again)
+        kept.reserve(b)
