@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,9 @@ import torch
 
 from xpbank.storage.dtypes import as_torch, to_numpy
 
-__all__ = ["SlotPool"]
+__all__ = ["WORDS", "SlotPool"]
+
+WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}  # unsigned words by width in bytes
 
 
 class SlotPool:
@@ -44,12 +47,24 @@ class SlotPool:
         self._np = to_numpy(self.data)  # a view of data
         self.free = np.zeros(0, dtype=np.int64)  # free entries: free[:nfree], taken from the top
         self.nfree = 0
+        self._words: dict[int, np.ndarray | None] = {}  # views of _np as words, by width
 
     def __len__(self) -> int:
         return int(self.data.shape[0] - self.nfree)
 
     def has(self, slots: np.ndarray) -> np.ndarray:
         return self.index[slots] >= 0
+
+    def words(self, width: int) -> np.ndarray | None:
+        """The entries as ``[entries, words]`` unsigned words of ``width`` bytes (``None``:
+        their start is not aligned to it); kept until the store grows."""
+        if width not in self._words:
+            a, view = self._np, None
+            row = math.prod(a.shape[1:])
+            if row * a.itemsize % width == 0 and a.flags.c_contiguous:
+                view = a.reshape(a.shape[0], row).view(WORDS[width])
+            self._words[width] = view if view is not None and view.flags.aligned else None
+        return self._words[width]
 
     def get(self, slots: np.ndarray) -> torch.Tensor:
         """The tensors of ``slots`` (each must have one)."""
@@ -82,7 +97,7 @@ class SlotPool:
         grow = max(k - self.nfree, old // 2, 8)
         data = torch.empty((old + grow, *self.shape), dtype=self.dtype)
         data[:old] = self.data
-        self.data, self._np = data, to_numpy(data)
+        self.data, self._np, self._words = data, to_numpy(data), {}
         free = np.empty(old + grow, dtype=np.int64)
         free[: self.nfree] = self.free[: self.nfree]
         free[self.nfree : self.nfree + grow] = np.arange(old, old + grow, dtype=np.int64)

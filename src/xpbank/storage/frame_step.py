@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xpbank import _jit
-from xpbank.storage.frame_check import word_width, words
+from xpbank.storage.frame_check import held_words, step_words
 
 if TYPE_CHECKING:
     from xpbank.ring.episodes import _Plan
     from xpbank.storage.frames import FrameStorage
 
-__all__ = ["StepWrite", "apply_step", "positions", "step_kernel", "usable"]
+__all__ = ["StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
 
 
 @dataclass
@@ -55,6 +55,7 @@ class StepWrite:
 
     obs: np.ndarray
     nxt: np.ndarray
+    views: tuple[int, np.ndarray, np.ndarray]  # frame_check.step_words of obs and nxt
     plan: _Plan
     first_new: int  # the ring's next id before the step
     first_id: int  # its oldest live id
@@ -66,6 +67,12 @@ def positions(slot: np.int64, envs: int, rows: int) -> int:
     if envs == 1:
         return int(slot)
     return int(slot % envs * rows + slot // envs)
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for 1-D word arrays of one length (a loop the compiler vectorizes)."""
+    for k in range(src.shape[0]):
+        dst[k] = src[k]
 
 
 def step_kernel(
@@ -130,7 +137,7 @@ def step_kernel(
                     e = kept_free[kept_nfree]
                     kept_at[a] = e
                     for j in range(s):
-                        kept[e, j * w : (j + 1) * w] = frames[src[a, j]]
+                        copy(kept[e, j * w : (j + 1) * w], frames[src[a, j]])
                     src[a, 0] = -1
     # next frames and stacks aside of the overwritten slots and the linked predecessors
     for i in range(n):
@@ -156,7 +163,7 @@ def step_kernel(
         last_nfree -= 1
         e = last_free[last_nfree]
         last_at[q] = e
-        last[e] = x[i, s - 1]
+        copy(last[e], x[i, s - 1])
         for j in range(s):
             walked = x_id - (s - 1 - j) * n
             if walked < start[i]:
@@ -167,42 +174,40 @@ def step_kernel(
         here = positions(q, envs, rows)
         if not fresh[i]:
             src[prev[i] % c, s] = here
-        frames[here] = o[i, s - 1]
+        copy(frames[here], o[i, s - 1])
     return 0, last_nfree, kept_nfree, 0
 
 
-_compiled = _jit.compile_kernels(step_kernel, helpers=(positions,))
+_compiled = _jit.compile_kernels(step_kernel, helpers=(positions, copy))
 
 
-def usable(st: FrameStorage, o: np.ndarray, x: np.ndarray) -> bool:
-    """Whether :func:`apply_step` can write this step (numba installed, every array
-    viewable as words)."""
-    if _compiled is None or o.shape[0] == 0:
-        return False
-    arrays = (o, x, st._np_frames, st._last._np, st._stacks._np)
-    return word_width(o, arrays) > 0
+def compiled_write() -> bool:
+    """Whether :func:`apply_step` runs (numba is installed)."""
+    return _compiled is not None
 
 
-def apply_step(st: FrameStorage, todo: StepWrite) -> None:
+def apply_step(st: FrameStorage, todo: StepWrite) -> bool:
     """Write a checked lockstep step (what ``prepare_write`` and ``write`` do with its
-    ``FrameWrite``), growing the side stores first where they are too small."""
-    plan, o, x = todo.plan, todo.obs, todo.nxt
-    n, s = o.shape[0], st.stack
+    ``FrameWrite``), growing the side stores first where they are too small; ``False``:
+    nothing written (a grown store cannot be viewed as words: the NumPy path's turn)."""
+    plan = todo.plan
     table = st._frame_table()
     starts = st._links_ring().episodes.links().start  # type: ignore[union-attr]
-    fresh = plan.fresh if plan.fresh is not None else np.zeros(n, dtype=bool)
+    width, o, x = todo.views
     while True:
         last, kept = st._last, st._stacks
-        width = word_width(o, (o, x, st._np_frames, last._np, kept._np))
         code, a, b, _ = _compiled[0](  # type: ignore[index]
-            words(o, width).reshape(n, s, -1), words(x, width).reshape(n, s, -1),
-            todo.first_new, todo.first_id, todo.size, plan.start, plan.prev, fresh, starts,
-            words(st._np_frames, width), table.src, table.envs, table.rows, st.pad == "zero",
-            words(last._np, width), last.index, last.free, last.nfree,
-            words(kept._np, width), kept.index, kept.free, kept.nfree,
+            o, x, todo.first_new, todo.first_id, todo.size, plan.start, plan.prev, plan.fresh, starts,
+            held_words(st, width), table.src, table.envs, table.rows, st.pad == "zero",
+            last.words(width), last.index, last.free, last.nfree,
+            kept.words(width), kept.index, kept.free, kept.nfree,
         )  # fmt: skip
         if code == 0:
             last.nfree, kept.nfree = a, b
-            return
-        last.reserve(a)  # the rule of SlotPool.put (then the word width is checked again)
+            return True
+        last.reserve(a)  # the rule of SlotPool.put; the new stores' views are made again
         kept.reserve(b)
+        views = step_words(st, todo.obs, todo.nxt)
+        if views is None:
+            return False
+        width, o, x = views

@@ -29,9 +29,9 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec.keys import NestedKey, key_str
 from xpbank.storage.dtypes import to_numpy
-from xpbank.storage.frame_check import step_obeys
+from xpbank.storage.frame_check import step_obeys, step_words
 from xpbank.storage.frame_pool import SlotPool
-from xpbank.storage.frame_step import StepWrite, usable
+from xpbank.storage.frame_step import StepWrite, compiled_write
 from xpbank.storage.frame_table import FrameTable, walk_stacks
 
 if TYPE_CHECKING:
@@ -237,8 +237,9 @@ def plan_step(
     o, x = to_numpy(obs), to_numpy(nxt)
     if st.verify and not step_obeys(st, o, x, start if begins else None, slots):
         return None
-    if usable(st, o, x):  # type: ignore[arg-type]
-        return StepWrite(o, x, plan, first_new, ring.first_id, size)
+    views = step_words(st, o, x) if compiled_write() else None  # type: ignore[arg-type]
+    if views is not None:  # one compiled call writes the step
+        return StepWrite(o, x, views, plan, first_new, ring.first_id, size)
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
     walked = ids[:, None] - _steps_back(n, s)
     first = plan.start[:, None]

@@ -62,7 +62,7 @@ from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
 from xpbank.storage.frame_step import StepWrite, apply_step
 from xpbank.storage.frame_table import FrameTable
-from xpbank.storage.frame_write import plan_frames, plan_step
+from xpbank.storage.frame_write import FrameWrite, plan_frames, plan_step
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.tensor import TensorStorage
 
@@ -198,11 +198,10 @@ class FrameStorage(StorageBase):
         obs = self._as_stack(flat[self.obs_key].detach().cpu())
         nxt = None if self.next_key is None else self._as_stack(flat[self.next_key].detach().cpu())
         todo = plan_step(self, ring, obs, nxt, plan, n)  # checks; nothing changed yet
-        if type(todo) is StepWrite:  # one compiled call writes it, newest frames included
-            apply_step(self, todo)
-            self._stored = ring.next_id % self.capacity, n  # write() finds them there
+        if type(todo) is StepWrite and apply_step(self, todo):  # one compiled call wrote it,
+            self._stored = ring.next_id % self.capacity, n  # newest frames included: write() skips them
             return
-        if todo is None:  # not one lockstep step, or a check failed (plan_frames raises)
+        if type(todo) is not FrameWrite:  # not one lockstep step, or a check failed (plan_frames raises)
             todo = plan_frames(self, ring, obs, nxt, plan, n)
         c, new = self.capacity, todo.overwritten  # the slots written: those of the kept rows
         table = self._frame_table()
