@@ -159,8 +159,13 @@ def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.n
     """``(width, o, x)``: the step as ``[n, stack, w]`` words of the widest width that
     divides a frame's bytes and aligns the step, the frame array and the side stores
     (``None``: none does: an array is not C-contiguous, or a frame has no bytes)."""
+    held = (o, x, st._last._np, st._stacks._np)  # the answer depends on where these are
+    seen = st.__dict__.get("_step_views")  # the check's answer, asked again by the write
+    if seen is not None and all(a is b for a, b in zip(seen[0], held, strict=True)):
+        return seen[1]  # type: ignore[no-any-return]
     frame = o.itemsize * math.prod(o.shape[2:])
     n, s = o.shape[0], o.shape[1]
+    views = None
     for width in (8, 4, 2, 1):
         if frame == 0 or frame % width:
             continue
@@ -168,8 +173,10 @@ def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.n
         if ow is None or xw is None or held_words(st, width) is None:
             continue
         if st._last.words(width) is not None and st._stacks.words(width) is not None:
-            return width, ow.reshape(n, s, -1), xw.reshape(n, s, -1)
-    return None
+            views = width, ow.reshape(n, s, -1), xw.reshape(n, s, -1)
+            break
+    st.__dict__["_step_views"] = (held, views)
+    return views
 
 
 def _step_obeys_numpy(
