@@ -89,7 +89,13 @@ def test_a_refused_step_changes_nothing_the_compiled_write_keeps() -> None:
     for _ in range(15):  # past the first wrap: stacks kept aside, compiled writes
         rb.extend(envs.step(range(4)))
     st = rb.storage
-    before = (rb.sample_all(), st._frames.clone(), st._frame_table().src.copy(), len(st._last), len(st._stacks))
+    before = (
+        rb.sample_all(),
+        st._frames.clone(),
+        st._frame_table().src.copy(),
+        len(st._last),
+        len(st._stacks),
+    )
     good = envs.step(range(4))
     bad = {k: v.clone() for k, v in good.items()}
     bad["obs"][3, 0] += 1  # env 3's oldest frame is not its previous next observation's

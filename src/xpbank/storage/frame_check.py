@@ -52,8 +52,6 @@ class FrameSource(Protocol):
     def _frame_table(self) -> FrameTable: ...
 
 
-
-
 def same(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two 1-D word arrays of one length are equal (a loop the compiler vectorizes:
     no early exit inside)."""
@@ -152,7 +150,7 @@ def held_words(st: FrameSource, width: int) -> np.ndarray | None:
     hit = views.get(width)
     if hit is None or hit[0] is not st._np_frames:
         hit = views[width] = (st._np_frames, aligned_words(st._np_frames, width))
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray] | None:
@@ -162,7 +160,7 @@ def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.n
     held = (o, x, st._last._np, st._stacks._np)  # the answer depends on where these are
     seen = st.__dict__.get("_step_views")  # the check's answer, asked again by the write
     if seen is not None and all(a is b for a, b in zip(seen[0], held, strict=True)):
-        return seen[1]  # type: ignore[no-any-return]
+        return seen[1]
     frame = o.itemsize * math.prod(o.shape[2:])
     n, s = o.shape[0], o.shape[1]
     views = None

@@ -34,18 +34,26 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from xpbank import _jit
-from xpbank.storage.frame_check import held_words, step_words
+from xpbank.storage.frame_check import FrameSource, held_words, step_words
 
 if TYPE_CHECKING:
     from xpbank.ring.episodes import _Plan
-    from xpbank.storage.frames import FrameStorage
+    from xpbank.ring.ids import Ring
 
-__all__ = ["StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
+
+class StepTarget(FrameSource, Protocol):
+    """What :func:`apply_step` reaches of a :class:`~xpbank.FrameStorage`: what the
+    checks read, and the ring it is attached to."""
+
+    def _links_ring(self) -> Ring: ...
+
+
+__all__ = ["StepTarget", "StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
 
 
 @dataclass
@@ -186,7 +194,7 @@ def compiled_write() -> bool:
     return _compiled is not None
 
 
-def apply_step(st: FrameStorage, todo: StepWrite) -> bool:
+def apply_step(st: StepTarget, todo: StepWrite) -> bool:
     """Write a checked lockstep step (what ``prepare_write`` and ``write`` do with its
     ``FrameWrite``), growing the side stores first where they are too small; ``False``:
     nothing written (a grown store cannot be viewed as words: the NumPy path's turn)."""

@@ -237,7 +237,7 @@ def plan_step(
     o, x = to_numpy(obs), to_numpy(nxt)
     if st.verify and not step_obeys(st, o, x, start if begins else None, slots):
         return None
-    views = step_words(st, o, x) if compiled_write() else None  # type: ignore[arg-type]
+    views = step_words(st, o, x) if compiled_write() else None
     if views is not None:  # one compiled call writes the step
         return StepWrite(o, x, views, plan, first_new, ring.first_id, size)
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
