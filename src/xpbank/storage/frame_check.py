@@ -157,10 +157,10 @@ def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.n
     """``(width, o, x)``: the step as ``[n, stack, w]`` words of the widest width that
     divides a frame's bytes and aligns the step, the frame array and the side stores
     (``None``: none does: an array is not C-contiguous, or a frame has no bytes)."""
-    held = (o, x, st._last._np, st._stacks._np)  # the answer depends on where these are
+    last, kept = st._last._np, st._stacks._np  # the answer depends on where these are
     seen = st.__dict__.get("_step_views")  # the check's answer, asked again by the write
-    if seen is not None and all(a is b for a, b in zip(seen[0], held, strict=True)):
-        return seen[1]
+    if seen is not None and seen[0] is o and seen[1] is x and seen[2] is last and seen[3] is kept:
+        return seen[4]
     frame = o.itemsize * math.prod(o.shape[2:])
     n, s = o.shape[0], o.shape[1]
     views = None
@@ -173,7 +173,7 @@ def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.n
         if st._last.words(width) is not None and st._stacks.words(width) is not None:
             views = width, ow.reshape(n, s, -1), xw.reshape(n, s, -1)
             break
-    st.__dict__["_step_views"] = (held, views)
+    st.__dict__["_step_views"] = (o, x, last, kept, views)
     return views
 
 
