@@ -17,8 +17,8 @@ order :meth:`FrameStorage.prepare_write <xpbank.FrameStorage.prepare_write>` app
 3. each new item's next frame kept aside, its table row (its stack, padding), its
    predecessor's row linked to it, and its newest frame stored in the frame array.
 
-It reads the step once more for the two newest frames per item (just read by the
-check: from cache). The NumPy path (``FrameWrite``) is the reference: the kernel leaves
+Of the step it reads the newest frame of each observation (the check has just read it:
+from cache) and of each next observation. The NumPy path (``FrameWrite``) is the reference: the kernel leaves
 the same frames, table and side-store contents per slot (``tests/test_frame_step.py``;
 which free entry a side store hands out may differ, which nothing reads).
 
@@ -45,15 +45,14 @@ if TYPE_CHECKING:
     from xpbank.ring.episodes import _Plan
     from xpbank.ring.ids import Ring
 
+__all__ = ["StepTarget", "StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
+
 
 class StepTarget(FrameSource, Protocol):
     """What :func:`apply_step` reaches of a :class:`~xpbank.FrameStorage`: what the
     checks read, and the ring it is attached to."""
 
     def _links_ring(self) -> Ring: ...
-
-
-__all__ = ["StepTarget", "StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
 
 
 @dataclass
