@@ -7,6 +7,8 @@ widths (an unaligned step: one-byte words), both paddings, ring wraps and episod
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,23 @@ def test_slot_pool_free_list_hands_out_each_entry_once() -> None:
         assert not np.isin(pool.free[: pool.nfree], live).any()  # and none both free and held
         keys = np.array(sorted(held), dtype=np.int64)
         assert pool.get(keys)[:, 0].tolist() == [held[k] for k in keys.tolist()]
+
+
+@pytest.mark.parametrize("num_envs,capacity", [(4, 40), (4, 42), (1, 12)])  # lockstep layout, slots, one env
+def test_a_pickled_buffer_goes_on_storing_and_returning_the_same(num_envs, capacity) -> None:
+    """A pickle (SB3's ``save_replay_buffer``) carries no NumPy view of the frames or the
+    side stores: the copy's writes land where its reads look."""
+    envs = StackedEnvs(num_envs, 4, seed=num_envs + capacity, lengths=(3, 9))
+    rb = ReplayBuffer(capacity, storage=FrameStorage(capacity), num_envs=num_envs, seed=0)
+    ref: dict = {}
+    for _ in range(30):  # past a wrap: stacks and next frames kept aside
+        step = envs.step(range(num_envs))
+        _record(ref, rb.extend(step), step)
+    copy = pickle.loads(pickle.dumps(rb))
+    for _ in range(30):
+        step = envs.step(range(num_envs))
+        ids = rb.extend(step)
+        assert copy.extend(step) == ids
+        _record(ref, ids, step)
+    _assert_same_bytes(rb, copy)
+    _assert_same(ref, copy.sample_all())

@@ -114,6 +114,15 @@ class SlotPool:
             self.nfree += had.shape[0]
             self.index[slots] = -1
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the views of ``data`` (a pickled view comes back as a private
+        copy): made again on arrival."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_np", "_words")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._np, self._words = to_numpy(self.data), {}
+
     def clear(self) -> None:
         self.index[:] = -1
         self.free = np.arange(self.data.shape[0], dtype=np.int64)

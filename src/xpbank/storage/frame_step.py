@@ -34,18 +34,39 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from xpbank import _jit
+from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_check import FrameSource, held_words, step_words
 
 if TYPE_CHECKING:
     from xpbank.ring.episodes import _Plan
     from xpbank.ring.ids import Ring
 
-__all__ = ["StepTarget", "StepWrite", "apply_step", "compiled_write", "copy", "positions", "step_kernel"]
+__all__ = [
+    "PickledWithoutViews", "StepTarget", "StepWrite", "apply_step", "compiled_write", "copy", "positions",
+    "step_kernel",
+]  # fmt: skip
+
+_VIEWS = ("_np_frames", "_frame_words", "_step_views")  # FrameStorage's NumPy views and their caches
+
+
+class PickledWithoutViews:
+    """FrameStorage's pickling (SB3's ``save_replay_buffer`` pickles the buffer): its
+    NumPy views of the frame tensor (and the word views cached by the checks and this
+    module's write) are left out, as a pickled view comes back as a private copy that
+    writes would go to and reads would not; they are made again on arrival."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in _VIEWS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "_frames" in state:
+            self.__dict__["_np_frames"] = to_numpy(state["_frames"])
 
 
 class StepTarget(FrameSource, Protocol):

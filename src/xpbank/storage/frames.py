@@ -60,7 +60,7 @@ from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
-from xpbank.storage.frame_step import StepWrite, apply_step
+from xpbank.storage.frame_step import PickledWithoutViews, StepWrite, apply_step
 from xpbank.storage.frame_table import FrameTable
 from xpbank.storage.frame_write import FrameWrite, plan_frames, plan_step
 from xpbank.storage.hugepages import advise_huge_pages
@@ -76,7 +76,7 @@ _PADS = ("repeat", "zero")
 _CHUNK_BYTES = 1 << 20  # stacks read per chunk: next obs then read their frames from cache
 
 
-class FrameStorage(StorageBase):
+class FrameStorage(PickledWithoutViews, StorageBase):
     """Stores each frame of an image observation once (cpprb's ``next_of`` and
     ``stack_compress``, exact at episode ends, ring wraps and across envs).
 
