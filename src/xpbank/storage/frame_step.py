@@ -222,7 +222,6 @@ def apply_step(st: StepTarget, todo: StepWrite) -> bool:
     table = st._frame_table()
     starts = st._links_ring().episodes.links().start  # type: ignore[union-attr]
     width, o, x = todo.views
-    st.__dict__.pop("_step_views", None)  # frame_check.step_words' answer (it holds the step)
     while True:
         last, kept = st._last, st._stacks
         code, a, b, _ = _compiled[0](  # type: ignore[index]

@@ -235,9 +235,11 @@ def plan_step(
     follow = ~start if begins else slice(None)
     slots = prev[follow] % c  # the predecessors (all live: see above)
     o, x = to_numpy(obs), to_numpy(nxt)
-    if st.verify and not step_obeys(st, o, x, start if begins else None, slots):
+    obeys = not st.verify or step_obeys(st, o, x, start if begins else None, slots)
+    views = step_words(st, o, x) if obeys and compiled_write() else None  # as the check's
+    st.__dict__.pop("_step_views", None)  # step_words' answer kept for this call: it holds the step
+    if not obeys:
         return None
-    views = step_words(st, o, x) if compiled_write() else None
     if views is not None:  # one compiled call writes the step
         return StepWrite(o, x, views, plan, first_new, ring.first_id, size)
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
