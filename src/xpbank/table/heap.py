@@ -50,27 +50,29 @@ AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 def _win(k: Any, q: Any, lo: Any, skip: Any) -> Any:
     """The first of entries ``[lo, lo + 16)`` but position ``skip``, by ``(k, q)``:
-    ``(key, seq, position)``. Branch-free over the keys (a minimum, then where it is);
-    seqs are read on a tie only."""
-    m = EMPTY
+    ``(key, seq, position)``; seqs are read on a tie only."""
+    bk, bq, at = EMPTY, EMPTY, lo + B
     for i in range(lo, lo + B):
-        m = min(m, EMPTY if i == skip else k[i])
-    at, ties = lo + B, -1
-    for i in range(lo + B - 1, lo - 1, -1):
-        hit = k[i] == m and i != skip
-        ties += hit
-        at = i if hit else at
-    if ties:
-        for i in range(at + 1, lo + B):
-            if k[i] == m and i != skip and q[i] < q[at]:
-                at = i
-    return m, q[at], at
+        if i != skip and (k[i] < bk or (k[i] == bk and q[i] < bq)):
+            bk, bq, at = k[i], q[i], i
+    if at == lo + B:  # every entry empty (their seqs too): the first
+        at = lo if skip != lo else lo + 1
+    return bk, bq, at
+
+
+def _best(k: Any, q: Any, lo: Any) -> Any:
+    """:func:`_win` with nothing skipped."""
+    bk, bq, at = EMPTY, EMPTY, lo
+    for i in range(lo, lo + B):
+        if k[i] < bk or (k[i] == bk and q[i] < bq):
+            bk, bq, at = k[i], q[i], i
+    return bk, bq, at
 
 
 def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
     """Recompute leaf group ``g``'s winner and runner-up; whether its winner changed."""
     lo = g << SHIFT
-    bk, bq, bi = _win(lk, lq, lo, -1)
+    bk, bq, bi = _best(lk, lq, lo)
     ck, cq, ci = _win(lk, lq, lo, bi)
     rk[g], rq[g], rs[g] = ck, cq, ci if ck != EMPTY else -1
     bi = bi if bk != EMPTY else -1
@@ -87,7 +89,7 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any, lead: Any) -> None:
     for level in range(1, off.shape[0] - 1):
         child = off[level - 1] + ((g >> SHIFT) << SHIFT)
         g >>= SHIFT
-        bk, bq, i = _win(nk, nq, child, -1)
+        bk, bq, i = _best(nk, nq, child)
         at = off[level] + g
         if nk[at] == bk and nq[at] == bq and ns[at] == ns[i]:
             return
@@ -230,7 +232,7 @@ def build(t: Any) -> None:
         size = -(-size // B)
         for g in range(size):
             at = off[level] + g
-            nk[at], nq[at], i = _win(nk, nq, off[level - 1] + (g << SHIFT), -1)
+            nk[at], nq[at], i = _best(nk, nq, off[level - 1] + (g << SHIFT))
             ns[at] = ns[i]
 
 
@@ -249,7 +251,7 @@ def load() -> SimpleNamespace | None:
             first,
             below,
             build,
-            helpers=(_win, _group, _up, _ahead, _addresses, _apply, _settle),
+            helpers=(_win, _best, _group, _up, _ahead, _addresses, _apply, _settle),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
