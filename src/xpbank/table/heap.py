@@ -44,6 +44,7 @@ __all__ = ["IndexedHeap", "load", "order_bits"]
 B = 16  # children per node: 16 int64 keys are two cache lines
 SHIFT = 4  # log2(B)
 EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
+MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
 USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
 AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
@@ -167,15 +168,22 @@ def _settle(t: Any, n: Any) -> None:
     _apply(t, n, t[10][:m], t[11][:m], t[12][:m], 3)
 
 
+def _bits(keys: Any) -> Any:
+    """:func:`order_bits` of float64 ``keys``, compiled."""
+    bits = (keys + 0.0).view(np.int64)
+    return bits ^ ((bits >> 63) & MASK)
+
+
 def push(t: Any, n: Any, slots: Any, keys: Any, seqs: Any) -> None:
-    """Enter ``slots`` (not in the tree) under ``keys``, ties by ``seqs``."""
-    _apply(t, n, slots, keys, seqs, 0)
+    """Enter ``slots`` (not in the tree) under float ``keys``, ties by ``seqs``."""
+    _apply(t, n, slots, _bits(keys), seqs, 0)
 
 
 def rekey(t: Any, n: Any, slots: Any, keys: Any) -> None:
-    """Give ``slots`` (in the tree or taken) new ``keys``, in order (a repeated slot
-    keeps its last); a taken one only keeps it."""
-    _apply(t, n, slots, keys, keys, 1)
+    """Give ``slots`` (in the tree or taken) new float ``keys``, in order (a repeated
+    slot keeps its last); a taken one only keeps it."""
+    bits = _bits(keys)
+    _apply(t, n, slots, bits, bits, 1)
 
 
 def remove(t: Any, n: Any, slots: Any) -> None:
@@ -251,7 +259,7 @@ def load() -> SimpleNamespace | None:
             first,
             below,
             build,
-            helpers=(_win, _best, _group, _up, _ahead, _addresses, _apply, _settle),
+            helpers=(_bits, _win, _best, _group, _up, _ahead, _addresses, _apply, _settle),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
@@ -268,7 +276,7 @@ def order_bits(keys: Any) -> np.ndarray:
         [0, 1, 2, 3, 4]
     """
     bits = (np.asarray(keys, dtype=np.float64) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
-    return bits ^ ((bits >> 63) & np.int64(0x7FFF_FFFF_FFFF_FFFF))
+    return bits ^ ((bits >> 63) & MASK)
 
 
 def _aligned(n: int) -> np.ndarray:
@@ -318,10 +326,10 @@ class IndexedHeap:
         self.n[:] = 0
 
     def push(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.push(self.t, self.n, slots, order_bits(keys), ring.seq[slots])
+        self.k.push(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64), ring.seq[slots])
 
     def rekey(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.rekey(self.t, self.n, slots, order_bits(keys))
+        self.k.rekey(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64))
 
     def remove(self, ring: TableRing, slots: np.ndarray) -> None:
         self.k.remove(self.t, self.n, slots)
