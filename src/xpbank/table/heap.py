@@ -83,10 +83,8 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
-def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any, lead: Any) -> None:
-    """Recompute the nodes above leaf group ``g``, up to the first that stays the same.
-    ``lead`` (addresses of ``nk``, ``rs``; 0: none): prefetch each new winner's group
-    (the items taken next are among them)."""
+def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
+    """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
         child = off[level - 1] + ((g >> SHIFT) << SHIFT)
         g >>= SHIFT
@@ -95,15 +93,11 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any, lead: Any) -> None:
         if nk[at] == bk and nq[at] == bq and ns[at] == ns[i]:
             return
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
-        if lead[0] and ns[i] >= 0:
-            for base in lead:
-                prefetch(base + (ns[i] >> SHIFT) * 8)
 
 
-def _ahead(lk: Any, taken: Any, slots: Any, j: Any, groups: Any) -> None:
-    """Prefetch the leaf group (keys), the taken index and the group's node and
-    runner-up of ``slots[j + AHEAD]`` (``lk``, ``taken``, ``groups``: the arrays'
-    addresses; ``.ctypes`` is slow, read it once a call)."""
+def _ahead(lk: Any, taken: Any, slots: Any, j: Any) -> None:
+    """Prefetch the leaf group (keys) and the taken index of ``slots[j + AHEAD]``
+    (``lk``, ``taken``: the arrays' addresses; ``.ctypes`` is slow, read it once a call)."""
     if j + AHEAD < slots.shape[0]:
         s = slots[j + AHEAD]
         if s >= 0:
@@ -111,17 +105,6 @@ def _ahead(lk: Any, taken: Any, slots: Any, j: Any, groups: Any) -> None:
             prefetch(line)
             prefetch(line + 64)
             prefetch(taken + s * 8)
-            for base in groups:
-                prefetch(base + (s >> SHIFT) * 8)
-
-
-def _addresses(t: Any) -> Any:
-    """The data addresses of the leaf group arrays (``nk``, ``nq``, ``ns``, ``rk``,
-    ``rq``, ``rs``), which a pop or a batch prefetches."""
-    return (
-        np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
-        np.int64(t[5].ctypes.data), np.int64(t[6].ctypes.data), np.int64(t[7].ctypes.data),
-    )  # fmt: skip
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -130,10 +113,9 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     for good (neither in nor taken: skipped), 3 put back the taken ones (``slots`` is
     their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
-    lk_at, taken_at, groups = np.int64(lk.ctypes.data), np.int64(taken.ctypes.data), _addresses(t)
-    no_lead = (np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    lk_at, taken_at = np.int64(lk.ctypes.data), np.int64(taken.ctypes.data)
     for j in range(slots.shape[0]):
-        _ahead(lk_at, taken_at, slots, j, groups)
+        _ahead(lk_at, taken_at, slots, j)
         s = slots[j]
         if mode == 0 or mode == 3:
             if s < 0:  # (3) removed while taken
@@ -158,7 +140,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] -= 1
         g = s >> SHIFT
         if _group(lk, lq, nk, nq, ns, rk, rq, rs, g):
-            _up(nk, nq, ns, off, g, no_lead)
+            _up(nk, nq, ns, off, g)
 
 
 def _settle(t: Any, n: Any) -> None:
@@ -198,7 +180,6 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
-    lead = _addresses(t)
     for j in range(m):
         w = ns[root]
         out[j] = w
@@ -210,7 +191,7 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
             rs[g] = USED
         else:
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
-        _up(nk, nq, ns, off, g, lead)
+        _up(nk, nq, ns, off, g)
     n[0] -= m
     n[1] = m
     return m
@@ -259,7 +240,7 @@ def load() -> SimpleNamespace | None:
             first,
             below,
             build,
-            helpers=(_bits, _win, _best, _group, _up, _ahead, _addresses, _apply, _settle),
+            helpers=(_bits, _win, _best, _group, _up, _ahead, _apply, _settle),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
