@@ -12,7 +12,8 @@ entries (128 bytes of keys), so at 1M slots the tree is 5 levels (62,500 leaf gr
 broken by the ring's ``seq`` (insertion order), so the order is total: the same items
 come first as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without
 numba, and the reference the tests compare this one with). Every node is a function of
-its children, so the tree is the same whatever the order of the changes that built it.
+its children, so the tree is the same whatever the order of the changes that built it
+(a runner-up once its winner was taken is marked used until its group is recomputed).
 
 - Setting a slot (insert, priority change, removal) recomputes its group and the nodes
   above, up to the first that stays the same. A batch prefetches the leaf groups of the
