@@ -181,18 +181,23 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
-    for j in range(m):
+    for j in range(m):  # the leaves are marked after the loop (stores off the chain of pops)
         w = ns[root]
         out[j] = w
-        taken[w], ts[j], tk[j], tq[j] = j, w, nk[root], nq[root]
-        lk[w], lq[w] = EMPTY, EMPTY
+        ts[j], tk[j], tq[j] = w, nk[root], nq[root]
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
             nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
             rs[g] = USED
-        else:
+        else:  # read the group again, the items taken from it so far marked out
+            for i in range(j + 1):
+                if out[i] >> SHIFT == g:
+                    lk[out[i]], lq[out[i]] = EMPTY, EMPTY
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
         _up(nk, nq, ns, off, g)
+    for j in range(m):
+        taken[out[j]] = j
+        lk[out[j]], lq[out[j]] = EMPTY, EMPTY
     n[0] -= m
     n[1] = m
     return m
