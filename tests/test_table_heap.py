@@ -53,3 +53,67 @@ def test_indexed_heap_orders_as_the_lazy_heap(seed: int) -> None:
         fresh = heap_module.IndexedHeap(capacity, kernels)
         fresh.rebuild(ring, keys)
         assert fresh.best(ring, capacity).tolist() == lazy.best(ring, capacity).tolist()
+
+
+@pytest.mark.parametrize("capacity", [1, 16, 17, 257, 4097])
+def test_tournament_tree_across_levels_and_taken_items(capacity: int) -> None:
+    """Trees of 1 to 4 levels, many ties: the first items taken by ``best`` stay taken
+    (updated, removed, or put back by the next ``best``/``below``) and the order equals
+    heapq's; once put back, the tree equals one built from scratch (every node is a
+    function of its children)."""
+    kernels = heap_module.load()
+    if kernels is None:
+        pytest.skip("numba is not installed: only the heapq path runs")
+    rng = np.random.default_rng(capacity)
+    ring = TableRing(capacity)
+    fast, lazy = heap_module.IndexedHeap(capacity, kernels), LazyHeap(capacity, "stamp")
+    keys = np.zeros(capacity)
+    for step in range(40):
+        spread = (2, 1000)[step % 2]  # ties (broken by seq) or mostly distinct keys
+        live = np.flatnonzero(ring.live)
+        op = rng.integers(4)
+        if op == 0 and ring.free_count:
+            slots = ring.take_free(int(rng.integers(1, ring.free_count + 1)))
+            ring.insert(slots)
+            keys[slots] = rng.integers(-spread, spread, slots.shape[0]) / 2
+            fast.push(ring, slots, keys[slots])
+            lazy.push(ring, slots, keys[slots])
+        elif op == 1 and live.size:  # often the items just taken by best
+            taken = fast.best(ring, int(rng.integers(1, 300)))
+            slots = np.concatenate([taken, rng.choice(live, int(rng.integers(0, 8)))])
+            new = rng.integers(-spread, spread, slots.shape[0]) / 2
+            _, last = np.unique(slots[::-1], return_index=True)
+            keep = slots.shape[0] - 1 - last
+            ring.restamp(slots[keep])
+            keys[slots[keep]] = new[keep]
+            fast.rekey(ring, slots, new)  # in order: a repeated slot keeps its last
+            lazy.rekey(ring, slots[keep], new[keep])
+        elif op == 2 and live.size:
+            taken = fast.best(ring, int(rng.integers(1, 300)))
+            slots = np.unique(np.concatenate([taken[: rng.integers(0, taken.size + 1)], rng.choice(live, 3)]))
+            ring.release(slots)
+            fast.remove(ring, slots)
+            lazy.remove(ring, slots)
+        elif op == 3 and live.size:
+            fast.best(ring, int(rng.integers(1, 300)))
+            bound = float(rng.integers(-spread, spread)) / 2
+            got = fast.below(ring, bound)
+            assert got.tolist() == lazy.below(ring, bound).tolist()
+            ring.release(got)
+        for k in (1, int(rng.integers(1, capacity + 2)), capacity):
+            assert fast.best(ring, k).tolist() == lazy.best(ring, k).tolist()
+        fast.best(ring, 0)  # puts the taken items back
+        fresh = heap_module.IndexedHeap(capacity, kernels)
+        fresh.rebuild(ring, keys)
+        for mine, built in zip(fast.t[:5], fresh.t[:5], strict=True):  # leaves and nodes
+            assert np.array_equal(mine, built)
+
+
+def test_order_bits_keeps_the_float_order() -> None:
+    values = np.array([-np.inf, -1e300, -2.5, -1e-310, -0.0, 0.0, 1e-310, 2.5, 1e300, np.inf])
+    bits = heap_module.order_bits(values)
+    assert bits.dtype == np.int64
+    for i in range(values.size):
+        for j in range(values.size):
+            assert (bits[i] < bits[j]) == (values[i] < values[j])
+            assert (bits[i] == bits[j]) == (values[i] == values[j])  # -0.0 == 0.0

@@ -8,6 +8,7 @@ Rows without an env field go to the shards in turn, one ``extend`` to each.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 
 pytest.importorskip("ray")
 
-from xpbank import EmptyBufferError, Field, RateLimitTimeout, Spec, Table
+from xpbank import EmptyBufferError, Field, RateLimitTimeout, Spec, StaleIndexError, Table
 from xpbank.distributed.ray import RayReplayBuffer
 
 SPEC = Spec({"x": Field((), torch.int64), "version": Field((), torch.int64)})
@@ -78,3 +79,30 @@ def test_staleness_reaches_every_shard(two_shards: Any) -> None:
     rb.extend(items(6, 6))
     got = rb.sample(3, max_staleness=2, current_version=11)["x"].tolist()
     assert sorted(got) == [9, 10, 11] and len(rb) == 0  # versions below 9 left both shards
+
+
+@pytest.mark.slow  # its own actors (10-30 s to start on the shared machine) and a restart
+@pytest.mark.parametrize("kind", ["queue", "max_heap"])
+def test_a_killed_table_shard_comes_back_with_its_checkpoint(ray_session: Any, kind: str) -> None:
+    """As a plain buffer's shard (tests/test_ray.py): killed, restarted by Ray, it reloads
+    its table from the checkpoint; what was written after it is lost, its ids stale."""
+    table = Table.queue(timeout=0.0) if kind == "queue" else Table("max_heap")
+    rb = RayReplayBuffer(2, 16, SPEC, sampler=table, flush_bytes=0, seed=0, probe_timeout=2.0)
+    try:
+        rb.extend(items(0, 6))  # shard 0
+        rb.extend(items(6, 6))  # shard 1
+        rb.checkpoint()
+        lost = torch.as_tensor(rb.extend(items(12, 2)))  # shard 0, after its checkpoint
+        ray_session.kill(rb.shards[0], no_restart=False)
+        deadline, status = time.monotonic() + 120, rb.shard_status()[0]
+        while time.monotonic() < deadline and not (status.state == "up" and status.restarts == 1):
+            time.sleep(0.5)
+            status = rb.shard_status()[0]
+        assert (status.state, status.restarts, status.restored) == ("up", 1, 6), status
+        assert len(rb) == 12
+        if kind == "max_heap":
+            with pytest.raises(StaleIndexError, match=r"lost in a shard restart \(shard 0"):
+                rb.update_priority(lost, [1.0, 1.0])
+        assert sorted(rb.sample(12, replace=False)["x"].tolist()) == list(range(12))
+    finally:
+        rb.close()

@@ -58,14 +58,15 @@ Modules: :mod:`~xpbank.table.table` (the class, presets, binding),
 :mod:`~xpbank.table.options` (names, limiter configs), :mod:`~xpbank.table.ops` (write
 and sample paths, waits), :mod:`~xpbank.table.select` (batch semantics),
 :mod:`~xpbank.table.orders` (FIFO/LIFO log, heapq's lazy heaps, dense uniform set),
-:mod:`~xpbank.table.heap` (indexed heaps compiled with numba),
+:mod:`~xpbank.table.heap` (16-ary tournament trees compiled with numba),
 :mod:`~xpbank.table.slots` (ids, free slots), :mod:`~xpbank.table.runs` (the write
 fast path's runs of slots), :mod:`~xpbank.table.state`.
 
 Costs (one process, ``OMP_NUM_THREADS=1``): at 1M items a heap selector's sample of
-256 plus a priority update of 256 runs in compiled loops (an indexed binary heap: the
-first ``k`` items by a best-first walk from the root, updates moved in place); consuming
-``k`` items costs ``k`` heap removals, O(k log N) cache misses. A table whose free
+256 plus a priority update of 256 runs in compiled loops (a 16-ary tournament tree: the
+first ``k`` items are taken out one by one, each path replayed, and set aside until the
+next read of the order, so the update of those ``k`` replays each path once, and
+consuming them, ``max_times_sampled=1``, only drops them). A table whose free
 slots are in the ring's order (a FIFO queue drained oldest first, a FIFO-removal ring)
 places writes as contiguous runs (slices, no lookups), and a batch shaped like the last
 one takes the write fast path (:mod:`~xpbank.table.runs`); anything else goes through

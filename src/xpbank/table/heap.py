@@ -1,19 +1,32 @@
-"""An indexed 4-ary min-heap of slots by ``(key, seq)``, in compiled loops (numba).
+"""An indexed priority queue of slots by ``(key, seq)``: a 16-ary tournament tree in
+compiled loops (numba).
 
 With numba (the ``fast`` extra) a :class:`~xpbank.table.Table`'s heaps (min- and
-max-heap selectors and removers, the versions' index) are this: the heap array, each
-slot's position in it, and each slot's key, so a priority update moves the item in
-place (O(log N), no stale entries left behind) and a removal takes it out. Keys sit
-beside the slots in the heap's own arrays, and 4 children per node halve the depth: at
-1M items a sift reads about 10 cache lines instead of 60 (a binary heap reading each
-slot's key elsewhere). A whole
-batch (256 updates, ``k`` first items) is one compiled call. Ties are broken by the
-ring's ``seq`` (insertion order), so the order is total: the same items come first
-as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without numba,
-and the reference the tests compare this one with).
+max-heap selectors and removers, the versions' index) are this. The leaves are the
+slots: each slot's key (:func:`order_bits` of the float key: int64 in the same order)
+and seq, ``(EMPTY, EMPTY)`` for a slot not in the tree, which loses to every item. Each
+node above holds the winner of its 16 children (key, seq, slot; ``(EMPTY, EMPTY, -1)``
+when none), each leaf group also its runner-up. A node's children are 16 contiguous
+entries (128 bytes of keys), so at 1M slots the tree is 5 levels (62,500 leaf groups ->
+3,907 -> 245 -> 16 -> 1) and only the leaves and their groups miss the cache. Ties are
+broken by the ring's ``seq`` (insertion order), so the order is total: the same items
+come first as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without
+numba, and the reference the tests compare this one with). Every node is a function of
+its children, so the tree is the same whatever the order of the changes that built it
+(a runner-up once its winner was taken is marked used until its group is recomputed).
 
-The kernels below are plain Python over NumPy arrays (``n`` is a one-element array: the
-heap's size, changed in place); :func:`load` compiles them once.
+- Setting a slot (insert, priority change, removal) recomputes its group and the nodes
+  above, up to the first that stays the same. A batch prefetches the leaf groups of the
+  items a few ahead, so their cache misses overlap. One compiled call per batch.
+- The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
+  taken out of the tree (its group's runner-up takes its place) and set aside as
+  *taken*. Taken items still count: a priority update of one only sets its kept key, a
+  removal only drops it; the next call that reads the order (``best``, ``below``) first
+  puts the taken ones back. So a sample of the first ``k`` followed by a priority update
+  of those ``k`` (the usual loop) replays each path once, with the new key, and a
+  consume-once table's removal of them costs nothing more.
+
+The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
 """
 
 from __future__ import annotations
@@ -24,158 +37,198 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
+from xpbank._jit.prefetch import prefetch
 from xpbank.table.slots import TableRing
 
-__all__ = ["IndexedHeap", "load"]
+__all__ = ["IndexedHeap", "load", "order_bits"]
+
+B = 16  # children per node: 16 int64 keys are two cache lines
+SHIFT = 4  # log2(B)
+EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
+MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
+USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
+AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 
-D = 4  # children per node: a 4-ary heap is half as deep, and a node's children share a cache line
+def _win(k: Any, q: Any, lo: Any, skip: Any) -> Any:
+    """The first of entries ``[lo, lo + 16)`` but position ``skip``, by ``(k, q)``:
+    ``(key, seq, position)``; seqs are read on a tie only."""
+    bk, bq, at = EMPTY, EMPTY, lo + B
+    for i in range(lo, lo + B):
+        if i != skip and (k[i] < bk or (k[i] == bk and q[i] < bq)):
+            bk, bq, at = k[i], q[i], i
+    if at == lo + B:  # every entry empty (their seqs too): the first
+        at = lo if skip != lo else lo + 1
+    return bk, bq, at
 
 
-def _less(i: Any, j: Any, hk: Any, hs: Any) -> Any:
-    """Whether the entry at position ``i`` comes before the one at ``j``: ``(key, seq)``."""
-    return hk[i] < hk[j] or (hk[i] == hk[j] and hs[i] < hs[j])
+def _best(k: Any, q: Any, lo: Any) -> Any:
+    """:func:`_win` with nothing skipped."""
+    bk, bq, at = EMPTY, EMPTY, lo
+    for i in range(lo, lo + B):
+        if k[i] < bk or (k[i] == bk and q[i] < bq):
+            bk, bq, at = k[i], q[i], i
+    return bk, bq, at
 
 
-def _move(heap: Any, pos: Any, hk: Any, hs: Any, src: Any, dst: Any) -> None:
-    heap[dst], hk[dst], hs[dst] = heap[src], hk[src], hs[src]
-    pos[heap[dst]] = dst
+def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
+    """Recompute leaf group ``g``'s winner and runner-up; whether its winner changed."""
+    lo = g << SHIFT
+    bk, bq, bi = _best(lk, lq, lo)
+    ck, cq, ci = _win(lk, lq, lo, bi)
+    rk[g], rq[g], rs[g] = ck, cq, ci if ck != EMPTY else -1
+    bi = bi if bk != EMPTY else -1
+    if nk[g] == bk and nq[g] == bq and ns[g] == bi:
+        return False
+    nk[g], nq[g], ns[g] = bk, bq, bi
+    return True
 
 
-def _up(heap: Any, pos: Any, hk: Any, hs: Any, i: Any) -> None:
-    s, k, q = heap[i], hk[i], hs[i]
-    while i > 0:
-        parent = (i - 1) // D
-        if not (k < hk[parent] or (k == hk[parent] and q < hs[parent])):
-            break
-        _move(heap, pos, hk, hs, parent, i)
-        i = parent
-    heap[i], hk[i], hs[i] = s, k, q
-    pos[s] = i
+def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
+    """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
+    for level in range(1, off.shape[0] - 1):
+        child = off[level - 1] + ((g >> SHIFT) << SHIFT)
+        g >>= SHIFT
+        bk, bq, i = _best(nk, nq, child)
+        at = off[level] + g
+        if nk[at] == bk and nq[at] == bq and ns[at] == ns[i]:
+            return
+        nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
-def _down(heap: Any, pos: Any, hk: Any, hs: Any, i: Any, n: Any) -> None:
-    s, k, q = heap[i], hk[i], hs[i]
-    while True:
-        child = D * i + 1
-        if child >= n:
-            break
-        best = child
-        for c in range(child + 1, min(child + D, n)):
-            if _less(c, best, hk, hs):
-                best = c
-        if not (hk[best] < k or (hk[best] == k and hs[best] < q)):
-            break
-        _move(heap, pos, hk, hs, best, i)
-        i = best
-    heap[i], hk[i], hs[i] = s, k, q
-    pos[s] = i
+def _ahead(lk: Any, taken: Any, slots: Any, j: Any) -> None:
+    """Prefetch the leaf group (keys) and the taken index of ``slots[j + AHEAD]``
+    (``lk``, ``taken``: the arrays' addresses; ``.ctypes`` is slow, read it once a call)."""
+    if j + AHEAD < slots.shape[0]:
+        s = slots[j + AHEAD]
+        if s >= 0:
+            line = lk + ((s >> SHIFT) << SHIFT) * 8
+            prefetch(line)
+            prefetch(line + 64)
+            prefetch(taken + s * 8)
 
 
-def push(heap: Any, pos: Any, hk: Any, hs: Any, n: Any, slots: Any, keys: Any, seqs: Any) -> None:
-    """Enter ``slots`` (not in the heap) under ``keys``, ties by ``seqs``."""
+def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
+    """``slots[j]`` set to ``keys[j]`` in order, with its path replayed. ``mode``: 0 enter
+    (not in the tree; ties by ``seqs``), 1 new key (a taken one only keeps it), 2 out
+    for good (neither in nor taken: skipped), 3 put back the taken ones (``slots`` is
+    their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
+    lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
+    lk_at, taken_at = np.int64(lk.ctypes.data), np.int64(taken.ctypes.data)
     for j in range(slots.shape[0]):
-        i = n[0]
-        heap[i], hk[i], hs[i] = slots[j], keys[j], seqs[j]
-        pos[slots[j]] = i
-        n[0] += 1
-        _up(heap, pos, hk, hs, i)
-
-
-def rekey(heap: Any, pos: Any, hk: Any, hs: Any, n: Any, slots: Any, keys: Any) -> None:
-    """Give ``slots`` (in the heap) new ``keys``, in order (a repeated slot keeps its last)."""
-    for j in range(slots.shape[0]):
+        _ahead(lk_at, taken_at, slots, j)
         s = slots[j]
-        hk[pos[s]] = keys[j]
-        _up(heap, pos, hk, hs, pos[s])
-        _down(heap, pos, hk, hs, pos[s], n[0])
+        if mode == 0 or mode == 3:
+            if s < 0:  # (3) removed while taken
+                continue
+            lk[s], lq[s] = keys[j], seqs[j]
+            n[0] += 1
+            if mode == 3:
+                taken[s] = -1
+        elif mode == 1:
+            if taken[s] >= 0:
+                tk[taken[s]] = keys[j]
+                continue
+            lk[s] = keys[j]
+        else:
+            if taken[s] >= 0:  # out of the tree already
+                ts[taken[s]] = -1
+                taken[s] = -1
+                continue
+            if lq[s] == EMPTY:
+                continue
+            lk[s], lq[s] = EMPTY, EMPTY
+            n[0] -= 1
+        g = s >> SHIFT
+        if _group(lk, lq, nk, nq, ns, rk, rq, rs, g):
+            _up(nk, nq, ns, off, g)
 
 
-def remove(heap: Any, pos: Any, hk: Any, hs: Any, n: Any, slots: Any) -> None:
-    """Take ``slots`` out of the heap (those not in it are skipped)."""
-    for j in range(slots.shape[0]):
-        s = slots[j]
-        i = pos[s]
-        if i < 0:
-            continue
-        pos[s] = -1
-        n[0] -= 1
-        last = n[0]
-        if i == last:
-            continue
-        _move(heap, pos, hk, hs, last, i)
-        moved = heap[i]
-        _up(heap, pos, hk, hs, i)
-        _down(heap, pos, hk, hs, pos[moved], n[0])
+def _settle(t: Any, n: Any) -> None:
+    """Put the taken items back (with their kept keys)."""
+    m = n[1]
+    n[1] = 0
+    _apply(t, n, t[10][:m], t[11][:m], t[12][:m], 3)
 
 
-def _cand_up(cand: Any, hk: Any, hs: Any, i: Any) -> None:
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _less(cand[i], cand[parent], hk, hs):
-            break
-        cand[i], cand[parent] = cand[parent], cand[i]
-        i = parent
+def _bits(keys: Any) -> Any:
+    """:func:`order_bits` of float64 ``keys``, compiled."""
+    bits = (keys + 0.0).view(np.int64)
+    return bits ^ ((bits >> 63) & MASK)
 
 
-def _cand_down(cand: Any, hk: Any, hs: Any, c: Any) -> None:
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= c:
-            break
-        if child + 1 < c and _less(cand[child + 1], cand[child], hk, hs):
-            child += 1
-        if not _less(cand[child], cand[i], hk, hs):
-            break
-        cand[i], cand[child] = cand[child], cand[i]
-        i = child
+def push(t: Any, n: Any, slots: Any, keys: Any, seqs: Any) -> None:
+    """Enter ``slots`` (not in the tree) under float ``keys``, ties by ``seqs``."""
+    _apply(t, n, slots, _bits(keys), seqs, 0)
 
 
-def first(heap: Any, hk: Any, hs: Any, n: Any, k: Any, out: Any, cand: Any) -> Any:
-    """The ``k`` first slots in order into ``out`` (fewer if the heap holds fewer), the
-    heap untouched: a best-first walk from the root with a small binary heap of
-    candidate positions (``cand``, room for ``(D - 1) * k + 1``), so only the nodes
-    near the top are read. Returns how many."""
+def rekey(t: Any, n: Any, slots: Any, keys: Any) -> None:
+    """Give ``slots`` (in the tree or taken) new float ``keys``, in order (a repeated
+    slot keeps its last); a taken one only keeps it."""
+    bits = _bits(keys)
+    _apply(t, n, slots, bits, bits, 1)
+
+
+def remove(t: Any, n: Any, slots: Any) -> None:
+    """Take ``slots`` out for good (those neither in the tree nor taken are skipped)."""
+    _apply(t, n, slots, slots, slots, 2)
+
+
+def first(t: Any, n: Any, k: Any, out: Any) -> Any:
+    """The ``k`` first slots in order into ``out`` (fewer if fewer are in); they are
+    taken (see the module docstring). Returns how many."""
+    lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk, tq = t
+    _settle(t, n)
     m = min(k, n[0])
-    if m == 0:
-        return 0
-    cand[0] = 0
-    c = 1
+    root = off[off.shape[0] - 2]
+    for j in range(m):  # the leaves are marked after the loop (stores off the chain of pops)
+        w = ns[root]
+        out[j] = w
+        ts[j], tk[j], tq[j] = w, nk[root], nq[root]
+        g = w >> SHIFT
+        if rs[g] != USED:  # its runner-up takes its place
+            nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
+            rs[g] = USED
+        else:  # read the group again, the items taken from it so far marked out
+            for i in range(j + 1):
+                if out[i] >> SHIFT == g:
+                    lk[out[i]], lq[out[i]] = EMPTY, EMPTY
+            _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
+        _up(nk, nq, ns, off, g)
     for j in range(m):
-        top = cand[0]
-        out[j] = heap[top]
-        c -= 1
-        if c > 0:
-            cand[0] = cand[c]
-            _cand_down(cand, hk, hs, c)
-        for child in range(D * top + 1, min(D * top + D + 1, n[0])):
-            cand[c] = child
-            c += 1
-            _cand_up(cand, hk, hs, c - 1)
+        taken[out[j]] = j
+        lk[out[j]], lq[out[j]] = EMPTY, EMPTY
+    n[0] -= m
+    n[1] = m
     return m
 
 
-def below(heap: Any, pos: Any, hk: Any, hs: Any, n: Any, bound: Any, out: Any) -> Any:
-    """Pop every slot with a key below ``bound`` into ``out``; returns how many."""
+def below(t: Any, n: Any, bound: Any, out: Any) -> Any:
+    """Take out for good every slot with a key below ``bound``, in order, into ``out``;
+    returns how many."""
+    nk, ns, off = t[2], t[4], t[8]
+    _settle(t, n)
+    root = off[off.shape[0] - 2]
     m = 0
-    while n[0] > 0 and hk[0] < bound:
-        out[m] = heap[0]
-        pos[heap[0]] = -1
+    while n[0] > 0 and nk[root] < bound:
+        out[m] = ns[root]
+        _apply(t, n, out[m : m + 1], out, out, 2)
         m += 1
-        n[0] -= 1
-        if n[0] > 0:
-            _move(heap, pos, hk, hs, n[0], 0)
-            _down(heap, pos, hk, hs, 0, n[0])
     return m
 
 
-def heapify(heap: Any, pos: Any, hk: Any, hs: Any, n: Any) -> None:
-    """Order ``heap[:n]`` (with its keys) bottom-up, O(N)."""
-    for i in range(n[0]):
-        pos[heap[i]] = i
-    for i in range((n[0] - 2) // D, -1, -1):
-        _down(heap, pos, hk, hs, i, n[0])
+def build(t: Any) -> None:
+    """Every node from the leaves up, O(N) (padding nodes stay empty)."""
+    lk, lq, nk, nq, ns, rk, rq, rs, off = t[:9]
+    size = lk.shape[0] >> SHIFT  # nodes at the level being built
+    for g in range(size):
+        _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
+    for level in range(1, off.shape[0] - 1):
+        size = -(-size // B)
+        for g in range(size):
+            at = off[level] + g
+            nk[at], nq[at], i = _best(nk, nq, off[level - 1] + (g << SHIFT))
+            ns[at] = ns[i]
 
 
 _KERNELS: SimpleNamespace | None = None
@@ -192,57 +245,93 @@ def load() -> SimpleNamespace | None:
             remove,
             first,
             below,
-            heapify,
-            helpers=(_less, _move, _up, _down, _cand_up, _cand_down),
+            build,
+            helpers=(_bits, _win, _best, _group, _up, _ahead, _apply, _settle),
         )
-        names = ("push", "rekey", "remove", "first", "below", "heapify")
+        names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True
     return _KERNELS
 
 
+def order_bits(keys: Any) -> np.ndarray:
+    """Finite float keys as int64s in the same order (``-0.0`` as ``0.0``): the float's
+    bits, those of a negative one with all but the sign flipped; equal floats, equal ints.
+
+    Example:
+        >>> order_bits(np.array([-2.0, -0.0, 0.0, 1e-300, 3.0])).argsort(kind="stable").tolist()
+        [0, 1, 2, 3, 4]
+    """
+    bits = (np.asarray(keys, dtype=np.float64) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
+    return bits ^ ((bits >> 63) & MASK)
+
+
+def _aligned(n: int) -> np.ndarray:
+    """``n`` int64 entries starting on a 128-byte boundary (a group of 16 in two lines)."""
+    raw = np.empty(n + B, dtype=np.int64)
+    skip = (-raw.ctypes.data % 128) // 8
+    return raw[skip : skip + n]
+
+
+def _offsets(capacity: int) -> np.ndarray:
+    """Where each level of nodes starts in the node arrays, bottom up, plus the end; every
+    level is padded to whole groups of 16 (empty nodes), the top one a single node."""
+    off, size, at = [0], capacity, 0
+    while True:
+        size = -(-size // B)
+        at += -(-size // B) * B
+        off.append(at)
+        if size == 1:
+            return np.array(off, dtype=np.int64)
+
+
 class IndexedHeap:
-    """The heap a :class:`~xpbank.table.Table` keeps with numba: same calls as
-    :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). Each position
-    holds its slot, key and seq side by side (``heap``, ``hk``, ``hs``); ``pos`` maps a
-    slot to its position (-1: not in the heap)."""
+    """The priority queue a :class:`~xpbank.table.Table` keeps with numba: same calls as
+    :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). ``t`` holds the
+    arrays the kernels share: each slot's key and seq (``lk``, ``lq``), each node's
+    winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
+    each leaf group's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
+    slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
+    tree, items taken."""
 
     def __init__(self, capacity: int, kernels: SimpleNamespace):
         self.k = kernels
-        self.heap = np.zeros(capacity, dtype=np.int64)
-        self.hk = np.zeros(capacity, dtype=np.float64)
-        self.hs = np.zeros(capacity, dtype=np.int64)
-        self.pos = np.full(capacity, -1, dtype=np.int64)
-        self.n = np.zeros(1, dtype=np.int64)
+        off = _offsets(capacity)
+        groups = -(-capacity // B)
+        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3 + (int(off[1]),) * 3]
+        taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
+        self.t = (*arrays, off, *taken)
+        self.n = np.zeros(2, dtype=np.int64)
         self.out = np.zeros(capacity, dtype=np.int64)
-        self.cand = np.zeros((D - 1) * capacity + 1, dtype=np.int64)
+        self.clear()
 
     def clear(self) -> None:
-        self.pos[:] = -1
-        self.n[0] = 0
+        for a in self.t[:8]:
+            a[:] = EMPTY
+        for a in (self.t[4], self.t[7], self.t[9]):  # no winner, no runner-up, none taken
+            a[:] = -1
+        self.n[:] = 0
 
     def push(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        k = keys.astype(np.float64)
-        self.k.push(self.heap, self.pos, self.hk, self.hs, self.n, slots, k, ring.seq[slots])
+        self.k.push(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64), ring.seq[slots])
 
     def rekey(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.rekey(self.heap, self.pos, self.hk, self.hs, self.n, slots, keys.astype(np.float64))
+        self.k.rekey(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64))
 
     def remove(self, ring: TableRing, slots: np.ndarray) -> None:
-        self.k.remove(self.heap, self.pos, self.hk, self.hs, self.n, slots)
+        self.k.remove(self.t, self.n, slots)
 
     def rebuild(self, ring: TableRing, keys: np.ndarray) -> None:
         live = np.flatnonzero(ring.live)
         self.clear()
-        m = live.shape[0]
-        self.heap[:m], self.hk[:m], self.hs[:m] = live, keys[live], ring.seq[live]
-        self.n[0] = m
-        self.k.heapify(self.heap, self.pos, self.hk, self.hs, self.n)
+        self.t[0][live], self.t[1][live] = order_bits(keys[live]), ring.seq[live]
+        self.n[0] = live.shape[0]
+        self.k.build(self.t)
 
     def best(self, ring: TableRing, k: int) -> np.ndarray:
-        m = self.k.first(self.heap, self.hk, self.hs, self.n, k, self.out, self.cand)
+        m = self.k.first(self.t, self.n, k, self.out)
         return self.out[:m].copy()
 
     def below(self, ring: TableRing, bound: float) -> np.ndarray:
-        m = self.k.below(self.heap, self.pos, self.hk, self.hs, self.n, float(bound), self.out)
+        m = self.k.below(self.t, self.n, order_bits(np.array([bound]))[0], self.out)
         return self.out[:m].copy()

@@ -172,9 +172,10 @@ def set_priorities(t: Table, slots: np.ndarray, priorities: np.ndarray) -> None:
     assert ring is not None
     if slots.size == 0:
         return
-    _, last = np.unique(slots[::-1], return_index=True)
-    keep = slots.shape[0] - 1 - last
-    slots, priorities = slots[keep], priorities[keep]
+    ordered = np.sort(slots)
+    if (ordered[1:] == ordered[:-1]).any():  # repeated slots: keep the last of each
+        keep = slots.shape[0] - 1 - np.unique(slots[::-1], return_index=True)[1]
+        slots, priorities = slots[keep], priorities[keep]
     ring.priority[slots] = priorities
     ring.restamp(slots)
     _push_priorities(t, slots, False)
@@ -296,7 +297,7 @@ def _ordered(t: Table, b: int, replace: bool) -> tuple[np.ndarray, dict[str, tor
         cand = t.log.newest(ring, k)
     else:
         cand = (t.min_heap if kind == "min_heap" else t.max_heap).best(ring, k)
-    if limit == 1:  # live items were never drawn: the first b, once each (b are there)
+    if limit == 1 or (limit is None and not replace):  # the first b (b are there), once each
         _consume(t, cand, np.ones(cand.shape[0], dtype=np.int64))
         return cand, {}
     left = np.full(cand.shape[0], b, dtype=np.int64) if limit is None else limit - ring.times[cand]

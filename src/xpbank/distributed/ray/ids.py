@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from xpbank.errors import StaleIndexError, XpbankIndexError
 from xpbank.ring.ids import _as_index_array
 
-__all__ = ["encode", "decode", "split_by_shard", "id_problem"]
+__all__ = ["decode", "encode", "id_problem", "lowest_id", "read_mark", "split_by_shard", "written_count"]
 
 
 def encode(local: np.ndarray, shard: np.ndarray | int, num_shards: int) -> np.ndarray:
@@ -70,3 +71,26 @@ def id_problem(shard: int, problem: dict[str, Any], num_shards: int, stale: str)
             "nothing was updated. Pass stale='skip' to drop such updates and write the rest."
         )
     return None
+
+
+# -- a shard's restarts (xpbank.distributed.ray.shard) ----------------------------------
+def lowest_id(ring: Any) -> int:
+    """The lowest id ``ring`` holds or will hand out: a FIFO ring's oldest live id. A
+    table reuses slots out of order (an old item may outlive many newer ones, and a slot
+    freed early gets its next id, the old one plus the capacity, below the newest): the
+    lowest, over its slots, of the live item's id or the slot's next one."""
+    if not hasattr(ring, "inserted"):  # not a table's TableRing
+        return int(ring.first_id)
+    return int(np.where(ring.live, ring.ids, ring.ids + ring.capacity).min())
+
+
+def written_count(ring: Any) -> int:
+    """Items ``ring`` has stored so far (its ids count them, a table's do not)."""
+    return int(ring.inserted) if hasattr(ring, "inserted") else int(ring.next_id)
+
+
+def read_mark(path: Path) -> tuple[int, int]:
+    """``(issued, written)``: above every id handed out, items written (0: unknown)."""
+    data = path.read_bytes() if path.exists() else b""
+    mark = [*np.frombuffer(data[: 8 * min(2, len(data) // 8)], dtype=np.int64).tolist(), 0, 0]
+    return int(mark[0]), int(mark[1])

@@ -5,8 +5,9 @@ actor's threads: a threaded actor serves a sample while a write waits for the lo
 behind it in a queue) plus what a remote shard needs around it:
 
 - **ids that survive restarts**: the ids a shard hands out are its ring's ids plus an
-  ``offset``. After every write the shard records the next id it would hand out in a
-  small ``shard-<i>.issued`` file beside its checkpoint. A restarted shard that reloads
+  ``offset``. After every write the shard records the next id it would hand out (and
+  how many items it has written: a table reuses slots, and so ids, below its newest)
+  in a small ``shard-<i>.issued`` file beside its checkpoint. A restarted shard that reloads
   a checkpoint older than that mark moves ``offset`` up so that its restored items get
   ids at or above the mark: every id handed out before the crash is then stale (an
   ``update_priority`` with it is dropped or raised, as for an overwritten item), and
@@ -42,6 +43,7 @@ import torch
 
 from xpbank.bank import bank_metadata, load, save
 from xpbank.bank.format import MANIFEST
+from xpbank.distributed.ray.ids import lowest_id, read_mark, written_count
 from xpbank.distributed.table_room import draws_now, live_ids, table_of
 from xpbank.errors import CorruptBankError, EmptyBufferError, RateLimitTimeout, SpecError
 from xpbank.replay.buffer import ReplayBuffer
@@ -132,15 +134,19 @@ class Shard:
         Returns whether the ids were moved (items written after the checkpoint were lost).
         """
         ring = self.rb._ring  # the shard owns this buffer; it only reads the ring's ids
-        issued = _read_mark(Path(self.directory) / f"shard-{self.index}.issued")
-        if issued > ring.next_id + self.offset:  # ids were handed out after the checkpoint
+        issued, written = read_mark(Path(self.directory) / f"shard-{self.index}.issued")
+        # ids were handed out after the checkpoint: above its newest id, or (a table
+        # reusing a slot) below it; the written count tells
+        lost = max(issued - (ring.next_id + self.offset), written - written_count(ring))
+        if lost > 0:
             log.warning(
                 "shard %d restarted: %d item(s) written after its last checkpoint are lost; ids "
                 "handed out before the restart are stale from now on",
                 self.index,
-                issued - (ring.next_id + self.offset),
+                lost,
             )
-            self.offset = issued - ring.first_id  # the restored items get ids >= the mark
+            # the restored items and every new one get ids at or above any handed out
+            self.offset = max(issued, ring.next_id + self.offset) - lowest_id(ring)
             return True
         return False
 
@@ -151,7 +157,12 @@ class Shard:
         return count
 
     def _mark_issued(self) -> None:
-        os.pwrite(self._issued, np.int64(self.rb._ring.next_id + self.offset).tobytes(), 0)
+        ring = self.rb._ring
+        os.pwrite(
+            self._issued,
+            np.array([ring.next_id + self.offset, written_count(ring)], dtype=np.int64).tobytes(),
+            0,
+        )
 
     # -- writing ---------------------------------------------------------------
     def extend(self, flat: dict[Any, torch.Tensor]) -> dict[str, Any]:
@@ -381,8 +392,3 @@ class Shard:
     def ping(self) -> int:
         """This shard's incarnation (1 at first start, +1 per restart)."""
         return self.incarnation
-
-
-def _read_mark(path: Path) -> int:
-    data = path.read_bytes() if path.exists() else b""
-    return int(np.frombuffer(data[:8], dtype=np.int64)[0]) if len(data) >= 8 else 0
