@@ -126,8 +126,9 @@ CPU_NOTES = {
     "original libraries, measured in the same process, move less.",
     "bench_tables": "Part (a) runs 5 processes (4 writers, 1 reader): where fewer cores are free "
     "than that, they share CPUs and the ratio follows the scheduler as much as the code, so "
-    "rounds vary widely on a loaded machine (see the load average). Part (b) compares Python "
-    "heap operations per item with the sum-tree's vectorized (numba or NumPy) kernels.",
+    "rounds vary widely on a loaded machine (see the load average). Part (b) compares the compiled "
+    "tournament tree's dependent take-outs (a few 16-wide scans per item) with the sum-tree's "
+    "independent descents.",
 }
 DEFAULT_CPU_NOTE = (
     "Absolute times follow the CPU, its memory and the load; ratios measured in the same process move less."
