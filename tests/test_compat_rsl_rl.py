@@ -302,6 +302,37 @@ def test_first_transition_must_match_the_constructor_layout():
         ours.add_transition(_transitions()[0])
 
 
+def test_steps_in_other_forms_are_stored_as_rsl_rl_stores_them():
+    """Groups in another order, rewards ``[E, 1]``, bool dones: the same tensors as rsl_rl's."""
+    ref, ours = Ref("rl", E, T, _obs(), [A]), RolloutStorage("rl", E, T, _obs(), [A])
+    for tr in _transitions():
+        obs = tr.observations
+        tr.observations = TensorDict({"critic": obs["critic"], "policy": obs["policy"]}, batch_size=[E])
+        tr.rewards, tr.dones = tr.rewards.unsqueeze(1), tr.dones.bool()
+        ref.add_transition(tr)
+        ours.add_transition(tr)
+    for name in ("actions", "rewards", "dones", "values", "actions_log_prob"):
+        assert torch.equal(getattr(ours, name), getattr(ref, name)), name
+    for key in ("policy", "critic"):
+        assert torch.equal(ours.observations[key], ref.observations[key]), key
+
+
+def test_attributes_before_and_after_the_layout_as_rsl_rl():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    ref = Ref("rl", E, T, _obs(), [A])
+    for name in ("distribution_params", "saved_hidden_state_a", "saved_hidden_state_c"):
+        assert getattr(ours, name) is None and getattr(ref, name) is None, name
+    with pytest.raises(NotReadyError, match=r"^returns: no transition stored yet"):
+        _ = ours.returns
+    with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
+        _ = ours.not_a_field
+    ours.add_transition(_transitions()[0])
+    assert "actions" in vars(ours) and ours.actions.shape == ref.actions.shape  # a plain attribute now
+    with pytest.raises(SpecError, match=r"^privileged_actions: this storage holds no such field"):
+        _ = ours.privileged_actions
+    assert not hasattr(ours, "not_a_field")
+
+
 def test_overflow_and_wrong_mode_and_empty():
     ours = RolloutStorage("rl", E, T, _obs(), [A])
     with pytest.raises(NotReadyError, match="no transition stored yet"):
