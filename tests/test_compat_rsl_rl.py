@@ -177,6 +177,21 @@ def test_parity_mini_batches_bit_for_bit(k):
         _same_bits(x, y)
 
 
+def test_parity_mini_batches_of_advantages_numpy_cannot_hold():
+    """bfloat16 advantages (assigned, as rsl_rl allows): gathered by torch, as rsl_rl's."""
+    ref, ours = _pair(parity=True)
+    for st in (ref, ours):
+        st.advantages = st.advantages.to(torch.bfloat16)
+    torch.manual_seed(11)
+    a = list(ref.mini_batch_generator(3, 2))
+    torch.manual_seed(11)
+    b = list(ours.mini_batch_generator(3, 2))
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert y.advantages.dtype == torch.bfloat16
+        _same_bits(x, y)
+
+
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_parity_recurrent_bit_for_bit(k):
     ref, ours = _pair(recurrent=True, parity=True)
