@@ -571,3 +571,44 @@ def test_clear_during_iteration_raises_at_the_next_minibatch():
         for tr in _transitions(recurrent=True):
             ours.add_transition(tr)
         ours.advantages = ours.values.clone()
+
+
+# -- rsl_rl's runners roll out under torch.inference_mode() -----------------------------
+def _inference_fill(st, trs) -> None:
+    with torch.inference_mode():  # as OnPolicyRunner / DistillationRunner do
+        for tr in trs:
+            st.add_transition(tr)
+
+
+def test_storage_filled_in_inference_mode_holds_normal_tensors_as_rsl_rl():
+    ref, ours = Ref("rl", E, T, _obs(), [A]), RolloutStorage("rl", E, T, _obs(), [A])
+    for st in (ref, ours):
+        _inference_fill(st, _transitions())
+        assert not st.rewards.is_inference() and not st.observations["policy"].is_inference()
+        st.rewards[0] += 1.0  # writable in place outside inference mode, as rsl_rl's
+    assert torch.equal(ours.rewards, ref.rewards)
+
+
+def test_rsl_rl_distillation_updates_on_our_storage_as_on_its_own(one_thread):
+    """Distillation's loss reads the storage's views (autograd saves them): same loss."""
+    from rsl_rl.algorithms import Distillation
+    from rsl_rl.models import MLPModel
+
+    losses, students = [], []
+    for st in (
+        Ref("distillation", E, T, _obs(), [A]),
+        RolloutStorage("distillation", E, T, _obs(), [A], seed=0),
+    ):
+        torch.manual_seed(0)
+        groups = {"student": ["policy", "critic"], "teacher": ["policy"]}
+        student = MLPModel(_obs(), groups, "student", A, hidden_dims=[8])
+        teacher = MLPModel(_obs(), groups, "teacher", A, hidden_dims=[8])
+        alg = Distillation(student, teacher, st, num_learning_epochs=2, gradient_length=2)
+        trs = _transitions()
+        for tr in trs:
+            tr.privileged_actions = tr.actions * 2
+        _inference_fill(st, trs)
+        losses.append(alg.update())
+        students.append([p.detach().clone() for p in student.parameters()])
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a, b) for a, b in zip(*students, strict=True))

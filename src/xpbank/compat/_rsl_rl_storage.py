@@ -159,7 +159,12 @@ class RolloutStorage:
             views.rb.advance()
             self._t += 1
             return
-        self._add_checked(transition)
+        # rsl_rl's runners roll out under torch.inference_mode(); the buffer and its views
+        # are made here, and must be normal tensors as rsl_rl's are (allocated in its
+        # constructor): autograd may save them (Distillation's loss reads the storage's
+        # views) and users may write them in place outside inference mode
+        with torch.inference_mode(False):
+            self._add_checked(transition)
 
     def _add_checked(self, transition: Any) -> None:
         """The general path: the layout's first step, a growing layout, other inputs, errors."""
