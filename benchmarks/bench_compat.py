@@ -348,8 +348,12 @@ def metta_rows(agents: int, bptt: int, rounds: int) -> list[list[str]]:
         for _ in range(2 * bptt)
     ]
     mb = max(1, segments // 8)
+    # metta's buffer: ``experience_spec.expand(segments, bptt).to(device).zero()``, a
+    # TensorDict on the trainer's device (indexing it makes TensorDicts with that device)
     raw = TensorDict(
-        {k: torch.zeros(segments, bptt, *f.shape, dtype=f.dtype) for k, f in spec.items()}, [segments, bptt]
+        {k: torch.zeros(segments, bptt, *f.shape, dtype=f.dtype) for k, f in spec.items()},
+        [segments, bptt],
+        device="cpu",
     )
 
     def raw_fill() -> None:  # metta's store: every agent at (its row, its time index)
