@@ -18,7 +18,7 @@ both give the same result (bit for bit where the row says so).
   ``[segments, bptt]`` written with ``update_at_`` at each agent's row and time index),
   and a minibatch read as metta's losses do (``buffer[idx]``).
 
-    PYTHONPATH=src python benchmarks/bench_compat.py --threads 1 [--quick] [--json PATH]
+    PYTHONPATH=src python benchmarks/bench_compat.py --threads 1 [--quick] [--clock thread] [--json PATH]
 
 No timing is asserted anywhere.
 """
@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +38,7 @@ import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, freeze_heap, log, markdown_table, median, settle
+from _common import clock, environment, freeze_heap, log, markdown_table, median, set_clock, settle
 from xpbank import Field, Spec
 from xpbank.compat.metta import Experience
 from xpbank.compat.rsl_rl import RolloutStorage
@@ -70,9 +69,9 @@ def ratio_cells(base: list[float], ours: list[float]) -> list[str]:
 
 def timed(fn: Callable[[], object], per: int = 1) -> Callable[[], float]:
     def run() -> float:
-        start = time.perf_counter()
+        start = clock()
         fn()
-        return (time.perf_counter() - start) / per
+        return (clock() - start) / per
 
     return run
 
@@ -349,8 +348,12 @@ def metta_rows(agents: int, bptt: int, rounds: int) -> list[list[str]]:
         for _ in range(2 * bptt)
     ]
     mb = max(1, segments // 8)
+    # metta's buffer: ``experience_spec.expand(segments, bptt).to(device).zero()``, a
+    # TensorDict on the trainer's device (indexing it makes TensorDicts with that device)
     raw = TensorDict(
-        {k: torch.zeros(segments, bptt, *f.shape, dtype=f.dtype) for k, f in spec.items()}, [segments, bptt]
+        {k: torch.zeros(segments, bptt, *f.shape, dtype=f.dtype) for k, f in spec.items()},
+        [segments, bptt],
+        device="cpu",
     )
 
     def raw_fill() -> None:  # metta's store: every agent at (its row, its time index)
@@ -384,10 +387,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 rounds (seconds)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--clock", choices=["wall", "thread"], default="wall", help="wall time, or this thread's CPU time"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; quick 2)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    set_clock(args.clock)
     rounds = args.rounds or (2 if args.quick else 7)
     envs = [16, 256] if args.quick else [16, 256, 4096]
     ppo_runs = (
@@ -419,7 +426,10 @@ def main() -> None:
         log(f"metta: {a} agents")
         metta += metta_rows(a, 16, rounds)
     head = ["call", "original (median)", "xpbank (median)", "xpbank / original (range)", "median", "result"]
-    notes = f"{rounds} interleaved rounds; per call; ratio < 1: xpbank faster; threads={args.threads}"
+    notes = (
+        f"{rounds} interleaved rounds; per call; ratio < 1: xpbank faster; threads={args.threads}; "
+        f"clock: {args.clock}"
+    )
     tables = [
         {"title": f"rsl_rl storage calls, E envs x {T} steps", "headers": head, "rows": rows, "notes": notes},
         {

@@ -5,6 +5,9 @@ Run from the repository root::
     PYTHONPATH=src .venv/bin/python benchmarks/bench_in_loop.py --threads 1            # minutes
     PYTHONPATH=src .venv/bin/python benchmarks/bench_in_loop.py --threads 1 --quick    # a smoke run
 
+On a shared machine add ``--clock thread`` (this thread's CPU time: the waits while other
+processes run are left out; cache and memory contention stay in).
+
 Each case runs the library's own loop twice per round, once with its buffer and once
 with xpbank's drop-in, in one process, rounds interleaved (original, xpbank, original,
 xpbank ...) so both see the same machine load:
@@ -47,7 +50,6 @@ import json
 import logging
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -56,7 +58,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_ratio, freeze_heap, log, markdown_table, settle
+from _common import clock, environment, fmt_ratio, freeze_heap, log, markdown_table, set_clock, settle
 
 
 class CallTimer:
@@ -67,11 +69,11 @@ class CallTimer:
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += clock() - start
 
         return timed
 
@@ -79,13 +81,13 @@ class CallTimer:
         def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
             it = self.wrap(fn)(*args, **kwargs)
             while True:
-                start = time.perf_counter()
+                start = clock()
                 try:
                     item = next(it)
                 except StopIteration:
-                    self.seconds += time.perf_counter() - start
+                    self.seconds += clock() - start
                     return
-                self.seconds += time.perf_counter() - start
+                self.seconds += clock() - start
                 yield item
 
         return timed
@@ -123,9 +125,9 @@ def run_sb3(case: str, xp: bool, steps: int) -> tuple[float, float]:
     for name in ("add", "sample", "_get_samples"):
         setattr(buf, name, timer.wrap(getattr(buf, name)))
     settle()
-    start = time.perf_counter()
+    start = clock()
     model.learn(steps)
-    return time.perf_counter() - start, timer.seconds
+    return clock() - start, timer.seconds
 
 
 def _frame_env_class() -> Any:
@@ -245,7 +247,7 @@ def run_rsl(num_envs: int, recurrent: bool, xp: bool, iterations: int, steps: in
     compute_returns = timer.wrap(ppo.compute_returns)  # the returns loop over the storage
     obs = env.get_observations()
     settle()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(iterations):  # OnPolicyRunner.learn's loop, without its logging
         with torch.inference_mode():
             for _ in range(steps):
@@ -254,7 +256,7 @@ def run_rsl(num_envs: int, recurrent: bool, xp: bool, iterations: int, steps: in
                 ppo.process_env_step(obs, rewards, dones, extras)
             compute_returns(obs)
         ppo.update()
-    return time.perf_counter() - start, timer.seconds
+    return clock() - start, timer.seconds
 
 
 # -- TorchRL ----------------------------------------------------------------------------------
@@ -294,9 +296,9 @@ def run_torchrl(xp: bool, frames: int) -> tuple[float, float]:
             setattr(hook, name, timer.wrap(getattr(hook, name)))
     hook.register(trainer)
     settle()
-    start = time.perf_counter()
+    start = clock()
     trainer.train()
-    return time.perf_counter() - start, timer.seconds
+    return clock() - start, timer.seconds
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -356,6 +358,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few hundred steps per case: a smoke run")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument(
+        "--clock", choices=["wall", "thread"], default="wall", help="wall time, or this thread's CPU time"
+    )
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
     p.add_argument("--dqn-steps", type=int, default=None, help="DQN env steps (default 15000; quick 1300)")
     p.add_argument("--sac-steps", type=int, default=None, help="SAC env steps (default 2000; quick 300)")
@@ -402,13 +407,14 @@ def _ratio(ratios: list[float]) -> str:
     return fmt_ratio(statistics.median(ratios)) + spread
 
 
-def notes_for(rounds: int, threads: int) -> str:
+def notes_for(rounds: int, threads: int, clock_name: str = "wall") -> str:
     return (
         f"{rounds} round(s), interleaved (the order alternates per round); seconds: median of the "
         "rounds; ratios: median of the per-round ratios (range in brackets); buffer share: time inside "
         "the buffer's calls / the loop's time; buffer time: the seconds inside the buffer's calls, "
         "xpbank's over the original's (the rest of the loop is the same work, so this is the ratio the "
-        f"buffer decides; the whole-loop ratio also carries the machine's load). torch threads: {threads}."
+        f"buffer decides; the whole-loop ratio also carries the machine's load). torch threads: {threads}; "
+        f"clock: {clock_name}."
     )
 
 
@@ -427,6 +433,7 @@ HEADERS = [
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    set_clock(args.clock)
     warnings.filterwarnings("ignore")
     logging.getLogger("torchrl").setLevel(logging.ERROR)
     freeze_heap()
@@ -446,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 who = "xpbank" if xp else "original"
                 log(f"round {r} {name} {who}: {total:.2f} s, buffer {buffer:.2f} s")
     rows = [summarize(name, chosen[name][0], runs[name]) for name in chosen]
-    notes = notes_for(args.rounds, args.threads)
+    notes = notes_for(args.rounds, args.threads, args.clock)
     print("## Whole training loops: the peer's own buffer vs xpbank's\n")
     print(markdown_table(HEADERS, rows) + "\n\n" + notes)
     if args.json:

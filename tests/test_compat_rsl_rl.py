@@ -177,6 +177,21 @@ def test_parity_mini_batches_bit_for_bit(k):
         _same_bits(x, y)
 
 
+def test_parity_mini_batches_of_advantages_numpy_cannot_hold():
+    """bfloat16 advantages (assigned, as rsl_rl allows): gathered by torch, as rsl_rl's."""
+    ref, ours = _pair(parity=True)
+    for st in (ref, ours):
+        st.advantages = st.advantages.to(torch.bfloat16)
+    torch.manual_seed(11)
+    a = list(ref.mini_batch_generator(3, 2))
+    torch.manual_seed(11)
+    b = list(ours.mini_batch_generator(3, 2))
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert y.advantages.dtype == torch.bfloat16
+        _same_bits(x, y)
+
+
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_parity_recurrent_bit_for_bit(k):
     ref, ours = _pair(recurrent=True, parity=True)
@@ -300,6 +315,37 @@ def test_first_transition_must_match_the_constructor_layout():
     ours = RolloutStorage("rl", E, T, _obs(), [A + 1])
     with pytest.raises(SpecError, match=r"field 'actions' is .* in the constructor's obs/actions_shape but"):
         ours.add_transition(_transitions()[0])
+
+
+def test_steps_in_other_forms_are_stored_as_rsl_rl_stores_them():
+    """Groups in another order, rewards ``[E, 1]``, bool dones: the same tensors as rsl_rl's."""
+    ref, ours = Ref("rl", E, T, _obs(), [A]), RolloutStorage("rl", E, T, _obs(), [A])
+    for tr in _transitions():
+        obs = tr.observations
+        tr.observations = TensorDict({"critic": obs["critic"], "policy": obs["policy"]}, batch_size=[E])
+        tr.rewards, tr.dones = tr.rewards.unsqueeze(1), tr.dones.bool()
+        ref.add_transition(tr)
+        ours.add_transition(tr)
+    for name in ("actions", "rewards", "dones", "values", "actions_log_prob"):
+        assert torch.equal(getattr(ours, name), getattr(ref, name)), name
+    for key in ("policy", "critic"):
+        assert torch.equal(ours.observations[key], ref.observations[key]), key
+
+
+def test_attributes_before_and_after_the_layout_as_rsl_rl():
+    ours = RolloutStorage("rl", E, T, _obs(), [A])
+    ref = Ref("rl", E, T, _obs(), [A])
+    for name in ("distribution_params", "saved_hidden_state_a", "saved_hidden_state_c"):
+        assert getattr(ours, name) is None and getattr(ref, name) is None, name
+    with pytest.raises(NotReadyError, match=r"^returns: no transition stored yet"):
+        _ = ours.returns
+    with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
+        _ = ours.not_a_field
+    ours.add_transition(_transitions()[0])
+    assert "actions" in vars(ours) and ours.actions.shape == ref.actions.shape  # a plain attribute now
+    with pytest.raises(SpecError, match=r"^privileged_actions: this storage holds no such field"):
+        _ = ours.privileged_actions
+    assert not hasattr(ours, "not_a_field")
 
 
 def test_overflow_and_wrong_mode_and_empty():
@@ -525,3 +571,44 @@ def test_clear_during_iteration_raises_at_the_next_minibatch():
         for tr in _transitions(recurrent=True):
             ours.add_transition(tr)
         ours.advantages = ours.values.clone()
+
+
+# -- rsl_rl's runners roll out under torch.inference_mode() -----------------------------
+def _inference_fill(st, trs) -> None:
+    with torch.inference_mode():  # as OnPolicyRunner / DistillationRunner do
+        for tr in trs:
+            st.add_transition(tr)
+
+
+def test_storage_filled_in_inference_mode_holds_normal_tensors_as_rsl_rl():
+    ref, ours = Ref("rl", E, T, _obs(), [A]), RolloutStorage("rl", E, T, _obs(), [A])
+    for st in (ref, ours):
+        _inference_fill(st, _transitions())
+        assert not st.rewards.is_inference() and not st.observations["policy"].is_inference()
+        st.rewards[0] += 1.0  # writable in place outside inference mode, as rsl_rl's
+    assert torch.equal(ours.rewards, ref.rewards)
+
+
+def test_rsl_rl_distillation_updates_on_our_storage_as_on_its_own(one_thread):
+    """Distillation's loss reads the storage's views (autograd saves them): same loss."""
+    from rsl_rl.algorithms import Distillation
+    from rsl_rl.models import MLPModel
+
+    losses, students = [], []
+    for st in (
+        Ref("distillation", E, T, _obs(), [A]),
+        RolloutStorage("distillation", E, T, _obs(), [A], seed=0),
+    ):
+        torch.manual_seed(0)
+        groups = {"student": ["policy", "critic"], "teacher": ["policy"]}
+        student = MLPModel(_obs(), groups, "student", A, hidden_dims=[8])
+        teacher = MLPModel(_obs(), groups, "teacher", A, hidden_dims=[8])
+        alg = Distillation(student, teacher, st, num_learning_epochs=2, gradient_length=2)
+        trs = _transitions()
+        for tr in trs:
+            tr.privileged_actions = tr.actions * 2
+        _inference_fill(st, trs)
+        losses.append(alg.update())
+        students.append([p.detach().clone() for p in student.parameters()])
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a, b) for a, b in zip(*students, strict=True))

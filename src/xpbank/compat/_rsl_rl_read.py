@@ -20,7 +20,7 @@ from xpbank.compat._rsl_rl_types import Batch
 from xpbank.compat._rsl_rl_views import Views
 from xpbank.errors import CapacityError, check_positive_int
 from xpbank.rollout.direct import host
-from xpbank.spec.batch import to_tensordict
+from xpbank.spec.batch import flat_tensordict, to_tensordict
 
 __all__ = ["flat_batches", "recurrent_batches", "env_groups"]
 
@@ -41,25 +41,26 @@ def flat_batches(
     flat += [views.flat("actions_log_prob"), *(p.flatten(0, 1) for p in views.dist)]
     obs = {k: v.flatten(0, 1) for k, v in views.obs.items()}
     device, n = views.rb.device, len(flat)
-    if views.is_host:  # NumPy's take of contiguous rows: a fraction of torch's per-call cost
-        arrays, groups = [host(x) for x in flat], {k: host(v) for k, v in obs.items()}
-
-        def pick(idx: torch.Tensor) -> tuple[list[torch.Tensor], dict[Any, torch.Tensor]]:
-            i = idx.numpy()
-            got = [torch.from_numpy(a.take(i, axis=0)) for a in arrays]  # type: ignore[union-attr]
-            return got, {k: torch.from_numpy(a.take(i, axis=0)) for k, a in groups.items()}  # type: ignore[union-attr]
-
-    else:
-
-        def pick(idx: torch.Tensor) -> tuple[list[torch.Tensor], dict[Any, torch.Tensor]]:
-            i = idx.to(device)
-            return [x.index_select(0, i) for x in flat], {k: v.index_select(0, i) for k, v in obs.items()}
-
+    # the observation groups' TensorDict: made directly where every group is top-level
+    make_td: Callable[..., Any] = flat_tensordict if all(isinstance(k, str) for k in obs) else to_tensordict
+    arrays: list[Any] = [host(x) for x in flat] if views.is_host else []
+    groups: list[tuple[Any, Any]] = [(k, host(v)) for k, v in obs.items()] if views.is_host else []
+    # NumPy's take of contiguous rows (CPU): a fraction of torch's per-call cost
+    use_numpy = views.is_host and all(a is not None for a in [*arrays, *(g for _, g in groups)])
+    from_numpy = torch.from_numpy
     for idx in plan:
         check()
-        got, groups_got = pick(idx)
+        groups_got: dict[Any, torch.Tensor]
+        if use_numpy:
+            rows = idx.numpy()
+            got = [from_numpy(a.take(rows, axis=0)) for a in arrays]
+            groups_got = {k: from_numpy(a.take(rows, axis=0)) for k, a in groups}
+        else:
+            sel = idx.to(device)
+            got = [x.index_select(0, sel) for x in flat]
+            groups_got = {k: v.index_select(0, sel) for k, v in obs.items()}
         yield Batch(
-            observations=to_tensordict(groups_got, (idx.shape[0],), device),
+            observations=make_td(groups_got, idx.shape, device),
             actions=got[0],
             values=got[1],
             advantages=got[2],

@@ -19,7 +19,7 @@ from xpbank.compat._rsl_rl_steps import (
     transition_step,
 )
 from xpbank.compat._rsl_rl_types import Batch, Transition
-from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Attribute, Views
+from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Views, missing
 from xpbank.errors import BufferChangedError, NotReadyError, SpecError, check_positive_int
 from xpbank.replay.state import seed_from
 from xpbank.rollout import RolloutBuffer, RolloutKeys
@@ -63,7 +63,15 @@ class RolloutStorage:
             the same ``torch.manual_seed`` are the same runs.
 
     The buffer's layout (distribution parameters, hidden states, time-out fields) is
-    fixed at the first ``add_transition``; the tensor attributes exist from then on.
+    fixed at the first ``add_transition``; the tensor attributes exist from then on
+    (plain attributes, read as cheaply as rsl_rl's; before, reading one raises
+    :class:`~xpbank.NotReadyError`, or gives ``None`` where rsl_rl's is ``None``):
+    ``observations`` (``[T, E]`` TensorDict of the groups), ``actions``, ``rewards``,
+    ``dones`` (uint8), ``values``, ``actions_log_prob``, ``returns`` (``[T, E, 1]``, or
+    ``[T, E, *actions_shape]``), ``privileged_actions`` (distillation), ``time_outs``
+    (with time-out fields), ``distribution_params``, ``saved_hidden_state_a`` /
+    ``_c`` (``[T, layers, E, H]`` each) and ``advantages`` (a property: its shape is
+    checked when assigned). Assigning ``returns`` or ``advantages`` rebinds them, as in rsl_rl.
     What is copied: ``add_transition`` copies in; the attributes are views (writes go
     into the buffer); flat minibatches are fresh memory; distillation steps and, with
     ``parity``, the fields of recurrent minibatches are views, as rsl_rl's are.
@@ -151,7 +159,12 @@ class RolloutStorage:
             views.rb.advance()
             self._t += 1
             return
-        self._add_checked(transition)
+        # rsl_rl's runners roll out under torch.inference_mode(); the buffer and its views
+        # are made here, and must be normal tensors as rsl_rl's are (allocated in its
+        # constructor): autograd may save them (Distillation's loss reads the storage's
+        # views) and users may write them in place outside inference mode
+        with torch.inference_mode(False):
+            self._add_checked(transition)
 
     def _add_checked(self, transition: Any) -> None:
         """The general path: the layout's first step, a growing layout, other inputs, errors."""
@@ -263,19 +276,11 @@ class RolloutStorage:
         """Steps stored in this rollout."""
         return self._t
 
-    observations = Attribute("``[T, E]`` TensorDict of the observation groups (views).")
-    actions = Attribute("``[T, E, *actions_shape]`` (a view).")
-    rewards = Attribute("``[T, E, 1]`` (a view).")
-    dones = Attribute("``[T, E, 1]`` uint8 (a view).")
-    values = Attribute("``[T, E, 1]`` (a view).")
-    actions_log_prob = Attribute("``[T, E, 1]`` (a view).")
-    privileged_actions = Attribute("``[T, E, *actions_shape]`` (distillation; a view).")
-    time_outs = Attribute("``[T, E, 1]`` 0/1 float32 (a view; with time-out fields).")
-    distribution_params = Attribute("The distribution parameters, ``[T, E, ...]`` each (views).", "none")
-    saved_hidden_state_a = Attribute("Actor hidden states, ``[T, layers, E, H]`` each (views).", "none")
-    saved_hidden_state_c = Attribute("Critic hidden states, ``[T, layers, E, H]`` each (views).", "none")
-
-    returns = Attribute("``[T, E, 1]`` (the buffer's view; assigning rebinds it, as rsl_rl's).")
+    def __getattr__(self, name: str) -> Any:
+        """rsl_rl's tensor attributes before they exist: ``None`` or an xpbank error
+        (:func:`~xpbank.compat._rsl_rl_views.missing`); once the layout is fixed they are
+        plain attributes and this is not called."""
+        return missing(name, self.__dict__.get("_views") is not None)
 
     def _get_advantages(self) -> torch.Tensor:
         adv = self._adv

@@ -25,34 +25,39 @@ from xpbank.rollout.direct import host
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey
 
-__all__ = ["Views", "Attribute", "SCALARS", "TIME_OUT_FIELDS"]
+__all__ = ["Views", "ATTRIBUTES", "missing", "SCALARS", "TIME_OUT_FIELDS"]
 
 SCALARS = ("rewards", "dones", "values", "actions_log_prob")  # one number per env: [T, E, 1]
 _FULL = ("actions", "privileged_actions")
 TIME_OUT_FIELDS = ("time_outs", "terminated", "final_values")
 
 
-class Attribute:
-    """A storage attribute that exists once the layout is fixed: the storage then sets
-    it on itself (a plain attribute, as cheap to read as rsl_rl's); before, reading it
-    raises :class:`~xpbank.NotReadyError` (or gives ``None`` where rsl_rl's does)."""
+# rsl_rl's storage attributes (documented on the storage): set on it once its layout is
+# fixed, plain instance attributes as cheap to read as rsl_rl's; until then ``missing``
+# answers for them (True: rsl_rl's is ``None`` then too).
+ATTRIBUTES = {
+    **dict.fromkeys(("observations", "actions", "rewards", "dones", "values", "actions_log_prob"), False),
+    **dict.fromkeys(("privileged_actions", "time_outs", "returns"), False),
+    **dict.fromkeys(("distribution_params", "saved_hidden_state_a", "saved_hidden_state_c"), True),
+}
 
-    def __init__(self, doc: str, before: str = "raise"):
-        self.__doc__, self.before = doc, before
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+def missing(name: str, laid_out: bool) -> Any:
+    """What reading storage attribute ``name`` gives while it is not set: ``None`` where
+    rsl_rl's is ``None`` too; else :class:`~xpbank.NotReadyError` (no layout yet) or
+    :class:`~xpbank.SpecError` (the layout has no such field).
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        if self.before == "none":
-            return None
-        if getattr(obj, "_views", None) is not None:
-            raise SpecError(f"{self.name}: this storage holds no such field (its training type or layout)")
-        raise NotReadyError(
-            f"{self.name}: no transition stored yet; the layout is fixed by the first add_transition"
-        )
+    Raises:
+        AttributeError: ``name`` is none of rsl_rl's storage attributes.
+    """
+    none_before = ATTRIBUTES.get(name)
+    if none_before is None:
+        raise AttributeError(f"RolloutStorage has no attribute {name!r}")
+    if none_before:
+        return None
+    if laid_out:
+        raise SpecError(f"{name}: this storage holds no such field (its training type or layout)")
+    raise NotReadyError(f"{name}: no transition stored yet; the layout is fixed by the first add_transition")
 
 
 class Views:
@@ -85,11 +90,17 @@ class Views:
         self.is_host = rb.device.type == "cpu"
         # where write() puts each field: NumPy arrays on the CPU, else the torch views
         put: Callable[[torch.Tensor], Any] = host if self.is_host else _same  # the storage: never None
-        self._obs = [(k, v.dtype, tuple(v.shape[2:]), put(v)) for k, v in self.obs.items()]
-        self._full = [(k, tuple(self.fields[k].shape[2:]), put(self.fields[k])) for k in _FULL if k in spec]
-        self._scalars = [(k, put(self.fields[k].view(t, e))) for k in SCALARS if k in spec]
+        self._conv = put
+        # per field: what a step must look like (its whole shape, ``[E, ...]``) and where it goes
+        self._obs = [(k, v.dtype, v.shape[1:], put(v)) for k, v in self.obs.items()]
+        self._full = [(k, self.fields[k].shape[1:], put(self.fields[k])) for k in _FULL if k in spec]
+        flat, column = torch.Size((e,)), torch.Size((e, 1))  # a scalar comes as [E] or [E, 1]
+        self._scalars = [
+            (k, flat, put(v.view(t, e)), column, put(v))
+            for k, v in ((k, self.fields[k]) for k in SCALARS if k in spec)
+        ]
         self._time_outs = {k: put(self.fields[k].view(t, e)) for k in TIME_OUT_FIELDS if self.time_outs}
-        self._dist = [(tuple(v.shape[2:]), put(v)) for v in self.dist]
+        self._dist = [(v.shape[1:], put(v)) for v in self.dist]
         self._hidden = {part: [put(v) for v in views] for part, views in self.hidden.items()}
 
     def attributes(self) -> dict[str, Any]:
@@ -110,50 +121,50 @@ class Views:
         """Copy transition ``tr`` into step ``t`` when all of it fits the layout (checked
         first); ``False``, nothing written, when it does not. ``time_outs(tr)``: the
         time-out fields ``{name: [E, 1]}`` of ``tr``, for a layout that stores them."""
-        e = self.shape[1]
         if t >= self.shape[0]:
             return False
-        conv = host if self.is_host else _same
-        put: list[tuple[Any, Any]] = []
-        obs = getattr(tr, "observations", None)
-        if not isinstance(obs, TensorDictBase):
+        groups = _groups(getattr(tr, "observations", None))
+        if groups is None or len(groups) != len(self._obs):
             return False
-        n = 0
-        for (key, dtype, shape, dst), (got, value) in zip(self._obs, obs.items(), strict=False):
-            if got != key or not isinstance(value, torch.Tensor) or value.dtype != dtype:
-                return False
-            if value.shape[1:] != shape or value.shape[0] != e:
+        conv = self._conv
+        put: list[tuple[Any, Any]] = []
+        for key, dtype, shape, dst in self._obs:
+            value = groups.get(key)
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.shape != shape:
                 return False
             put.append((dst, conv(value)))
-            n += 1
-        if n != len(self._obs) or len(obs.keys()) != n:
-            return False
         for key, shape, dst in self._full:
             value = getattr(tr, key, None)
-            if not isinstance(value, torch.Tensor) or value.shape[1:] != shape or value.shape[0] != e:
+            if not isinstance(value, torch.Tensor) or value.shape != shape:
                 return False
             put.append((dst, conv(value)))
-        for key, dst in self._scalars:
+        for key, flat, flat_dst, column, column_dst in self._scalars:
             value = getattr(tr, key, None)
-            if not isinstance(value, torch.Tensor) or value.shape not in ((e,), (e, 1)):
+            if not isinstance(value, torch.Tensor):
                 return False
-            put.append((dst, _flat(conv(value))))
+            if value.shape == flat:
+                put.append((flat_dst, conv(value)))
+            elif value.shape == column:
+                put.append((column_dst, conv(value)))
+            else:
+                return False
         params = getattr(tr, "distribution_params", None)
         if self._dist or params is not None:
             if params is None or len(params) != len(self._dist):
                 return False
             for (shape, dst), p in zip(self._dist, params, strict=True):
-                if not isinstance(p, torch.Tensor) or p.shape[1:] != shape or p.shape[0] != e:
+                if not isinstance(p, torch.Tensor) or p.shape != shape:
                     return False
                 put.append((dst, conv(p)))
-        if not self._hidden_states(tr, put, conv, e):
+        if not self._hidden_states(tr, put, conv, self.shape[1]):
             return False
         if self.time_outs:  # may raise (a time-out without its final value): nothing written yet
             put.extend((self._time_outs[k], _flat(conv(v))) for k, v in time_outs(tr).items())
         elif gives_time_outs(tr):
             return False  # the layout grows: the checked path
-        if any(src is None for _, src in put):
-            return False
+        for _, src in put:
+            if src is None:  # a dtype NumPy lacks: the checked path converts it
+                return False
         for dst, src in put:
             dst[t] = src
         return True
@@ -167,7 +178,8 @@ class Views:
         for part, state in zip("ac", states, strict=True):
             dsts = self._hidden.get(part, [])
             if state is None:
-                put.extend((dst, 0) for dst in dsts)
+                if dsts:
+                    put.extend((dst, 0) for dst in dsts)
                 continue
             parts = state if isinstance(state, tuple) else (state,)
             if len(parts) != len(dsts):
@@ -184,6 +196,16 @@ class Views:
 
 def _same(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _groups(obs: Any) -> dict[Any, Any] | None:
+    """The top-level entries of a TensorDict ``obs`` as a dict (``None`` for anything else):
+    a plain ``TensorDict``'s own dict, read without a copy."""
+    if type(obs) is TensorDict:
+        entries = getattr(obs, "_tensordict", None)  # tensordict's storage of the entries
+        if type(entries) is dict:
+            return entries
+    return dict(obs.items()) if isinstance(obs, TensorDictBase) else None
 
 
 def _flat(x: Any) -> Any:

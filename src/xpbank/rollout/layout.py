@@ -208,6 +208,16 @@ class TimeLayout:
     def room(self) -> np.ndarray:
         return self.cursor < self.length
 
+    def step_all(self) -> bool:
+        """Count a step of every env where they are in lockstep with room left (O(1), what
+        :meth:`advance` of all envs does then); ``False``, nothing changed, otherwise."""
+        t = self.lockstep
+        if t is None or t >= self.length:
+            return False
+        self.cursor += 1
+        self.lockstep = t + 1
+        return True
+
     def advance(self, ids: np.ndarray, span: tuple[int, int] | None = None) -> None:
         if span is not None and span[1] - span[0] == self.num_writers and self.lockstep is not None:
             self.cursor += 1
@@ -284,6 +294,10 @@ class SegmentLayout:
 
     def room(self) -> np.ndarray:
         return self.row_of >= 0
+
+    def step_all(self) -> bool:
+        """No O(1) step of every agent here (each moves through its segments): ``False``."""
+        return False
 
     def advance(self, ids: np.ndarray, span: tuple[int, int] | None = None) -> None:
         self.pos[ids] += 1
