@@ -12,7 +12,9 @@ and reads through it:
   <xpbank.sampler.UniformSampler.draw_into>`: the same draws as the general path), then
   the batch;
 - :func:`try_read`, after any other sampler's own draw (a prioritized sample): the batch
-  of its slots and per-item ``info`` (weights).
+  of its slots and per-item ``info`` (weights);
+- :func:`read_run`, after a sampler took a contiguous run of slots (a queue's oldest
+  items: :func:`xpbank.table.runs.take_run`): one copy of the run's records.
 
 The batch: ids by NumPy arithmetic (:func:`ids_of_rows`), one ``take`` of whole rows
 (:class:`~xpbank.storage.blocks.RecordReader`) and the TensorDict
@@ -42,7 +44,7 @@ from xpbank.spec.batch import flat_tensordict, to_tensordict
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "try_read", "try_sample"]
+__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "read_run", "try_read", "try_sample"]
 
 # batch sizes whose slot tensors a buffer keeps (a loop samples one or two sizes)
 _KEPT_SIZES = 8
@@ -161,6 +163,22 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
         if not value.is_cpu:
             return None
     return _batch(plan, rb._ring, rows, slots.shape, info)
+
+
+def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:
+    """Every field of the items in slots ``start, start + 1, ...`` with ``"index"`` =
+    ``ids`` (one per item), as the general path reads them (one copy of the records),
+    or ``None`` where the fast path does not apply. The caller holds the lock."""
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    n = ids.shape[0]
+    flat = plan.reader.split(plan.reader.records[start : start + n].copy())
+    flat["index"] = torch.from_numpy(ids)
+    size = torch.Size((n,))
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
+    return to_tensordict(flat, size, plan.device)
 
 
 def _batch(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import try_read, try_sample
+from xpbank.replay.fast_read import read_run, try_read, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
 from xpbank.sampler import UniformSampler, epoch_plan
@@ -117,6 +117,11 @@ def sample(
         batch = try_sample(rb, batch_size)  # see fast_read.py
         if batch is not None:
             return batch
+    take = rb.__dict__.get("_take_run")  # a Table's oldest items as one run: xpbank.table.runs
+    if take is not None and fields is None and not options and rb.__dict__.get("_fast_read", True):
+        taken = take(batch_size, replace)
+        if taken is not None:
+            return _read_run(rb, *taken)
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
     plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
     if plain and getattr(rb._sampler, "relabel", None) is None:
@@ -124,6 +129,15 @@ def sample(
         if batch is not None:
             return batch
     return gather(rb, *_read_plan(rb, keys, slots, info))
+
+
+def _read_run(rb: BufferParts, start: int, ids: Any) -> TensorDict:
+    """The batch of the items a sampler took from slots ``start, start + 1, ...`` (``ids``:
+    their ids, a NumPy int64 array), as :func:`gather` reads them."""
+    batch = read_run(rb, start, ids)
+    if batch is not None:
+        return batch
+    return gather(rb, torch.arange(start, start + ids.shape[0]), torch.from_numpy(ids), None, {})
 
 
 def draw(

@@ -110,6 +110,17 @@ class TableRing(Ring):
         self.free_count += k
         self.size -= k
 
+    def release_run(self, start: int, stop: int) -> None:
+        """:meth:`release` of the live slots ``start, start + 1, ..., stop - 1``; where
+        they are the next places of a free queue in the ring's order, nothing to look up."""
+        k, c = stop - start, self.capacity
+        if not (self.in_order and start == (self.free_head + self.free_count) % c and stop <= c):
+            self.release(np.arange(start, stop, dtype=np.int64))
+            return
+        self.live[start:stop] = False  # free[p] == p there already
+        self.free_count += k
+        self.size -= k
+
     def clear(self) -> None:
         """Free every slot; every id issued so far becomes stale."""
         c = self.capacity
