@@ -53,6 +53,8 @@ def run_start(t: Table, rows: int) -> int | None:
     lim = t.limiter
     if lim is not None and not lim.can_insert(rows):
         return None
+    if ring.fifo_ids and head == ring.next_id % ring.capacity:
+        return head  # the FIFO ring's ids: the new ones are next_id, next_id + 1, ...
     ids = ring.ids  # the last ids written at the slots: the new ones are these + capacity
     last = int(ids[head + rows - 1]) + ring.capacity
     if last + 1 < ring.next_id or (
@@ -74,12 +76,11 @@ def run_written(t: Table, rows: int) -> int:
     if t.limiter is not None:
         t.limiter.inserts += rows
     head = ring.free_head
-    run = slice(head, head + rows)
     slots = ring.take_free(rows)
-    ids = ring.insert(slots, run)
-    ops.entered(t, slots, int(t.writer_version), run)
+    first = ring.insert_run(head, rows)
+    ops.entered(t, slots, int(t.writer_version), slice(head, head + rows))
     t.notify()
-    return int(ids[0])
+    return first
 
 
 def take_run(t: Table, b: Any, replace: bool) -> tuple[int, np.ndarray] | None:
@@ -94,7 +95,11 @@ def take_run(t: Table, b: Any, replace: bool) -> tuple[int, np.ndarray] | None:
         or t.max_times_sampled != 1
         or type(b) is not int
         or b <= 0
-        or any(o is not None for o in (t.min_heap, t.max_heap, t.versions, t.dense, t.tree))
+        or t.min_heap is not None
+        or t.max_heap is not None
+        or t.versions is not None
+        or t.dense is not None
+        or t.tree is not None
     ):
         return None
     lim = t.limiter

@@ -54,9 +54,11 @@ class TableRing(Ring):
         self.free = np.arange(c, dtype=np.int64)  # circular FIFO queue of free slots
         self.free_head, self.free_count = 0, c
         self.in_order = True  # free[p] == p for every p (see the module docstring)
+        self.fifo_ids = True  # ids are the FIFO ring's for next_id (see fifo_ids_hold)
         self.inserted = 0  # items inserted so far: the next item's seq
         self.stamps = 0
         self._rows = 0
+        self._index = np.arange(c, dtype=np.int64)  # slot numbers: a run's seqs without an arange
 
     @property
     def rows(self) -> int:
@@ -75,10 +77,44 @@ class TableRing(Ring):
         self.free_count -= n
         return out
 
+    def fifo_ids_hold(self) -> bool:
+        """Whether every slot ``s`` holds the FIFO ring's id for ``next_id``: the newest id
+        below ``next_id`` that is ``s`` mod capacity (``fifo_ids``, checked in O(capacity)).
+
+        True after construction and :meth:`clear`, and kept by every insert of a run at
+        ``next_id % capacity`` (the next ids then count up by one from ``next_id``);
+        any other insert drops it, a loaded state checks it anew."""
+        last = self.next_id - 1
+        return bool(np.array_equal(self.ids, last - (last - self._index) % self.capacity))
+
+    def insert_run(self, start: int, n: int) -> int:
+        """:meth:`insert` of the free slots ``start .. start + n - 1`` (``n >= 1``, no
+        wrap) by slice writes; returns the first id (the others follow by one where the
+        ids are the FIFO ring's at ``next_id % capacity``, else see ``ids``)."""
+        stop, c = start + n, self.capacity
+        ids = self.ids[start:stop]
+        ids += c
+        self.live[start:stop] = True
+        np.add(self._index[start:stop], self.inserted - start, out=self.seq[start:stop])
+        self.inserted += n
+        np.add(self._index[start:stop], self.stamps - start, out=self.stamp[start:stop])
+        self.stamps += n
+        self.times[start:stop] = 0
+        self.size += n
+        if self.fifo_ids and start == self.next_id % c:
+            self.next_id += n  # the new ids are next_id .. next_id + n - 1
+        else:
+            self.fifo_ids = False
+            self.next_id = max(self.next_id, int(ids.max()) + 1)
+        self._rows = max(self._rows, stop)
+        return int(ids[0])
+
     def insert(self, slots: np.ndarray, run: slice | None = None) -> np.ndarray:
         """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids.
         ``run``: the same slots as a slice (they are contiguous), indexed without a lookup."""
         n = slots.shape[0]
+        if self.fifo_ids and n and not (run is not None and run.start == self.next_id % self.capacity):
+            self.fifo_ids = False
         at = slots if run is None else run
         ids = self.ids[at] + self.capacity
         self.ids[at] = ids
@@ -130,7 +166,7 @@ class TableRing(Ring):
         self.live[:] = False
         self.free[:] = np.arange(c)
         self.free_head, self.free_count, self.size, self._rows = 0, c, 0, 0
-        self.in_order = True
+        self.in_order = self.fifo_ids = True
 
     # -- ids and positions -----------------------------------------------------------
     def live_slots(self) -> np.ndarray:
@@ -229,3 +265,8 @@ class TableRing(Ring):
         )
         self.next_id, self.size = int(state["next_id"]), int(state["size"])
         self.in_order = bool(np.array_equal(self.free, np.arange(self.capacity)))
+        self.fifo_ids = self.fifo_ids_hold()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.fifo_ids = self.fifo_ids_hold()  # next_id moved under the ids
