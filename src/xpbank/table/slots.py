@@ -81,9 +81,9 @@ class TableRing(Ring):
         """Whether every slot ``s`` holds the FIFO ring's id for ``next_id``: the newest id
         below ``next_id`` that is ``s`` mod capacity (``fifo_ids``, checked in O(capacity)).
 
-        True after construction and :meth:`clear`, and kept by every insert of a run at
-        ``next_id % capacity`` (the next ids then count up by one from ``next_id``);
-        any other insert drops it, a loaded state checks it anew."""
+        True after construction and :meth:`clear`, and kept by every insert into the slots
+        ``next_id % capacity, ...`` (wrapping; the new ids then count up by one from
+        ``next_id``); any other insert drops it, a loaded state checks it anew."""
         last = self.next_id - 1
         return bool(np.array_equal(self.ids, last - (last - self._index) % self.capacity))
 
@@ -113,8 +113,13 @@ class TableRing(Ring):
         """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids.
         ``run``: the same slots as a slice (they are contiguous), indexed without a lookup."""
         n = slots.shape[0]
-        if self.fifo_ids and n and not (run is not None and run.start == self.next_id % self.capacity):
-            self.fifo_ids = False
+        if self.fifo_ids and n:  # kept where the slots are the FIFO ring's next ones
+            c, start = self.capacity, self.next_id % self.capacity
+            self.fifo_ids = (
+                run.start == start
+                if run is not None
+                else bool(np.array_equal(slots, (start + np.arange(n)) % c))  # e.g. a write over the wrap
+            )
         at = slots if run is None else run
         ids = self.ids[at] + self.capacity
         self.ids[at] = ids
