@@ -124,3 +124,16 @@ def test_a_run_is_declined_at_the_wrap_and_over_a_hole_and_nothing_changes():
     rb.extend({"obs": torch.arange(12.0, 18.0)})  # full: the LIFO remover evicts the newest
     batch = rb.sample(3)
     assert batch["index"].tolist() == [10, 11, 12] and batch["obs"].tolist() == [10.0, 11.0, 12.0]
+
+
+def test_runs_resume_after_a_sample_the_full_path_took():
+    rb = ReplayBuffer(16, sampler=Table.queue(timeout=0.0), seed=0)
+    taken: list[int] = []
+    _counted(rb, taken)
+    rb.extend({"obs": torch.arange(12.0)})
+    assert rb.sample(3, fields=["obs"])["index"].tolist() == [0, 1, 2]  # the full path
+    assert rb.sample(4)["index"].tolist() == [3, 4, 5, 6] and taken == [4]  # a run again
+    assert rb.sample(2, timeout=0.0)["index"].tolist() == [7, 8] and taken == [4, 2]  # no wait needed
+    with pytest.raises(XpbankError, match="timeout"):
+        rb.sample(4, timeout=-1.0)  # a wait is needed: the full path checks the timeout
+    assert rb.sample(3)["obs"].tolist() == [9.0, 10.0, 11.0] and taken == [4, 2, 3]

@@ -118,7 +118,13 @@ def sample(
         if batch is not None:
             return batch
     take = rb.__dict__.get("_take_run")  # a Table's oldest items as one run: xpbank.table.runs
-    if take is not None and fields is None and not options and rb.__dict__.get("_fast_read", True):
+    # a timeout matters only to a wait, and a run is taken only where none is needed
+    if (
+        take is not None
+        and fields is None
+        and (not options or options.keys() == {"timeout"})
+        and rb.__dict__.get("_fast_read", True)
+    ):
         taken = take(batch_size, replace)
         if taken is not None:
             return _read_run(rb, *taken)
