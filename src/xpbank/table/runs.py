@@ -22,7 +22,9 @@ with no wait and no error, and where no other order (heap, uniform set, versions
 sum-tree) must hear of the removal; anything else returns ``None`` and the full path
 samples. The full path leaves the items it took at the head of the insertion log (the
 log skips them lazily); a run first skips them, so runs resume after any full sample.
-With the write fast path's runs this halves a shared-memory queue reader's CPU time
+Where the insertion log is the table's only order, a run's arrays are written and
+checked in one compiled loop each with numba (:mod:`xpbank.table.run_kernels`; the
+NumPy slices without it). With the write fast path's runs this halves a shared-memory queue reader's CPU time
 per 1 KB row (``benchmarks/bench_tables.py --part a --base main``).
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from xpbank.table import ops
+from xpbank.table import ops, run_kernels
 
 # ``t`` is the Table (typed Any: xpbank.table.table imports this module)
 Table = Any
@@ -78,11 +80,39 @@ def run_written(t: Table, rows: int) -> int:
     if t.limiter is not None:
         t.limiter.inserts += rows
     head = ring.free_head
-    slots = ring.take_free(rows)
-    first = ring.insert_run(head, rows)
-    ops.entered(t, slots, int(t.writer_version), slice(head, head + rows))
+    log, kernels = t.log, run_kernels.load()
+    if kernels is not None and _log_only(t):
+        if log.tail + rows > log.slots.shape[0]:
+            log.compact(ring)  # as its append would
+        ring.take_free(rows)
+        kernels.enter_run(
+            ring.ids, ring.live, ring.seq, ring.stamp, ring.times, ring.priority, ring.version,
+            log.slots, log.seqs, head, rows, ring.capacity, ring.inserted, ring.stamps,
+            float(t.default_priority), int(t.writer_version), log.tail,
+        )  # fmt: skip
+        first = ring.count_run(head, rows)
+        log.tail += rows
+        if t.max_times_sampled is not None:  # as ops.entered (no sum-tree: nothing stuck)
+            t.budget += rows * t.max_times_sampled
+    else:
+        slots = ring.take_free(rows)
+        first = ring.insert_run(head, rows)
+        ops.entered(t, slots, int(t.writer_version), slice(head, head + rows))
     t.notify()
     return first
+
+
+def _log_only(t: Table) -> bool:
+    """Whether the insertion log is the table's only order (no heap, uniform set,
+    versions or sum-tree must hear of an insert or a removal)."""
+    return (
+        t.log is not None
+        and t.min_heap is None
+        and t.max_heap is None
+        and t.versions is None
+        and t.dense is None
+        and t.tree is None
+    )
 
 
 def take_run(t: Table, b: Any, replace: bool) -> tuple[int, np.ndarray] | None:
@@ -98,11 +128,7 @@ def take_run(t: Table, b: Any, replace: bool) -> tuple[int, np.ndarray] | None:
         or t.max_times_sampled != 1
         or type(b) is not int
         or b <= 0
-        or t.min_heap is not None
-        or t.max_heap is not None
-        or t.versions is not None
-        or t.dense is not None
-        or t.tree is not None
+        or not _log_only(t)
     ):
         return None
     lim = t.limiter
@@ -122,15 +148,21 @@ def take_run(t: Table, b: Any, replace: bool) -> tuple[int, np.ndarray] | None:
     # entries [head, head + b) are the oldest b live items iff slot start + i holds the
     # item of entry head + i (an item's seq is its own and it never moves): then the
     # entries before head are tombstones and these are in insertion order
-    if stop > ring.capacity or not (
-        ring.live[start:stop].all() and (ring.seq[start:stop] == log.seqs[head : head + b]).all()
-    ):
+    if stop > ring.capacity:
         return None
+    kernels = run_kernels.load()
+    if kernels is not None:  # the checks, then the items marked sampled and freed
+        ids = np.empty(b, dtype=np.int64)
+        if not kernels.take_run(ring.ids, ring.live, ring.seq, ring.times, log.seqs, start, b, head, ids):
+            return None
+    else:
+        if not (ring.live[start:stop].all() and (ring.seq[start:stop] == log.seqs[head : head + b]).all()):
+            return None
+        ring.times[start:stop] = 1  # as ops._consume: each drawn once, used up
+        ids = ring.ids[start:stop].copy()
     if lim is not None:
         lim.samples += b
-    ring.times[start:stop] = 1  # as ops._consume: each drawn once, used up
     t.budget -= b
-    ids = ring.ids[start:stop].copy()
     ring.release_run(start, stop)  # as ops.remove(t, slots, used_up=True)
     if lim is not None:
         lim.deletes += b

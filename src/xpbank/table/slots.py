@@ -96,18 +96,24 @@ class TableRing(Ring):
         ids += c
         self.live[start:stop] = True
         np.add(self._index[start:stop], self.inserted - start, out=self.seq[start:stop])
-        self.inserted += n
         np.add(self._index[start:stop], self.stamps - start, out=self.stamp[start:stop])
-        self.stamps += n
         self.times[start:stop] = 0
+        return self.count_run(start, n)
+
+    def count_run(self, start: int, n: int) -> int:
+        """:meth:`insert_run`'s counters, its arrays written (by it, or by a compiled
+        kernel: :mod:`xpbank.table.run_kernels`); returns the first new id."""
+        stop, c = start + n, self.capacity
+        self.inserted += n
+        self.stamps += n
         self.size += n
         if self.fifo_ids and start == self.next_id % c:
             self.next_id += n  # the new ids are next_id .. next_id + n - 1
         else:
             self.fifo_ids = False
-            self.next_id = max(self.next_id, int(ids.max()) + 1)
+            self.next_id = max(self.next_id, int(self.ids[start:stop].max()) + 1)
         self._rows = max(self._rows, stop)
-        return int(ids[0])
+        return int(self.ids[start])
 
     def insert(self, slots: np.ndarray, run: slice | None = None) -> np.ndarray:
         """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids.
