@@ -2,14 +2,20 @@
 
 Run from the repository root::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/ab_small_prioritized.py --threads 1 [--quick] [--json out.json]
+    PYTHONPATH=src .venv/bin/python benchmarks/ab_small_prioritized.py --threads 1 [--quick] \
+        [--base main] [--json out.json]
 
 One process, a buffer of 100k items (obs float32[4], reward: CartPole-sized; 20k with
-``--quick``), ``alpha=0.6, beta=0.4``, batch 32, the loop of a prioritized DQN:
+``--quick``), ``alpha=0.6, beta=0.4``, batch 32, the loop of a prioritized DQN. Timed:
+the sample alone, the update alone (the ids of 64 earlier samples in turn) and a step
+(a sample, then the update of its ids: what a training loop does, where each sample
+follows a write to the tree), of
 
 - xpbank: ``ReplayBuffer(sampler=PrioritizedSampler(...))``: ``sample(32)`` (a TensorDict
   with ``"index"`` and ``"weight"``) and ``update_priority`` of 32 sampled ids;
 - cpprb: ``PrioritizedReplayBuffer``: ``sample(32, beta=0.4)`` and ``update_priorities``;
+- with ``--base REF``: the same xpbank calls of the package as of commit ``REF``
+  (imported as ``xpbank_base``, ``ab_nstep.import_base``), an A/B in the same process;
 - raw NumPy: a sum-tree and a min-tree in flat arrays (:class:`RawTree`), the least a
   Python sampler does: a vectorized descent, weights, a gather of the two fields, and
   an update that rewrites each changed leaf's ancestors level by level.
@@ -26,8 +32,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +43,7 @@ import torch
 
 import xpbank
 from _common import environment, log, markdown_table, report
+from ab_nstep import import_base
 
 BATCH = 32
 OBS = 4
@@ -89,21 +98,31 @@ def prios(k: int = 16) -> list[np.ndarray]:
     return [rng.exponential(size=BATCH) + 1e-3 for _ in range(k)]
 
 
-def build(n: int) -> tuple[dict[str, Callable[[int], object]], dict[str, str]]:
+def xpbank_calls(module: Any, n: int, label: str = "xpbank") -> dict[str, Callable[[int], object]]:
+    """``module``'s (``xpbank`` or an ``xpbank_base``) sample(32) and update of 32."""
     obs, reward = data(n)
-    ps = prios()
-    tps = [torch.from_numpy(p) for p in ps]
-    rb = xpbank.ReplayBuffer(n, sampler=xpbank.PrioritizedSampler(alpha=ALPHA, beta=BETA), seed=0)
+    tps = [torch.from_numpy(p) for p in prios()]
+    rb = module.ReplayBuffer(n, sampler=module.PrioritizedSampler(alpha=ALPHA, beta=BETA), seed=0)
     rb.extend({"obs": torch.from_numpy(obs), "reward": torch.from_numpy(reward)})
     ids = [rb.sample(BATCH)["index"] for _ in range(64)]
-    fns: dict[str, Callable[[int], object]] = {
-        "xpbank sample(32)": lambda i: rb.sample(BATCH),
-        "xpbank update_priority(32)": lambda i: rb.update_priority(ids[i % 64], tps[i % 16]),
+    return {
+        f"{label} sample(32)": lambda i: rb.sample(BATCH),
+        f"{label} update_priority(32)": lambda i: rb.update_priority(ids[i % 64], tps[i % 16]),
+        f"{label} step": lambda i: rb.update_priority(rb.sample(BATCH)["index"], tps[i % 16]),
     }
+
+
+def build(n: int, base: Any = None) -> tuple[dict[str, Callable[[int], object]], dict[str, str]]:
+    obs, reward = data(n)
+    ps = prios()
+    fns = xpbank_calls(xpbank, n)
+    if base is not None:
+        fns.update(xpbank_calls(base, n, "base"))
     raw = RawTree(obs, reward, 0)
     raw_ids = [raw.sample(BATCH)["index"] for _ in range(64)]
     fns["raw NumPy sample(32)"] = lambda i: raw.sample(BATCH)
     fns["raw NumPy update(32)"] = lambda i: raw.update(raw_ids[i % 64], ps[i % 16])
+    fns["raw NumPy step"] = lambda i: raw.update(raw.sample(BATCH)["index"], ps[i % 16])
     skipped: dict[str, str] = {}
     try:
         from cpprb import PrioritizedReplayBuffer
@@ -113,6 +132,11 @@ def build(n: int) -> tuple[dict[str, Callable[[int], object]], dict[str, str]]:
         c_ids = [crb.sample(BATCH, beta=BETA)["indexes"] for _ in range(64)]
         fns["cpprb sample(32)"] = lambda i: crb.sample(BATCH, beta=BETA)
         fns["cpprb update_priorities(32)"] = lambda i: crb.update_priorities(c_ids[i % 64], ps[i % 16])
+
+        def cpprb_step(i: int) -> None:
+            crb.update_priorities(crb.sample(BATCH, beta=BETA)["indexes"], ps[i % 16])
+
+        fns["cpprb step"] = cpprb_step
     except ImportError as exc:
         skipped["cpprb"] = f"not installed ({exc})"
     return fns, skipped
@@ -138,34 +162,51 @@ def timed(
     return out
 
 
-def _cell(v: list[float]) -> str:
-    return f"{np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+def _cell(v: list[float] | None) -> str:
+    return f"{np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" if v else "n/a"
 
 
-def table(t: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+def table(t: dict[str, dict[str, list[float]]], base: str | None = None) -> dict[str, Any]:
+    calls = {  # the row's series: xpbank, cpprb, raw NumPy, xpbank at base
+        "sample(32)": ("sample(32)", "cpprb sample(32)", "raw NumPy sample(32)"),
+        "update of 32": ("update_priority(32)", "cpprb update_priorities(32)", "raw NumPy update(32)"),
+        "step: sample(32), then update its 32": ("step", "cpprb step", "raw NumPy step"),
+    }
+    series: dict[str, dict[str, list[float] | None]] = {}
+    for op, (ours, peer, raw) in calls.items():
+        series[op] = {
+            "xpbank": t[f"xpbank {ours}"]["cpu_us"],
+            "cpprb": t[peer]["cpu_us"] if peer in t else None,
+            "raw": t[raw]["cpu_us"],
+            "base": t[f"base {ours}"]["cpu_us"] if base is not None else None,
+        }
+
+    def ratio(a: list[float] | None, b: list[float] | None) -> str:
+        return f"{np.median(a) / np.median(b):.2f}x" if a and b else "n/a"
+
     rows = []
-    for op, ours, peer in (
-        ("sample(32)", "xpbank sample(32)", "cpprb sample(32)"),
-        ("update of 32", "xpbank update_priority(32)", "cpprb update_priorities(32)"),
-    ):
-        raw = "raw NumPy sample(32)" if op == "sample(32)" else "raw NumPy update(32)"
-        c = t.get(peer, {}).get("cpu_us")
-        x = t[ours]["cpu_us"]
-        rows.append(
-            [
-                op,
-                _cell(x),
-                _cell(c) if c else "n/a",
-                _cell(t[raw]["cpu_us"]),
-                f"{np.median(x) / np.median(c):.2f}x" if c else "n/a",
-                f"{np.median(x) / np.median(t[raw]['cpu_us']):.2f}x",
-            ]
-        )
+    for op, v in series.items():
+        row = [op, _cell(v["xpbank"]), _cell(v["cpprb"]), _cell(v["raw"])]
+        row += [ratio(v["xpbank"], v["cpprb"]), ratio(v["xpbank"], v["raw"])]
+        if base is not None:
+            row += [_cell(v["base"]), ratio(v["xpbank"], v["base"])]
+        rows.append(row)
+    headers = ["call", "xpbank", "cpprb", "raw NumPy", "xpbank / cpprb", "xpbank / raw"]
+    notes = (
+        "Lower is better; a ratio is xpbank's time over the other's (0.5x: twice as fast). "
+        "The update row writes the ids of 64 earlier samples in turn, the step row those of "
+        "the sample just drawn (a training loop's step: the sample after an update sums the "
+        "tree's top anew)."
+    )
+    if base is not None:
+        headers += [f"xpbank at {base}", f"xpbank / {base}"]
+        notes += f" The {base} columns: the package as of that commit, timed in the same rounds."
+    blocks = len(series["sample(32)"]["xpbank"] or ())
     return {
-        "title": f"Prioritized small calls, CPU µs per call: median (range of {len(x)} blocks)",
-        "headers": ["call", "xpbank", "cpprb", "raw NumPy", "xpbank / cpprb", "xpbank / raw"],
+        "title": f"Prioritized small calls, CPU µs per call: median (range of {blocks} blocks)",
+        "headers": headers,
         "rows": rows,
-        "notes": "Lower is better; a ratio is xpbank's time over the other's (0.5x: twice as fast).",
+        "notes": notes,
     }
 
 
@@ -176,16 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=None, help="items in each buffer (default 100,000)")
     p.add_argument("--calls", type=int, default=200, help="calls per timed block")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 15; quick 3)")
+    p.add_argument("--base", default=None, help="also time xpbank as of this commit (e.g. main)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     n = args.size or (20_000 if args.quick else 100_000)
     rounds = args.rounds or (3 if args.quick else 15)
-    fns, skipped = build(n)
-    log(f"built {n:,} items; timing {rounds} rounds x {args.calls} calls")
-    t = timed(fns, args.calls, rounds)
-    tab = table(t)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = None if args.base is None else import_base(args.base, Path(tmp))
+        fns, skipped = build(n, base)
+        log(f"built {n:,} items; timing {rounds} rounds x {args.calls} calls")
+        t = timed(fns, args.calls, rounds)
+    tab = table(t, args.base)
     versions = {"xpbank": xpbank.__version__}
     try:
         import cpprb

@@ -200,59 +200,59 @@ def run(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, 
 def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, list[float]]]:
     """One HER sample(256) split into its phases, each timed over the same ``calls``
     pre-drawn batches (fresh random items per call, as a real sample), interleaved with
-    whole uniform and HER samples; the phases call the functions ``HerSampler`` calls."""
-    from xpbank.her.goals import choose_goals, ends_table
-    from xpbank.her.kernel import goal_rows, kernel
-    from xpbank.her.relabel import relabel_rows
-    from xpbank.replay.reading import gather
+    whole uniform and HER samples; the phases call what the HER read fast path
+    (``xpbank.her.records.sample_records``, then ``fast_read.try_records``) calls."""
+    from xpbank.her.goals import ends_table
+    from xpbank.her.records import kernel, sample_records
+    from xpbank.replay.fast_read import _plan
 
     data = make_data(size)
     uniform = xpbank_buffer(data, None)
     sampler = HerSampler(n_sampled_goal=4, strategy="future", compute_reward=compute_reward)
     her = xpbank_buffer(data, sampler)
-    her.sample(BATCH)  # resolves the goal keys, catches up the episode ends
-    st, ring, gen = her._storage, her._ring, her._generator
-    resolved = sampler._resolved
-    assert resolved is not None
-    keys, stride, reader, m = resolved[1], resolved[2], resolved[3], int(sampler.relabel_fraction * BATCH)
-    assert stride is not None
-    drawn = [sampler.sample(ring, BATCH, gen)[0] for _ in range(calls)]
-    ids = [ring.ids_of_slots(s) for s in drawn]
-    items = [i.numpy()[:m] for i in ids]
-    slots = [s.numpy()[:m] for s in drawn]
+    her.sample(BATCH)  # resolves the goal keys and the record layout, catches up the episode ends
+    ring, gen, plan, layout = her._ring, her._generator, _plan(her), sampler._records
+    if plan is None or layout is None or not layout.usable or kernel() is None:
+        raise SystemExit("--profile: the HER read fast path does not apply here (numba missing?)")
+    m = int(sampler.relabel_fraction * BATCH)
+    rows = [plan.draw(BATCH)[1].copy() for _ in range(calls)]
+    for r in rows:
+        sampler.base.draw_into(ring, torch.from_numpy(r), gen)
     draws = [sampler._draw(m, gen).copy() for _ in range(calls)]
-    goal_ids = np.empty(m, dtype=np.int64)
-    host = reader.host(st)
-    left = ends_table(ring.episodes, ring, stride).left
+    left = ends_table(ring.episodes, ring, layout.stride).left
+    run = kernel()
+    assert run is not None
 
-    def choose_and_read(i: int) -> np.ndarray:
-        """The goals and their rows: the compiled kernel where numba is, else NumPy."""
-        if host is not None and kernel() is not None:
-            args = (items[i], slots[i], draws[i], left, stride, ring.capacity, ring.next_id, False, goal_ids)
-            return goal_rows(host[1], host[0], *args)  # type: ignore[return-value]
-        g = choose_goals(ring.episodes, ring, items[i], "future", draws[i], stride, slots[i], goal_ids)
-        return reader(st, g % ring.capacity)
+    def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = np.empty((BATCH, layout.words.shape[1]), dtype=layout.word)
+        ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
+        goal = np.empty((m, layout.goal_words), dtype=layout.word)
+        reached = np.empty((m, layout.goal_words), dtype=layout.word)
+        run(
+            layout.words, rows[i], ring.next_id - ring.size, draws[i], left, layout.stride, ring.next_id,
+            False, layout.achieved, layout.goal_at, out, goal, reached, ids, goal_ids,
+        )  # fmt: skip
+        records = out.view(layout.record)[:, 0]
+        return records, layout.as_goals(reached), layout.as_goals(goal)
 
-    goals = [choose_and_read(i) for i in range(calls)]
-    flats = [st.gather(s) for s in drawn]
-    achieved = [f[keys["next_achieved"]].numpy()[:m] for f in flats]
-    how = "compiled kernel" if host is not None and kernel() is not None else "NumPy"
-    tag = {"her_goal": torch.full((BATCH,), -1)}
+    read_out = [read(i) for i in range(calls)]
+    rewards = [compute_reward(a, g, None) for _, a, g in read_out]
+
+    def write(i: int) -> None:
+        field = read_out[i][0][layout.reward_name][:m]
+        field[...] = rewards[i]
+
     phases: dict[str, Callable[[int], object]] = {
         "whole uniform sample": lambda i: uniform.sample(BATCH),
         "whole HER sample": lambda i: her.sample(BATCH),
-        "  base sampler: draw slots": lambda i: sampler.base.sample(ring, BATCH, gen, True),
-        "  ids of slots": lambda i: ring.ids_of_slots(drawn[i]),
-        "  read the items (storage.gather)": lambda i: st.gather(drawn[i]),
-        "  HER: draw the offsets (uniform_)": lambda i: sampler._draw(m, gen),
-        f"  HER: choose goals and read their rows ({how})": choose_and_read,
-        "  HER: reward and writes (relabel_rows)": lambda i: relabel_rows(
-            flats[i], keys, m, goals[i], compute_reward
-        ),
-        "    of which the user's compute_reward": lambda i: compute_reward(achieved[i], goals[i], None),
-        "  assemble the batch (TensorDict)": lambda i: gather(
-            her, drawn[i], ids[i], None, tag, dict(flats[i])
-        ),
+        "  HER fast path: sample_records": lambda i: sample_records(sampler, plan, ring, BATCH, gen),
+        "    draw slots (uniform base)": lambda i: sampler.base.draw_into(ring, plan.draw(BATCH)[0], gen),
+        "    draw the goal offsets (uniform_)": lambda i: sampler._draw(m, gen),
+        "    read records + choose goals + goal rows (one compiled pass)": read,
+        "    the user's compute_reward": lambda i: compute_reward(read_out[i][1], read_out[i][2], None),
+        "    write the rewards": write,
+        "  split the records + TensorDict": lambda i: _assemble(plan, read_out[i][0]),
+        "  (uniform: take of the records)": lambda i: plan.reader.records.take(rows[i]),
     }
     times: dict[str, list[float]] = {k: [] for k in phases}
     for r in range(rounds):
@@ -260,18 +260,28 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
             times[name].append(time_calls(fn, range(calls), calls) / calls)
         log(f"profile round {r + 1}/{rounds}")
     base = np.array(times["whole uniform sample"])
-    rows = []
+    rows_out = []
     for name, t in times.items():
         arr = np.array(t)
         share = arr / base
-        rows.append(
+        rows_out.append(
             [
                 name,
                 f"{fmt_us(float(np.median(arr)))} ({fmt_us(float(arr.min()))} .. {fmt_us(float(arr.max()))})",
                 f"{np.median(share):.2f}x ({share.min():.2f} .. {share.max():.2f})",
             ]
         )
-    return rows, times
+    return rows_out, times
+
+
+def _assemble(plan: Any, records: np.ndarray) -> Any:
+    """What ``fast_read.try_records`` does with the records: split, ids, the TensorDict."""
+    from xpbank.spec.batch import to_tensordict
+
+    flat = plan.reader.split(records)
+    flat["index"] = torch.zeros(BATCH, dtype=torch.int64)
+    flat["her_goal"] = torch.zeros(BATCH, dtype=torch.int64)
+    return to_tensordict(flat, torch.Size((BATCH,)), plan.device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,13 +5,17 @@ Run from the repository root::
     PYTHONPATH=src .venv/bin/python benchmarks/bench_mix.py [--quick] [--threads 1] [--json PATH]
 
 Two sources of SAC-style transitions (obs and next_obs of 17 float32, action of 6, reward,
-terminated, truncated), ``--items`` each. Timed, interleaved round by round in one process:
-``Mixture([a, b], [0.5, 0.5]).sample(256)`` against ``a.sample(128)`` plus ``b.sample(128)``
-(what the mixture calls, without the concatenation and ``"source"``), for uniform sources,
-prioritized ones, and an offline source that is a bank opened ``"r"`` (memmap, page cache
-warm). A raw-tensor baseline (``randint`` + ``index_select`` over plain tensors of both
-sources, then ``cat``) bounds what any mixer over these layouts can cost. The ratio per
-round is mixture / direct; the table shows its median and range over rounds.
+terminated, truncated), ``--items`` each, for uniform sources, prioritized ones, and an
+offline source that is a bank opened ``"r"`` (memmap, page cache warm).
+
+Timed, per call, interleaved round by round in one process: ``Mixture([a, b], [0.5,
+0.5]).sample(256)`` (one TensorDict of 256 items with ``"source"``, fresh memory) against
+the two sub-samples it is made of, ``a.sample(128)`` plus ``b.sample(128)`` on the same
+buffers: the same draws (each source's own sampler and generator; checked once before
+timing), without the joining and ``"source"``. A raw-tensor row (``randint`` +
+``index_select`` over plain tensors of both sources, then ``cat``) shows what a mixer
+over plain per-field tensors costs. The ratio per round is mixture / direct; the table
+shows its median and range over rounds.
 """
 
 from __future__ import annotations
@@ -69,12 +73,26 @@ def _block(fn: Callable[[], object], calls: int) -> float:
     return (clock() - start) / calls
 
 
+def _check_same_draws(mix: Mixture, counts: list[int], batch_size: int) -> None:
+    """The baseline does the mixture's work: each source's share drawn by its own sampler
+    and generator, so a mixed batch is the two direct sub-samples concatenated."""
+    states = [rb.generator.get_state() for rb in mix.sources]
+    mixed = mix.sample(batch_size)
+    for rb, state in zip(mix.sources, states, strict=True):
+        rb.generator.set_state(state)
+    parts = [rb.sample(k) for rb, k in zip(mix.sources, counts, strict=True)]
+    for key in parts[0].keys(True, True):
+        if not torch.equal(mixed[key], torch.cat([p[key] for p in parts])):
+            raise SystemExit(f"bench_mix: the mixed batch's {key!r} differs from the direct sub-samples")
+
+
 def run_case(name: str, a: ReplayBuffer, b: ReplayBuffer, args: argparse.Namespace) -> list[str]:
-    half = args.batch // 2
     mix = Mixture([a, b], [0.5, 0.5], seed=0)
+    k_a, k_b = counts = mix.counts(args.batch)  # the shares the mixture draws (exact counts)
+    _check_same_draws(mix, counts, args.batch)
     fns = {
         "mixture": lambda: mix.sample(args.batch),
-        "direct": lambda: (a.sample(half), b.sample(args.batch - half)),
+        "direct": lambda: (a.sample(k_a), b.sample(k_b)),
     }
     for fn in fns.values():  # warm up (page cache, allocator)
         for _ in range(20):
@@ -123,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     raw = _raw(_data(args.items, 0), _data(args.items, 1), args.batch // 2)
     raw_t = median([_block(raw, args.calls) for _ in range(args.rounds)])
-    rows.append(["raw tensors: randint + index_select + cat (floor)", fmt_us(raw_t), "-", "-"])
+    rows.append(["raw tensors, 128 + 128: randint + index_select + cat", fmt_us(raw_t), "-", "-"])
     headers = ["sources", "Mixture.sample(256)", "two sub-samples (128 + 128)", "ratio median (range)"]
     notes = (
+        f"Per call: Mixture([a, b], [0.5, 0.5]).sample({args.batch}) (one TensorDict with 'source') vs "
+        f"a.sample({args.batch // 2}) + b.sample({args.batch - args.batch // 2}) on the same buffers "
+        "(the same draws, checked); "
         f"{args.items} items per source, {args.rounds} interleaved rounds of {args.calls} calls, "
         f"threads {args.threads}, clock {args.clock}; ratio per round = mixture / direct; target <= 1.2x"
     )

@@ -21,7 +21,10 @@ loop's step (n-step: the sample then also fills the window table for the step's 
 Each part's buffers are built first and then timed together: ``--chunks`` rounds, each
 running one block of ``--calls`` calls of every timed function in turn, the fastest block
 of each kept, so that compared numbers share the machine's load of the same moments (it
-may be shared). Per-call time in µs. No timing is asserted anywhere.
+may be shared). Per-call time in µs: wall time, or with ``--clock cpu`` this thread's CPU
+time (on a loaded machine a block that outlasts the scheduler's slice is charged, in wall
+time, for the processes that ran meanwhile: a step's block of 300 calls of ~100 µs is, a
+lone sample's shorter block often is not). No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import gc
 import json
 import logging
 import sys
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -40,7 +42,17 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
+from _common import (
+    clock,
+    environment,
+    fmt_ratio,
+    fmt_us,
+    freeze_heap,
+    log,
+    markdown_table,
+    run_main,
+    set_clock,
+)
 from xpbank import NStep, PrioritizedSampler, ReplayBuffer
 from xpbank.nstep.kernel import kernel as nstep_kernel
 from xpbank.sampler import sumtree_numba
@@ -61,10 +73,10 @@ def interleaved(fns: dict[str, Callable[[int], object]], calls: int, chunks: int
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(chunks):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             for i in range(calls):
                 fn(i)
-            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+            best[name] = min(best[name], (clock() - start) / calls)
     return best
 
 
@@ -85,6 +97,29 @@ def per_data(capacity: int, chunk: int = 100_000) -> list[dict[str, np.ndarray]]
 # -- part 1: prioritized replay ----------------------------------------------------------
 Timed = dict[str, Callable[[int], object]]
 
+# what each xpbank row times: (its name in the table, what the call does)
+ALONE = {
+    "xpbank sample + update": (
+        "step: sample + update_priority",
+        "the table above: a training loop's step, sample(B) then update_priority of its ids",
+    ),
+    "xpbank sample": ("sample alone", "sample(B) after sample(B): no write between two samples"),
+    "xpbank update": (
+        "update_priority alone",
+        "the ids of 64 earlier samples in turn, with the same priorities at each turn",
+    ),
+    "xpbank uniform sample": ("uniform sample", "sample(B) of the same data with the uniform sampler"),
+}
+STEP_GAP = (
+    "A step costs more than its sample and its update timed alone: a row that repeats one "
+    "call finds the tree's nodes, the rows read and its own arrays in the caches where the "
+    "call before left them; in a step each call follows the other (timed inside a step, "
+    "both take longer). Summing the top of the tree anew after each write and the min-tree's "
+    "upkeep add a few µs at most: benchmarks/profile_prioritized.py shows each phase of a step. "
+    "In wall time on a loaded machine the gap widens: a step's block outlasts the scheduler's "
+    "slice and is charged for other processes (--clock cpu leaves that out)."
+)
+
 
 def xpbank_per(capacity: int) -> Timed:
     rb = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha=0.6, beta=0.4), seed=0)
@@ -96,8 +131,8 @@ def xpbank_per(capacity: int) -> Timed:
     batch = rb.sample(BATCH)
     assert batch["obs"].shape == (BATCH, OBS) and batch["weight"].shape == (BATCH,)
     # update alone: the ids of 64 drawn batches in turn (each with the same priorities every
-    # round: this times the trees' work; "sample + update" times everything, the upkeep of
-    # the smallest priority included)
+    # round: this times the trees' work; "sample + update" times a training loop's step, the
+    # upkeep of the smallest priority included: see STEP_GAP)
     ids = [rb.sample(BATCH)["index"] for _ in range(64)]
 
     def step(i: int) -> None:
@@ -234,7 +269,7 @@ def attempt(name: str, build: Callable[[], T], skipped: dict[str, str], default:
         return default
 
 
-def report(r: dict[str, float], capacity: int, skipped: dict[str, str]) -> str:
+def report(r: dict[str, float], capacity: int, skipped: dict[str, str], cpu: bool = False) -> str:
     lines = [f"## Prioritized replay: {capacity:,} items (obs float32[64], reward), batch {BATCH}", ""]
     base = r.get("xpbank sample + update")
     rows = []
@@ -243,9 +278,12 @@ def report(r: dict[str, float], capacity: int, skipped: dict[str, str]) -> str:
         if t is not None:
             rows.append([name, fmt_us(t), fmt_ratio(t / base if base else None)])
     lines.append(markdown_table(["library", "sample + update_priority", "time vs xpbank"], rows))
-    alone = ("xpbank sample", "xpbank update", "xpbank uniform sample")
+    alone = ("xpbank sample + update", "xpbank sample", "xpbank update", "xpbank uniform sample")
     if all(k in r for k in alone):
-        lines += ["", "xpbank alone: " + ", ".join(f"{k[7:]} {fmt_us(r[k])}" for k in alone)]
+        clock_name = "this thread's CPU time" if cpu else "wall time"
+        lines += ["", f"## xpbank's prioritized calls, in a step and alone, batch {BATCH} ({clock_name})", ""]
+        rows = [[ALONE[k][0], fmt_us(r[k]), ALONE[k][1]] for k in alone]
+        lines += [markdown_table(["timed", "µs per call", "what the call does"], rows), "", STEP_GAP]
     lines += ["", f"## N-step (n=3): {capacity:,} items from {NUM_ENVS} envs, batch {BATCH}", ""]
     rows = []
     for name in ("xpbank", "sb3"):
@@ -269,6 +307,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 300; quick 50)")
     p.add_argument("--chunks", type=int, default=5, help="timed blocks; the fastest is reported")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time, or this thread's CPU time (steadier on a loaded machine: a block longer "
+        "than the scheduler's slice is not charged for the other processes that ran meanwhile)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.calls is None:
@@ -280,11 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    set_clock("thread" if args.clock == "cpu" else "wall")
     warnings.filterwarnings("ignore")
     capacity = 100_000 if args.quick else 1_000_000
     freeze_heap()
     env = environment({"xpbank": xpbank.__version__})
     env["sum-tree kernels"] = "numba" if sumtree_numba.load() is not None else "NumPy (numba off or missing)"
+    env["clock"] = "this thread's CPU time" if args.clock == "cpu" else "wall time"
     print("# xpbank prioritized / n-step benchmark\n\n" + " · ".join(f"{k} {v}" for k, v in env.items()))
     skipped: dict[str, str] = {}
     c, k = args.calls, args.chunks
@@ -304,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("timing n-step ...")
     results.update(interleaved(samples, c, k))
     results.update(interleaved(extends, c, k))
-    print("\n" + report(results, capacity, skipped), flush=True)
+    print("\n" + report(results, capacity, skipped, args.clock == "cpu"), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

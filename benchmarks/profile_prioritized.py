@@ -2,14 +2,17 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/profile_prioritized.py --threads 1 [--quick] [--cprofile]
+    .venv/bin/python benchmarks/profile_prioritized.py --threads 1 [--quick] [--batch 32] [--cprofile]
 
 The same buffer as ``bench_prioritized.py`` (1M items: obs float32[64], reward; 100k with
 ``--quick``). The real functions of the sample and update paths are wrapped with timers
-(no copy of their code), and ``--steps`` calls of ``rb.sample(256)`` then
-``rb.update_priority(batch["index"], p)`` are run ``--repeats`` times; each phase's median
-time per step is printed, inclusive of the phases nested in it (indented). A wrapper
-costs ~0.3 µs per call, so the phases' sum exceeds an unwrapped step by a few µs.
+(no copy of their code), and ``--steps`` calls of ``rb.sample(256)`` (``--batch``, at
+most 256) then ``rb.update_priority(batch["index"], p)`` are run ``--repeats`` times;
+each phase's median time per step is printed, inclusive of the phases nested in it
+(indented); a phase the calls did not take (the general path's, where the compiled
+small-call paths took them) is left out. A wrapper
+costs ~0.3 µs per call, so the phases' sum exceeds an unwrapped step by a few µs. Times
+are this thread's CPU time (``thread_time``: a loaded machine's waits left out).
 ``--cprofile`` prints cProfile's top functions instead (its overhead is larger).
 """
 
@@ -31,30 +34,38 @@ import torch
 from _common import freeze_heap
 from bench_prioritized import BATCH, per_data, priorities
 from xpbank import PrioritizedSampler, ReplayBuffer
-from xpbank.replay import buffer as replay_module
+from xpbank.replay import fast_read, reading, writing
 from xpbank.ring.ids import Ring
-from xpbank.sampler import lazymin, sumtree, sumtree_numba
+from xpbank.sampler import lazymin, prioritized_fast, sumtree, sumtree_numba
 from xpbank.sampler import prioritized as prioritized_module
 
 # (label, depth): the phases in call order; depth is the nesting shown by the indentation
 PHASES = [
     ("rb.sample", 0),
-    ("sampler.sample", 1),
-    ("top prefix sums (top_prefix)", 2),
+    ("fast sample (fast_read.try_prioritized)", 1),
+    ("draw (prioritized_fast.draw_into)", 2),
+    ("top prefix sums (top_prefix)", 3),
+    ("smallest priority (LazyMin flush)", 3),
+    ("compiled draw (sumtree_numba.draw_fresh)", 3),
+    ("compiled draw + weights (prioritized_fast.weigh)", 3),
+    ("compiled draw (sumtree_numba.draw)", 4),
+    ("batch: ids, records, TensorDict (fast_read._batch)", 2),
+    ("general path: sampler.sample", 1),
     ("descent (find_prefix_sum)", 2),
-    ("compiled draw (sumtree_numba.draw)", 2),
-    ("smallest priority (LazyMin flush)", 2),
     ("importance_weights", 2),
     ("ring.ids_of_slots", 1),
-    ("storage gather + TensorDict (_gather)", 1),
     ("rb.update_priority", 0),
-    ("check_update", 1),
+    ("compiled update (prioritized_fast.update_ids)", 1),
+    ("host views (priorities.host_arrays)", 2),
+    ("compiled check (sumtree_numba.live_priorities)", 2),
+    ("power + tree write (prioritized_fast.write)", 2),
+    ("compiled tree write (sumtree_numba.update)", 3),
+    ("smallest priority upkeep (LazyMin.noted)", 3),
+    ("general path: check_update", 1),
     ("compiled check (sumtree_numba.live_slots)", 2),
-    ("sampler.update_priority", 1),
+    ("general path: sampler.update_priority", 1),
     ("sum-tree write (set_leaves)", 2),
     ("smallest priority upkeep (LazyMin.changed)", 2),
-    ("compiled update (sumtree_numba.update)", 2),
-    ("smallest priority upkeep (LazyMin.noted)", 2),
 ]
 
 
@@ -68,11 +79,11 @@ def build(capacity: int) -> ReplayBuffer:
 def timed(acc: dict[str, int], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter_ns()
+        start = time.thread_time_ns()
         try:
             return fn(*args, **kwargs)
         finally:
-            acc[label] = acc.get(label, 0) + time.perf_counter_ns() - start
+            acc[label] = acc.get(label, 0) + time.thread_time_ns() - start
 
     return run
 
@@ -83,14 +94,20 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     patches: list[tuple[Any, str, str]] = [
         (rb, "sample", "rb.sample"),
         (rb, "update_priority", "rb.update_priority"),
-        (sampler, "sample", "sampler.sample"),
-        (sampler, "update_priority", "sampler.update_priority"),
-        (rb, "_gather", "storage gather + TensorDict (_gather)"),
+        (reading, "try_prioritized", "fast sample (fast_read.try_prioritized)"),
+        (fast_read, "draw_into", "draw (prioritized_fast.draw_into)"),
+        (prioritized_fast, "weigh", "compiled draw + weights (prioritized_fast.weigh)"),
+        (fast_read, "_batch", "batch: ids, records, TensorDict (fast_read._batch)"),
+        (sampler, "sample", "general path: sampler.sample"),
+        (sampler, "update_priority", "general path: sampler.update_priority"),
         (sumtree, "top_prefix", "top prefix sums (top_prefix)"),
         (sumtree, "find_prefix_sum", "descent (find_prefix_sum)"),
         (sumtree, "set_leaves", "sum-tree write (set_leaves)"),
         (prioritized_module, "importance_weights", "importance_weights"),
-        (replay_module, "check_update", "check_update"),
+        (writing, "update_ids", "compiled update (prioritized_fast.update_ids)"),
+        (prioritized_fast, "host_arrays", "host views (priorities.host_arrays)"),
+        (prioritized_fast, "write", "power + tree write (prioritized_fast.write)"),
+        (writing, "check_update", "general path: check_update"),
         (Ring, "ids_of_slots", "ring.ids_of_slots"),
         (lazymin.LazyMin, "_flush", "smallest priority (LazyMin flush)"),
         (lazymin.LazyMin, "changed", "smallest priority upkeep (LazyMin.changed)"),
@@ -100,16 +117,19 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     if kernels is not None:  # numba: the compiled calls that replace the NumPy phases above
         patches += [
             (kernels, "draw", "compiled draw (sumtree_numba.draw)"),
+            (kernels, "draw_fresh", "compiled draw (sumtree_numba.draw_fresh)"),
             (kernels, "live_slots", "compiled check (sumtree_numba.live_slots)"),
-            (kernels, "update", "compiled update (sumtree_numba.update)"),
+            (kernels, "live_priorities", "compiled check (sumtree_numba.live_priorities)"),
+            (kernels, "update", "compiled tree write (sumtree_numba.update)"),
         ]
     for owner, name, label in patches:
         setattr(owner, name, timed(acc, label, getattr(owner, name)))
 
 
 def run_steps(rb: ReplayBuffer, prios: list[torch.Tensor], steps: int) -> None:
+    size = prios[0].shape[0]
     for i in range(steps):
-        batch = rb.sample(BATCH)
+        batch = rb.sample(size)
         rb.update_priority(batch["index"], prios[i % len(prios)])
 
 
@@ -119,6 +139,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="steps per repeat (default 2000; quick 300)")
     p.add_argument("--repeats", type=int, default=5, help="repeats; the median of each phase is shown")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--batch", type=int, default=BATCH, help=f"items per sample (at most {BATCH})")
     p.add_argument("--cprofile", action="store_true", help="print cProfile's top 25 functions instead")
     args = p.parse_args(argv)
     if args.steps is None:
@@ -132,18 +153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     capacity = 100_000 if args.quick else 1_000_000
     rb = build(capacity)
-    prios = [torch.from_numpy(p) for p in priorities()]
+    prios = [torch.from_numpy(p[: args.batch]) for p in priorities()]
     freeze_heap()
     run_steps(rb, prios, 200)  # warm up
-    print(f"# prioritized sample({BATCH}) + update_priority, {capacity:,} items, µs per step\n")
+    print(f"# prioritized sample({args.batch}) + update_priority, {capacity:,} items, µs per step\n")
     if args.cprofile:
         profile = cProfile.Profile()
         profile.runcall(run_steps, rb, prios, args.steps)
         pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
         return 0
-    start = time.perf_counter()
+    start = time.thread_time()
     run_steps(rb, prios, args.steps)
-    plain = (time.perf_counter() - start) / args.steps
+    plain = (time.thread_time() - start) / args.steps
     acc: dict[str, int] = {}
     instrument(rb, acc)
     runs = []
@@ -155,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = [r.get(label, 0.0) for r in runs]
         if not any(values):  # a phase this path does not take (numba or NumPy)
             continue
-        print(f"{'  ' * depth}{label:<{48 - 2 * depth}} {statistics.median(values):8.1f}")
+        print(f"{'  ' * depth}{label:<{60 - 2 * depth}} {statistics.median(values):8.1f}")
     print(f"\none step without timers (one run): {plain * 1e6:.1f} µs")
     print(f"load average: {np.round(__import__('os').getloadavg(), 2).tolist()}")
     return 0

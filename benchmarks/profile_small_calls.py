@@ -13,7 +13,8 @@ is the call's own glue: the lock, argument passing). Phases of a write:
   upkeep (``on_write``, ``Ring.advance``), the index's upkeep (``EpisodeIndex.apply``);
 - fast path (:mod:`xpbank.replay.fast_write`): the signature match (per-field checks
   and conversion), the row store, the sampler and ring upkeep, and the index's upkeep:
-  for one lockstep env step one compiled call (``episode_step.record_step``), else
+  for one lockstep env step one compiled call that reads the ends from the stored rows
+  (``episode_step.record_step``), else
   ``EpisodeIndex.plan`` of the values and ``apply``.
 
 A uniform sample, general path (``rb._fast_read = False``): the sampler's draw, ids
@@ -118,13 +119,8 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
     step = sig.step
     first = ring.next_id
     if eps is not None and step is not None:  # one lockstep step: one compiled call after the store
-        term = None if step[0] < 0 else values[step[0]]
-        trunc = None if step[1] < 0 else values[step[1]]
         out.append(
-            (
-                "fast: episode upkeep (record_step)",
-                best(lambda: record_step(eps, term, trunc, first), calls, rounds),
-            )
+            ("fast: episode upkeep (record_step)", best(lambda: record_step(eps, step, first), calls, rounds))
         )
     elif eps is not None:
         by_key = dict(zip(sig.keys, values, strict=True))

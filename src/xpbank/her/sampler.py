@@ -35,6 +35,7 @@ import torch
 from xpbank.errors import PriorityError, SpecError, check_positive_int
 from xpbank.her.goals import STRATEGIES, choose_goals, ends_table, stride_of
 from xpbank.her.kernel import choose_rows, copy_rows
+from xpbank.her.records import RecordLayout, sample_records
 from xpbank.her.relabel import GoalKeys, GoalReader, RewardFn, relabel, relabel_rows
 from xpbank.nstep.option import NStep
 from xpbank.ring.ids import Ring
@@ -132,11 +133,12 @@ class HerSampler:
         # (spec, its keys, the index's stride, the goal reader) for the spec last seen
         self._resolved: tuple[Any, dict[str, NestedKey | None], int | None, GoalReader] | None = None
         self._uniform: tuple[torch.Tensor, np.ndarray] | None = None  # _draw's tensor
+        self._records: RecordLayout | None = None  # sample_records' view of the storage
 
     def __getstate__(self) -> dict[str, Any]:
         # the caches hold views (the draw tensor's NumPy view, the storage's goal rows):
         # a pickled or copied sampler makes them again, or its view would not alias
-        return {**self.__dict__, "_resolved": None, "_uniform": None}
+        return {**self.__dict__, "_resolved": None, "_uniform": None, "_records": None}
 
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
@@ -228,15 +230,7 @@ class HerSampler:
         spec, episodes = storage.spec, ring.episodes
         if spec is None or episodes is None:
             raise RuntimeError("HerSampler.relabel needs the buffer's spec and episode index")
-        resolved = self._resolved
-        if resolved is None or resolved[0] is not spec:
-            found = self.keys.resolve(spec)
-            resolved = self._resolved = (
-                spec,
-                found,
-                stride_of(episodes, spec),
-                GoalReader(found["next_achieved"] or ""),  # resolve() found it
-            )
+        resolved = self._resolve(spec, episodes)
         reward = self.compute_reward
         if reward is None:  # sample() checked; a sampler changed in between
             raise SpecError("HerSampler: no compute_reward")
@@ -270,6 +264,45 @@ class HerSampler:
             reward, self.compute_terminated, self.info_keys, nstep, resolved[3],
         )  # fmt: skip
         return flat
+
+    def _resolve(
+        self, spec: Any, episodes: Any
+    ) -> tuple[Any, dict[str, NestedKey | None], int | None, GoalReader]:
+        """``(spec, its keys, the index's stride, the goal reader)``, kept per spec.
+
+        Raises:
+            SpecError: the goal fields not found.
+        """
+        resolved = self._resolved
+        if resolved is None or resolved[0] is not spec:
+            found = self.keys.resolve(spec)
+            resolved = self._resolved = (
+                spec,
+                found,
+                stride_of(episodes, spec),
+                GoalReader(found["next_achieved"] or ""),  # resolve() found it
+            )
+        return resolved
+
+    def sample_records(
+        self, plan: Any, ring: Ring, batch_size: int, generator: torch.Generator
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
+        """:meth:`sample` and :meth:`relabel` in one read of whole records, for the
+        buffer's read fast path (:func:`xpbank.her.records.sample_records`): the same
+        batch, or ``None`` (nothing drawn) where it does not apply.
+
+        Threads: the caller holds the buffer's lock (``rb.lock``).
+
+        Raises:
+            SpecError: the goal fields not found, or ``compute_reward`` returning the
+                wrong number of values.
+        """
+        cls = type(self)
+        if cls is not HerSampler and (
+            cls.relabel is not HerSampler.relabel or cls.sample is not HerSampler.sample
+        ):
+            return None  # a subclass that changes the draw or the relabelling: the general path
+        return sample_records(self, plan, ring, batch_size, generator)
 
     def _kernel_goals(
         self,

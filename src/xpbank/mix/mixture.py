@@ -4,8 +4,12 @@ A sampling-time composition: each source is a :class:`~xpbank.ReplayBuffer` (a l
 buffer, or a bank opened with ``xpbank.open_bank(path, "r")``: memory-mapped, so a
 large offline dataset is read page by page as sampled, never loaded) and keeps its own
 sampler, n-step option and RNG. The mixture only decides how many items each source
-gives to a batch, draws each share through the source's own read path, and joins the
-shares into one batch (:mod:`xpbank.mix.assemble`: no TensorDict per share).
+gives to a batch and draws each share with the source's own sampler. Where the sources
+store their fields alike (one packed layout, or a memory-mapped bank beside buffers of
+the same fields) each share's rows are taken straight into one batch allocated once
+(:mod:`xpbank.mix.inplace`, :mod:`xpbank.mix.fields`); otherwise each share is read by
+the source's own read path and the shares are joined (:mod:`xpbank.mix.assemble`). No
+TensorDict is made per share.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from tensordict import TensorDict
 
 from xpbank.errors import BankError, CapacityError, DeviceError, EmptyBufferError, PriorityError, SpecError
 from xpbank.mix import routing
-from xpbank.mix.assemble import Assembler, draw_share, refuse_keys
+from xpbank.mix.assemble import Assembler, refuse_keys
 from xpbank.mix.schedule import Constant, Linear, Schedule, as_schedule, split_counts
 from xpbank.replay import ReplayBuffer
 
@@ -150,9 +154,10 @@ class Mixture:
         """Draw ``batch_size`` items: each source's count as its own ``sample(k, replace, fields)``.
 
         Each source draws as its own ``sample`` does (its sampler, generator and options
-        such as n-step, under its own lock: the same items); the shares are concatenated
-        key by key. Items
-        are grouped by source, in source order. The returned batch is new memory (never aliases a source).
+        such as n-step, under its own lock: the same items); the shares' rows are taken
+        into one batch (or, for sources stored differently, concatenated key by key).
+        Items are grouped by source, in source order. The returned batch is new memory
+        (never aliases a source, nor an earlier batch).
 
         Raises:
             EmptyBufferError: a source with a share of this batch holds nothing.
@@ -165,16 +170,18 @@ class Mixture:
         with self._lock:
             counts = self._draw_counts(batch_size)
             self._check_sources(counts, replace)  # before any source draws
-            parts = [draw_share(s, self.sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
-            batch = self._assembler.join(parts, counts)
+            batch = self._assembler.sample(self.sources, counts, replace, fields)
             self.step += 1
             return batch
 
     def _check_sources(self, counts: list[int], replace: bool) -> None:
+        same = self.keys == "same"
+        given = []  # (source, spec) of the sources with a share and a spec
         for s, k in enumerate(counts):
             if not k:
                 continue
-            n = len(self.sources[s])
+            rb = self.sources[s]
+            n = len(rb)
             if n == 0:
                 raise EmptyBufferError(
                     f"sample: source {s} is empty but its weight gives it {k} items of this batch; "
@@ -185,14 +192,15 @@ class Mixture:
                     f"sample: source {s}: {k} distinct items asked for (replace=False), "
                     f"but only {n} are stored"
                 )
-        if self.keys == "same":
-            given = tuple((s, spec) for s, k in enumerate(counts) if k and (spec := self.sources[s].spec))
-            if given != self._checked:  # specs are compared by value: checked once per change
-                specs = [(s, set(spec.keyset)) for s, spec in given]
-                for s, keys in specs[1:]:
-                    if keys != specs[0][1]:
-                        refuse_keys(specs[0], (s, keys))
-                self._checked = given
+            if same and (spec := rb.spec):
+                given.append((s, spec))
+        if same and (checked := tuple(given)) != self._checked:
+            # specs are compared by value: checked once per change
+            specs = [(s, set(spec.keyset)) for s, spec in checked]
+            for s, keys in specs[1:]:
+                if keys != specs[0][1]:
+                    refuse_keys(specs[0], (s, keys))
+            self._checked = checked
 
     # -- updates ----------------------------------------------------------------
     def update(self, source: Any, indices: Any, values: Any) -> None:

@@ -11,8 +11,14 @@ and reads through it:
   tensor kept per batch size (:meth:`UniformSampler.draw_into
   <xpbank.sampler.UniformSampler.draw_into>`: the same draws as the general path), then
   the batch;
-- :func:`try_read`, after any other sampler's own draw (a prioritized sample): the batch
-  of its slots and per-item ``info`` (weights);
+- :func:`try_prioritized`, for the prioritized sampler (NumPy trees, numba): its draw
+  into the same kept slot tensor (:func:`~xpbank.sampler.prioritized_fast.draw_into`:
+  the same draws, weights and schedule as its ``sample``), then the batch with the
+  weights;
+- :func:`try_read`, after any other sampler's own draw: the batch of its slots and
+  per-item ``info``;
+- :func:`try_records`, for a sampler that draws and reads the records itself
+  (``sample_records``: a :class:`~xpbank.her.HerSampler`, :mod:`xpbank.her.records`);
 - :func:`read_run`, after a sampler took a contiguous run of slots (a queue's oldest
   items: :func:`xpbank.table.runs.take_run`): one copy of the run's records.
 
@@ -38,13 +44,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from xpbank.ring.ids import Ring
+from xpbank.sampler.prioritized import PrioritizedSampler
+from xpbank.sampler.prioritized_fast import draw_into
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.batch import flat_tensordict, to_tensordict
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["ReadPlan", "draw_records", "ids_of_rows", "read_run", "try_read", "try_sample"]
+__all__ = [
+    "ReadPlan",
+    "draw_records",
+    "ids_of_rows",
+    "read_run",
+    "try_prioritized",
+    "try_read",
+    "try_records",
+    "try_sample",
+]
 
 # batch sizes whose slot tensors a buffer keeps (a loop samples one or two sizes)
 _KEPT_SIZES = 8
@@ -61,6 +79,7 @@ class ReadPlan:
         # every field in one CPU block, delivered there
         self.usable = reader is not None and rb._device == rb._storage.device
         self.uniform = type(rb._sampler) is UniformSampler  # try_sample draws for it
+        self.prioritized = type(rb._sampler) is PrioritizedSampler  # try_prioritized draws for it
         self.flat = self.usable and all(type(k) is str for k in reader.keys)  # no nested keys
         # batch size -> (slot tensor, its NumPy view, the batch's torch.Size)
         self.draws: dict[int, tuple[torch.Tensor, Any, torch.Size]] = {}
@@ -133,16 +152,39 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     return _batch(plan, rb._ring, rows, size, None)
 
 
-def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
-    """:func:`try_sample`'s draw and read, stopping before the batch: ``(the taken
-    records, their ids, the RecordReader that splits them into fields)``, for a
-    :class:`~xpbank.Mixture`'s share (which joins several sources' records in one copy);
-    ``None`` where :func:`try_sample` would decline. The caller holds the lock."""
+def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field from a buffer with the prioritized sampler
+    (the caller holds the lock), or ``None`` before anything is drawn: the general path
+    takes the call (and raises what it raises)."""
+    ring = rb._ring
+    if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
+        return None
+    if rb._nstep is not None or type(ring) is not Ring:
+        return None
+    plan = _plan(rb)
+    if plan is None or not plan.prioritized:
+        return None
+    _, rows, size = plan.draw(batch_size)
+    drawn = draw_into(plan.sampler, ring, rows, rb._generator)
+    if drawn is None:
+        return None
+    ids, weights = drawn
+    return _batch(plan, ring, rows, size, {"weight": weights}, ids)
+
+
+def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
+    """:func:`try_sample`'s draw, stopping before the read: ``(the drawn slots as NumPy
+    rows, the RecordReader whose records they index)``, for a :class:`~xpbank.Mixture`'s
+    share (which takes several sources' records into one batch); ``None`` where
+    :func:`try_sample` would decline. The rows are the plan's kept slot array: read them
+    before this buffer's next draw. The caller holds the lock."""
+    if type(rb._sampler) is not UniformSampler:  # (try_sample's caller checks this first too)
+        return None
     drawn = _uniform_draw(rb, batch_size)
     if drawn is None:
         return None
     plan, rows, _ = drawn
-    return plan.reader.records.take(rows), ids_of_rows(rb._ring, rows), plan.reader
+    return rows, plan.reader
 
 
 def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
@@ -181,12 +223,47 @@ def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:
     return to_tensordict(flat, size, plan.device)
 
 
+def try_records(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field with replacement from a buffer whose sampler
+    reads the records itself (``sampler.sample_records(plan, ring, batch_size,
+    generator)``: a :class:`~xpbank.her.HerSampler`'s relabelled draw, see
+    :mod:`xpbank.her.records`), or ``None``: the general path takes the call (the caller
+    holds the lock)."""
+    sample_records = getattr(rb._sampler, "sample_records", None)
+    ring = rb._ring
+    if sample_records is None or type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH:
+        return None
+    if ring.size == 0 or rb._nstep is not None or type(ring) is not Ring:
+        return None
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    got = sample_records(plan, ring, batch_size, rb._generator)
+    if got is None:
+        return None
+    records, ids, info = got
+    flat = plan.reader.split(records)
+    flat["index"] = torch.from_numpy(ids)
+    flat.update(info)
+    size = plan.draw(batch_size)[2]
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
+    return to_tensordict(flat, size, plan.device)
+
+
 def _batch(
-    plan: ReadPlan, ring: Any, rows: np.ndarray, size: torch.Size, info: dict[str, torch.Tensor] | None
+    plan: ReadPlan,
+    ring: Any,
+    rows: np.ndarray,
+    size: torch.Size,
+    info: dict[str, torch.Tensor] | None,
+    ids: np.ndarray | None = None,
 ) -> TensorDict:
     """The batch of ``rows``: the fields, ``"index"``, then ``info``'s entries, as the
-    general path's ``reading.gather`` orders them."""
-    ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
+    general path's ``reading.gather`` orders them (``ids``: the rows' ids, a new array,
+    where the draw computed them)."""
+    if ids is None:
+        ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
     flat = plan.reader.read(rows)
     flat["index"] = torch.from_numpy(ids)
     if info:
@@ -196,9 +273,10 @@ def _batch(
     return to_tensordict(flat, size, plan.device)
 
 
-def ids_of_rows(ring: Any, rows: np.ndarray) -> np.ndarray:
+def ids_of_rows(ring: Any, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The ids of the live items in slots ``rows`` (a NumPy int64 index), as
-    :meth:`Ring.ids_of_slots <xpbank.ring.ids.Ring.ids_of_slots>` gives them.
+    :meth:`Ring.ids_of_slots <xpbank.ring.ids.Ring.ids_of_slots>` gives them, in a
+    new array or written into ``out`` (int64, the shape of ``rows``).
 
     The live ids are ``[first, first + size)`` and an id's slot is ``id % capacity``, so
     a live slot ``s`` holds id ``first + (s - first) mod capacity``: two in-place NumPy
@@ -208,8 +286,8 @@ def ids_of_rows(ring: Any, rows: np.ndarray) -> np.ndarray:
     first = ring.next_id - ring.size
     offset = first % ring.capacity  # the oldest item's slot
     if offset == 0:
-        return rows + first
-    ids = rows - offset
+        return np.add(rows, first, out=out)
+    ids = np.subtract(rows, offset, out=out)
     ids %= ring.capacity
     ids += first
     return ids

@@ -20,8 +20,17 @@ What still runs on every fast call, because it depends on values, not signatures
 - the episode index's plan (env ids in range, whole env steps, episode ends): a buffer
   that keeps an index plans each write from the values, with the same checks
   (:meth:`EpisodeIndex.plan <xpbank.EpisodeIndex.plan>`); a refusal goes to the full
-  path, which raises it. A storage that checks batches itself (``prepare_write``, e.g.
+  path, which raises it. One lockstep env step (``num_envs=E`` and ``E`` rows, no env
+  field) has nothing to refuse: its upkeep is one compiled call after the rows are
+  stored, which reads the episode ends from them (:mod:`xpbank.ring.episode_step`).
+  A storage that checks batches itself (``prepare_write``, e.g.
   :class:`~xpbank.FrameStorage`) never gets the fast path.
+
+A torch tensor's values are read as the cheapest exact conversion allows: a 0-d tensor
+or a 1-d one of up to 8 values through ``tolist()`` (Python numbers, exact for every
+dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one through
+``numpy()`` (a view of a CPU tensor without grad). ``tolist()`` raises for a sparse,
+mkldnn or meta tensor and a nested tensor has no shape, so each of those declines.
 
 The fast path never raises for bad input: it only declines, so every bad batch gets the
 same error as before, with nothing written. It writes only where the storage exposes one
@@ -30,7 +39,8 @@ the rows do not wrap; bytes land as the full path would write them (same dtypes,
 rounding: a value whose conversion could differ goes to the full path).
 
 Costs, measured with ``benchmarks/profile_small_calls.py``: an ``add`` of one CartPole
-transition of NumPy arrays and Python numbers falls from ~40 µs to a few µs.
+transition of NumPy arrays and Python numbers falls from ~40 µs to a few µs
+(``benchmarks/ab_small_writes.py`` compares each small write with SB3's ``add``).
 """
 
 from __future__ import annotations
@@ -52,11 +62,13 @@ __all__ = ["Signature", "remember", "signature_of", "try_write"]
 
 # how a field's value is taken (the kind of the value seen when the signature was made)
 _ARRAY = 0  # np.ndarray of the field's dtype and the batch's shape: stored as it is
-_NUMBER = 1  # a Python / NumPy scalar of one type, stored as it is (exact)
-_BOUNDED = 2  # a Python / NumPy scalar stored only within +-bound (exact / finite there)
+_TENSOR0 = 1  # a 0-d torch tensor of the field's dtype: its .tolist(), a number (exact)
+_TENSOR_LIST = 2  # a small 1-d torch tensor of the field's dtype and shape: its .tolist()
 _TENSOR = 3  # a CPU torch tensor of the field's dtype and shape: its NumPy view
-_TENSOR0 = 4  # a 0-d torch tensor of the field's dtype: its .item() (exact)
-_ARRAY_NARROW = 5  # a float64 array into a float32 field, within +-bound
+_NUMBER = 4  # a Python / NumPy scalar of one type, stored as it is (exact)
+_BOUNDED = 5  # a Python / NumPy scalar stored only within +-bound (exact / finite there)
+_ARRAY_NARROW = 6  # a float64 array into a float32 field, within +-bound
+_LIST_MAX = 8  # a 1-d tensor up to this long: tolist() + a store of numbers beat numpy() (even at 16)
 
 # the field dtypes the fast path stores (NumPy holds them natively: not bfloat16, complex)
 _PLAIN = {
@@ -99,23 +111,26 @@ class Signature:
     ):
         self.storage, self.block, self.spec = rb._storage, block, spec
         self.episodes = episodes = rb._ring.episodes
-        # one lockstep env step: the index's upkeep in one compiled call (episode_step.py)
-        step = None if episodes is None else lockstep_step(episodes, spec, n or 1)
-        # where the step's terminated / truncated values are (-1: no such field)
-        keys = [e[0] for e in entries]
-        self.step = None if step is None else tuple(-1 if k is None else keys.index(k) for k in step)
         self.n = n  # rows per call; 0: an add (no batch dim)
         self.mapping = mapping  # dict or TensorDict
         self.batch_dims = batch_dims  # a TensorDict's batch dims (0 for a dict)
-        self.entries = entries
-        self.count = len(entries)
-        self.keys = keys
-        self.views = [block.np_views[key] for key in self.keys]
         self.sampler = sampler = rb._sampler
         # a sampler that places rows itself (a Table) offers runs of slots; the uniform
         # sampler tracks nothing: its on_write (a call, ~0.1 µs) is left out
         self.runs = rb.__dict__.get("_runs")  # (run_start, run_written), see xpbank.table.runs
         self.on_write = None if type(sampler) is UniformSampler or self.runs else sampler.on_write
+        # one lockstep env step into slots that follow the ids: the index's upkeep in one
+        # compiled call that reads the ends from the stored rows (episode_step.py)
+        self.step = None
+        if episodes is not None and self.runs is None:
+            self.step = lockstep_step(episodes, spec, n or 1, block)
+        if episodes is not None and self.step is None:  # the index plans from the values,
+            # which it reads as arrays or numbers: no lists
+            entries = [(e[0], _TENSOR, *e[2:]) if e[1] == _TENSOR_LIST else e for e in entries]
+        self.entries = entries
+        self.count = len(entries)
+        self.keys = [e[0] for e in entries]
+        self.views = [block.np_views[key] for key in self.keys]
         self.records = block.np_records
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -136,25 +151,28 @@ class Signature:
         if len(src) != self.count:
             return None
         out = []
+        get = src.get
         # module globals as locals: each global (and torch.Tensor's attribute) lookup
         # per field added ~0.1 µs to a call of six fields
-        ndarray, tensor, strided = np.ndarray, torch.Tensor, _STRIDED
+        ndarray, tensor = np.ndarray, torch.Tensor
         for key, kind, want, shape, bound in self.entries:
-            v = src.get(key)
+            v = get(key)
             if kind == _ARRAY:
                 if type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
                     return None
-            elif kind == _TENSOR0:
-                if type(v) is not tensor or v.dtype is not want or v.layout is not strided:
+            elif kind <= _TENSOR_LIST:  # a torch tensor read as Python numbers (exact)
+                # a device the full path refuses (not CPU or CUDA) would convert here
+                if type(v) is not tensor or v.dtype is not want or not (v.is_cpu or v.is_cuda):
                     return None
-                try:
-                    if v.dim():
+                try:  # raise: a nested tensor's shape, tolist() of a sparse, mkldnn or meta
+                    # tensor (the full path refuses each: no layout check needed, ~50 ns)
+                    if kind == _TENSOR_LIST and v.shape != shape:
                         return None
-                    v = v.item()
-                except (RuntimeError, TypeError):
+                    v = v.tolist()  # ~0.2 µs; .numpy() is ~0.55 µs, .item() + .dim() ~0.25
+                except (RuntimeError, TypeError, NotImplementedError):
                     return None
-                if bound is not None and not -bound <= v <= bound:
-                    return None
+                if kind == _TENSOR0 and type(v) is list:
+                    return None  # not 0-d
             elif kind == _TENSOR:
                 if type(v) is not tensor or v.dtype is not want:
                     return None
@@ -233,6 +251,8 @@ def _entry(
             return None
         if not full:
             return (key, _TENSOR0, dtype, full, None)
+        if len(full) == 1 and full[0] <= _LIST_MAX:
+            return (key, _TENSOR_LIST, dtype, full, None)
         return (key, _TENSOR, dtype, full, None)
     if n or shape:  # numbers are single values of a 0-d field
         return None
@@ -329,6 +349,5 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     if plan is not None:
         episodes.apply(plan)
     elif step is not None:  # one lockstep step: nothing to refuse, recorded after the write
-        t, u = step
-        record_step(episodes, None if t < 0 else values[t], None if u < 0 else values[u], first)
+        record_step(episodes, step, first)
     return first

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import read_run, try_read, try_sample
+from xpbank.replay.fast_read import read_run, try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
-from xpbank.sampler import UniformSampler, epoch_plan
+from xpbank.sampler import PrioritizedSampler, UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
 from xpbank.spec.spec import NestedKey, check_fields
 from xpbank.storage.base import check_alloc, item_bytes
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "draw",
+    "draw_slots",
     "epochs",
     "gather",
     "gather_flat",
@@ -113,10 +114,6 @@ def sample(
     sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
     whether there is enough to draw, and may wait for it.
     """
-    if replace and fields is None and not options and type(rb._sampler) is UniformSampler:
-        batch = try_sample(rb, batch_size)  # see fast_read.py
-        if batch is not None:
-            return batch
     take = rb.__dict__.get("_take_run")  # a Table's oldest items as one run: xpbank.table.runs
     # a timeout matters only to a wait, and a run is taken only where none is needed
     if (
@@ -128,6 +125,16 @@ def sample(
         taken = take(batch_size, replace)
         if taken is not None:
             return _read_run(rb, *taken)
+    if replace and fields is None and not options:
+        kind = type(rb._sampler)
+        if kind is UniformSampler:
+            batch = try_sample(rb, batch_size)  # see fast_read.py
+        elif kind is PrioritizedSampler:
+            batch = try_prioritized(rb, batch_size)
+        else:  # a sampler that reads the records itself (HerSampler), or None
+            batch = try_records(rb, batch_size)
+        if batch is not None:
+            return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
     plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
     if plain and getattr(rb._sampler, "relabel", None) is None:
@@ -159,6 +166,16 @@ def draw(
     of :func:`gather` / :func:`gather_flat` (``flat``: the fields n-step or the sampler's
     ``relabel`` read already, else ``None``). The caller holds the lock."""
     return _read_plan(rb, *_draw_slots(rb, batch_size, replace, fields, None))
+
+
+def draw_slots(
+    rb: BufferParts, batch_size: int, replace: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`sample`'s checks and the sampler's draw of every field, before the read:
+    ``(slots, info)``, for a caller that reads the slots itself as :func:`sample` would
+    (a :class:`~xpbank.Mixture`'s share of a plain buffer: no n-step option, no
+    relabelling, the ring's own ids). The caller holds the lock."""
+    return _draw_slots(rb, batch_size, replace, None, None)[1:]
 
 
 def _draw_slots(

@@ -1,6 +1,7 @@
 """The write path of a :class:`~xpbank.ReplayBuffer`: checking a batch against the spec
 (:func:`conform`), storing items at the ring's cursor (:func:`add`, :func:`extend`,
-:func:`write`) and rewriting stored items in place (:func:`update`, :func:`keep_last`).
+:func:`write`) and rewriting stored items in place (:func:`update`, :func:`keep_last`,
+and their priorities: :func:`update_priority`).
 
 Each function takes the buffer (its :class:`~xpbank.replay.parts.BufferParts`); the
 buffer's public methods call them holding its lock.
@@ -24,15 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.errors import EmptyBufferError, SpecError
+from xpbank.errors import EmptyBufferError, PriorityError, SpecError
 from xpbank.replay.fast_write import remember, try_write
 from xpbank.replay.parts import RESERVED_KEYS, BufferParts, check_item_dims, check_reserved
 from xpbank.ring.episode_update import check_episode_update
 from xpbank.ring.episodes import EpisodeIndex, wants_episodes
+from xpbank.sampler.priorities import check_update
+from xpbank.sampler.prioritized import PrioritizedSampler
+from xpbank.sampler.prioritized_fast import update_ids
 from xpbank.spec.batch import flatten
 from xpbank.spec.spec import NestedKey, Spec
 
-__all__ = ["add", "conform", "extend", "keep_last", "update", "write"]
+__all__ = ["add", "conform", "extend", "keep_last", "update", "update_priority", "write"]
 
 
 def add(rb: BufferParts, item: Any) -> int:
@@ -133,3 +137,21 @@ def keep_last(
     _, first_in_reversed = np.unique(s[::-1], return_index=True)
     keep = torch.from_numpy(np.sort(len(s) - 1 - first_in_reversed))
     return slots[keep], {k: v.index_select(0, keep.to(v.device)) for k, v in flat.items()}
+
+
+def update_priority(rb: BufferParts, indices: Any, priorities: Any, stale: str) -> None:
+    """:meth:`ReplayBuffer.update_priority <xpbank.ReplayBuffer.update_priority>`'s work
+    (the caller holds the lock): the prioritized sampler's compiled small-call update
+    where it takes the call (:func:`~xpbank.sampler.prioritized_fast.update_ids`), else
+    every input checked (:func:`~xpbank.sampler.priorities.check_update`), then the
+    sampler's ``update_priority``."""
+    sampler = rb._sampler
+    if type(sampler) is PrioritizedSampler and update_ids(sampler, rb._ring, indices, priorities, stale):
+        return
+    update = getattr(sampler, "update_priority", None)
+    if update is None:
+        raise PriorityError(
+            f"update_priority: {sampler!r} keeps no priorities; build the buffer "
+            "with sampler=PrioritizedSampler()"
+        )
+    update(*check_update(rb._ring, indices, priorities, stale))

@@ -25,9 +25,18 @@ from xpbank.errors import PriorityError, StaleIndexError, XpbankIndexError
 from xpbank.ring.ids import Ring, _as_index_array, _to_numpy
 from xpbank.sampler import sumtree_numba
 
-__all__ = ["beta_at", "check_update", "check_values", "importance_weights", "power", "weight_ratio"]
+__all__ = [
+    "beta_at",
+    "check_update",
+    "check_values",
+    "host_arrays",
+    "importance_weights",
+    "power",
+    "weight_ratio",
+]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # native byte order
+_INT64 = np.dtype(np.int64)
 
 
 def importance_weights(
@@ -166,21 +175,32 @@ def _all_live(ring: Ring, indices: Any, priorities: Any, stale: str) -> tuple[np
     kernels = sumtree_numba.load()
     if kernels is None or stale not in ("raise", "skip"):
         return None
+    arrays = host_arrays(indices, priorities)
+    if arrays is None:
+        return None
+    ids, values = arrays
+    slots = np.empty(ids.shape[0], dtype=np.int64)
+    if not kernels.live_slots(ids, values, ring.first_id, ring.next_id, ring.capacity, slots):
+        return None
+    return slots, values.astype(np.float64, copy=False)
+
+
+def host_arrays(indices: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(ids, values)``: NumPy views of a priority update's inputs where they are what
+    the compiled checks take (CPU tensors or arrays; int64 ids of one dim, float32 or
+    float64 values of the same shape), else ``None`` (the NumPy checks convert or refuse)."""
     try:
         ids = indices.numpy() if isinstance(indices, torch.Tensor) else indices
         values = priorities.numpy() if isinstance(priorities, torch.Tensor) else priorities
     except (RuntimeError, TypeError):  # requires grad, not on the CPU, bfloat16
         return None
-    if not (
+    if (
         isinstance(ids, np.ndarray)
         and isinstance(values, np.ndarray)
-        and ids.dtype == np.int64
-        and values.dtype in _FLOATS
+        and ids.dtype is _INT64  # NumPy's native dtypes are singletons: `is` spares ~0.1 µs
+        and (values.dtype is _FLOATS[1] or values.dtype is _FLOATS[0])
         and ids.ndim == 1
         and values.shape == ids.shape
     ):
-        return None
-    slots = np.empty(ids.shape[0], dtype=np.int64)
-    if not kernels.live_slots(ids, values, ring.first_id, ring.next_id, ring.capacity, slots):
-        return None
-    return slots, values.astype(np.float64, copy=False)
+        return ids, values
+    return None

@@ -14,7 +14,9 @@ With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is 
 compiled call (:func:`~xpbank.sampler.sumtree_numba.draw`: fractions, descent, weights)
 and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
 ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
-NumPy path, which stays the reference.
+NumPy path, which stays the reference. Those calls and the buffer's small-call paths
+(a sample's draw into kept arrays, an update checked and written in two compiled
+calls) are in :mod:`~xpbank.sampler.prioritized_fast`.
 
 On CUDA storage the trees live beside the data instead, as torch tensors
 (:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
@@ -43,6 +45,7 @@ from xpbank.ring.ids import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights, power
+from xpbank.sampler.prioritized_fast import DrawArrays, weigh, write
 from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
@@ -138,7 +141,7 @@ class PrioritizedSampler:
         self._levels: tuple[np.ndarray, ...] = ()
         self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
         self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
-        self._draws = torch.empty(0, dtype=torch.float64)  # reused: torch.rand's bits, no allocation
+        self._arrays = DrawArrays()  # a sample's uniforms (torch.rand's bits) and weights' bases, reused
 
     @property
     def beta(self) -> float:
@@ -212,13 +215,13 @@ class PrioritizedSampler:
             self._cums = sumtree.top_prefix(self._sum)
         if not self._cums[-1] > 0:
             self._nothing_to_draw()
-        if self._draws.shape[0] != batch_size:
-            self._draws = torch.empty(batch_size, dtype=torch.float64)
-        # bit for bit torch.rand(batch_size, generator=generator, dtype=torch.float64)
-        draws = self._draws.uniform_(generator=generator).numpy()
+        arrays = self._arrays.of(batch_size)
+        draws = arrays.fill(generator)  # bit for bit torch.rand(batch_size, dtype=torch.float64)
         kernels = sumtree_numba.load()
         if kernels is not None:  # the same draw in one compiled call
-            return self._draw_compiled(kernels, self._cums, draws, ring.size)
+            slots = np.empty(batch_size, dtype=np.int64)
+            weights = weigh(self, kernels, self._cums, arrays, slots, ring.size)
+            return torch.from_numpy(slots), {"weight": torch.from_numpy(weights)}
         fractions = (np.arange(batch_size) + draws) / batch_size
         slots, total = sumtree.find_prefix_sum(self._sum, fractions, self._cums)
         stored = self._sum[0][slots]
@@ -247,21 +250,6 @@ class PrioritizedSampler:
         weights = importance_weights(stored, total, smallest, ring.size, self.beta, self.normalize_weights)
         self._samples += 1
         return slots, {"weight": weights.to(torch.float32)}
-
-    def _draw_compiled(
-        self, kernels: Any, cums: np.ndarray, draws: np.ndarray, n: int
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """:meth:`sample`'s descent and weights by :func:`sumtree_numba.draw` (same results)."""
-        b = draws.shape[0]
-        slots, ratios = np.empty(b, dtype=np.int64), np.empty(b)
-        if self.normalize_weights:
-            scale, divisor = 1.0, self._smallest.value
-        else:
-            scale, divisor = float(n), float(cums[-1])
-        kernels.draw(self._levels, cums, draws, scale, divisor, slots, ratios)
-        weights = power(ratios, -self.beta).astype(np.float32)  # NumPy's power, as importance_weights
-        self._samples += 1
-        return torch.from_numpy(slots), {"weight": torch.from_numpy(weights)}
 
     def on_write(self, slots: Slots, ring: Ring) -> None:
         """New items start at the largest priority so far."""
@@ -308,14 +296,11 @@ class PrioritizedSampler:
         if slots.size == 0:
             return
         p = priorities + self.eps
-        stored = power(p, self.alpha)  # NumPy's power on every path (priorities.power)
         kernels = None if self._trees is not None else sumtree_numba.load()
         if kernels is not None:  # the same writes in one compiled call
-            largest, low, hit = kernels.update(self._levels, slots, p, stored, self._smallest.kept)
-            self.max_priority = max(self.max_priority, largest)
-            self._smallest.noted(slots, low, hit)
-            self._cums = None
+            write(self, kernels, slots, p)
             return
+        stored = power(p, self.alpha)  # NumPy's power on every path (priorities.power)
         self.max_priority = max(self.max_priority, float(p.max()))
         if self._trees is not None:  # checked on the host, written on the device
             self._trees.write(slots, stored)

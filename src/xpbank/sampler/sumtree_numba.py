@@ -8,7 +8,8 @@ work in compiled loops over the batch. They are used when numba is installed (th
 code stays the reference and runs unchanged without numba.
 
 - :func:`descend` (``sumtree.find_prefix_sum``) and :func:`draw` (a whole stratified
-  prioritized draw: fractions, descent, importance weights) walk the tree level by
+  prioritized draw: fractions, descent, importance weights; :func:`draw_fresh`: the
+  top's prefix sums too, after a write) walk the tree level by
   level for the whole batch: the top is searched for every item first, then each
   level's rows are read for every item. One item's reads depend on each other, those of
   different items do not, so the CPU overlaps the cache misses of many items (one item
@@ -18,6 +19,8 @@ code stays the reference and runs unchanged without numba.
   to know, in one call) recompute ancestors level by level too.
 - :func:`live_slots` checks a priority update's ids and values in one pass (the usual,
   valid case); anything it does not accept goes through the NumPy checks, which raise.
+  :func:`live_priorities` does the same and adds ``eps`` (the buffer's small-call
+  update: :mod:`~xpbank.sampler.prioritized_fast`).
 
 Same results as the NumPy path, on every CPU: a parent is its 16 children added
 pairwise (``((c0 + c1) + (c2 + c3)) + ...``, the order of :func:`sumtree._reduce_rows`),
@@ -54,7 +57,18 @@ import numpy as np
 
 from xpbank import _jit
 
-__all__ = ["ENABLED", "descend", "draw", "live_slots", "load", "prefix", "set_leaves", "update"]
+__all__ = [
+    "ENABLED",
+    "descend",
+    "draw",
+    "draw_fresh",
+    "live_priorities",
+    "live_slots",
+    "load",
+    "prefix",
+    "set_leaves",
+    "update",
+]
 
 #: False when ``XPBANK_NO_NUMBA`` was set when xpbank was imported (:mod:`xpbank._jit`).
 ENABLED = _jit.ENABLED
@@ -123,6 +137,35 @@ def descend_into(levels: tuple[np.ndarray, ...], cums: np.ndarray, u: np.ndarray
             out[i] = base + child
 
 
+def prefix_into(top: np.ndarray, cums: np.ndarray) -> None:
+    """``cums[i] = sum(top[:i])`` for ``i`` in ``[0, len(top)]``, added in order."""
+    acc = 0.0
+    cums[0] = 0.0
+    for i in range(top.shape[0]):
+        acc += top[i]
+        cums[i + 1] = acc
+
+
+def draw_body(
+    levels: tuple[np.ndarray, ...],
+    cums: np.ndarray,
+    draws: np.ndarray,
+    scale: float,
+    divisor: float,
+    slots: np.ndarray,
+    ratios: np.ndarray,
+) -> None:
+    """:func:`draw`'s work (``ratios`` holds the points descended until it gets the ratios)."""
+    b = draws.shape[0]
+    total = cums[levels[-1].shape[0]]
+    for i in range(b):
+        ratios[i] = ((i + draws[i]) / b) * total
+    descend_into(levels, cums, ratios, slots)
+    leaves = levels[0]
+    for i in range(b):
+        ratios[i] = (scale * leaves[slots[i]]) / divisor
+
+
 def refresh(levels: tuple[np.ndarray, ...], slots: np.ndarray) -> None:
     """Recompute the ancestors of leaves ``slots``, level by level."""
     n = slots.shape[0]
@@ -145,11 +188,7 @@ def prefix(top: np.ndarray) -> np.ndarray:
     :func:`sumtree.top_prefix`: the same sequential sums as torch's cumulative sum.
     """
     cums = np.empty(top.shape[0] + 1)
-    acc = 0.0
-    cums[0] = 0.0
-    for i in range(top.shape[0]):
-        acc += top[i]
-        cums[i + 1] = acc
+    prefix_into(top, cums)
     return cums
 
 
@@ -182,15 +221,33 @@ def draw(
     ``ratio ** -beta``, raised by the caller with NumPy
     (:func:`~xpbank.sampler.priorities.importance_weights`): a power is not computed here.
     """
-    b = draws.shape[0]
-    total = cums[levels[-1].shape[0]]
-    u = np.empty(b)
-    for i in range(b):
-        u[i] = ((i + draws[i]) / b) * total
-    descend_into(levels, cums, u, slots)
-    leaves = levels[0]
-    for i in range(b):
-        ratios[i] = (scale * leaves[slots[i]]) / divisor
+    draw_body(levels, cums, draws, scale, divisor, slots, ratios)
+
+
+def draw_fresh(
+    levels: tuple[np.ndarray, ...],
+    cums: np.ndarray,
+    fresh: bool,
+    draws: np.ndarray,
+    scale: float,
+    divisor: float,
+    slots: np.ndarray,
+    ratios: np.ndarray,
+    ids: np.ndarray,
+    first: int,
+    capacity: int,
+) -> None:
+    """:func:`draw`, with ``fresh``: the top's prefix sums first rewritten in place
+    (``cums``: its length, :func:`prefix`'s sums), sparing a sample after a write the
+    separate :func:`prefix` call and its array; and the drawn items' ids into ``ids``
+    (live ids ``[first, first + n)`` in a ring of ``capacity`` slots: ``first + (slot -
+    first mod capacity) mod capacity``, as ``fast_read.ids_of_rows`` gives them)."""
+    if fresh:
+        prefix_into(levels[-1], cums)
+    draw_body(levels, cums, draws, scale, divisor, slots, ratios)
+    offset = first % capacity
+    for i in range(slots.shape[0]):
+        ids[i] = first + (slots[i] - offset) % capacity
 
 
 def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.ndarray) -> None:
@@ -253,9 +310,33 @@ def live_slots(
     return True
 
 
+def live_priorities(
+    ids: np.ndarray,
+    values: np.ndarray,
+    first: int,
+    stop: int,
+    capacity: int,
+    eps: float,
+    slots: np.ndarray,
+    shifted: np.ndarray,
+) -> bool:
+    """:func:`live_slots`, also writing ``shifted[k] = values[k] + eps`` (float64): a
+    priority update's checks and its first step in one pass (``False``: nothing decided,
+    the NumPy checks then name what is wrong)."""
+    for k in range(ids.shape[0]):
+        i = ids[k]
+        v = values[k]
+        if not (i >= first and i < stop and v >= 0 and v < math.inf):  # NaN fails too
+            return False
+        slots[k] = i % capacity
+        shifted[k] = np.float64(v) + eps
+    return True
+
+
 def load() -> SimpleNamespace | None:
     """The compiled kernels (``.prefix``, ``.descend``, ``.draw``, ``.set_leaves``,
-    ``.update``, ``.live_slots``), or None when numba is missing or ``XPBANK_NO_NUMBA=1``.
+    ``.draw_fresh``, ``.update``, ``.live_slots``, ``.live_priorities``), or None when numba is missing
+    or ``XPBANK_NO_NUMBA=1``.
 
     Imports numba on the first call only; the kernels compile on first use and are
     cached on disk (numba's ``cache=True``).
@@ -263,8 +344,9 @@ def load() -> SimpleNamespace | None:
     global _loaded, _tried
     if not _tried:
         _tried = True
-        fns = (prefix, descend, draw, set_leaves, update, live_slots)
-        kernels = _jit.compile_kernels(*fns, helpers=(search_right, descend_into, refresh))
+        fns = (prefix, descend, draw, draw_fresh, set_leaves, update, live_slots, live_priorities)
+        helpers = (search_right, descend_into, prefix_into, draw_body, refresh)
+        kernels = _jit.compile_kernels(*fns, helpers=helpers)
         if kernels is not None:
             _loaded = SimpleNamespace(**{fn.__name__: k for fn, k in zip(fns, kernels, strict=True)})
     return _loaded

@@ -27,15 +27,16 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
 
 from xpbank import _jit
-from xpbank.storage.frame_pool import SlotPool
+from xpbank.storage.frame_pool import WORDS, SlotPool
 from xpbank.storage.frame_table import FrameTable
 
-__all__ = ["FrameSource", "step_kernel", "step_obeys", "words"]
+__all__ = ["FrameSource", "aligned_words", "held_words", "step_kernel", "step_obeys", "step_words", "words"]
 
 
 class FrameSource(Protocol):
@@ -45,12 +46,10 @@ class FrameSource(Protocol):
     stack: int
     pad: str
     _last: SlotPool
+    _stacks: SlotPool
     _np_frames: np.ndarray
 
     def _frame_table(self) -> FrameTable: ...
-
-
-_WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -111,8 +110,8 @@ _compiled = _jit.compile_kernels(step_kernel, helpers=(same, zero))
 
 def words(a: np.ndarray, width: int) -> np.ndarray:
     """``a`` (C-contiguous, its last axes a whole number of ``width``-byte words) as
-    ``[a.shape[0], ..., words]`` unsigned words of ``width`` bytes."""
-    return a.reshape(a.shape[0], -1).view(_WORDS[width])
+    ``[a.shape[0], words]`` unsigned words of ``width`` bytes (``a`` may have no rows)."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:])).view(WORDS[width])
 
 
 def step_obeys(
@@ -121,33 +120,61 @@ def step_obeys(
     """Whether a lockstep step (``obs``, ``next obs`` as arrays; ``start``: the rows that
     begin an episode, ``None``: none does; ``slots``: the other rows' predecessors)
     obeys the frame-stack rules."""
-    s = st.stack
-    if _compiled is not None and o.dtype.kind in "iub" and o.shape[0]:
-        width = _width(st, o, x)
-        if width:
+    if _compiled is not None and o.dtype.kind in "iub" and o.shape[0] and st._last._np.shape[0]:
+        views = step_words(st, o, x)
+        if views is not None:
+            width, ow, xw = views
             n = o.shape[0]
             return bool(
                 _compiled[0](
-                    words(o, width).reshape(n, s, -1), words(x, width).reshape(n, s, -1),
-                    np.zeros(n, dtype=bool) if start is None else start, slots,
-                    words(st._np_frames, width), st._frame_table().src, words(st._last._np, width),
+                    ow, xw, np.zeros(n, dtype=bool) if start is None else start, slots,
+                    held_words(st, width), st._frame_table().src, st._last.words(width),
                     st._last.index, st.pad == "zero",
                 )
             )  # fmt: skip
     return _step_obeys_numpy(st, o, x, start, slots)
 
 
-def _width(st: FrameSource, o: np.ndarray, x: np.ndarray) -> int:
-    """The widest word that divides a frame's bytes and every array's start (0: an array
-    is not C-contiguous, or the side store is empty)."""
-    arrays = (o, x, st._np_frames, st._last._np)
-    if st._last._np.shape[0] == 0 or o[0, 0].size == 0 or not all(a.flags.c_contiguous for a in arrays):
-        return 0
-    frame = o.itemsize * o[0, 0].size
+def aligned_words(a: np.ndarray, width: int) -> np.ndarray | None:
+    """:func:`words` of ``a`` where it is C-contiguous and its start is a multiple of
+    ``width`` (else ``None``)."""
+    if not a.flags.c_contiguous:
+        return None
+    view = words(a, width)
+    return view if view.flags.aligned else None
+
+
+def held_words(st: FrameSource, width: int) -> np.ndarray | None:
+    """The storage's frame array as words (made once per width: the array never moves)."""
+    views = st.__dict__.setdefault("_frame_words", {})  # width -> (the array, its view)
+    hit = views.get(width)
+    if hit is None or hit[0] is not st._np_frames:
+        hit = views[width] = (st._np_frames, aligned_words(st._np_frames, width))
+    return hit[1]
+
+
+def step_words(st: FrameSource, o: np.ndarray, x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """``(width, o, x)``: the step as ``[n, stack, w]`` words of the widest width that
+    divides a frame's bytes and aligns the step, the frame array and the side stores
+    (``None``: none does: an array is not C-contiguous, or a frame has no bytes)."""
+    last, kept = st._last._np, st._stacks._np  # the answer depends on where these are
+    seen = st.__dict__.get("_step_views")  # the check's answer, asked again by the write
+    if seen is not None and seen[0] is o and seen[1] is x and seen[2] is last and seen[3] is kept:
+        return seen[4]
+    frame = o.itemsize * math.prod(o.shape[2:])
+    n, s = o.shape[0], o.shape[1]
+    views = None
     for width in (8, 4, 2, 1):
-        if frame % width == 0 and all(a.ctypes.data % width == 0 for a in arrays):
-            return width
-    return 0
+        if frame == 0 or frame % width:
+            continue
+        ow, xw = aligned_words(o, width), aligned_words(x, width)
+        if ow is None or xw is None or held_words(st, width) is None:
+            continue
+        if st._last.words(width) is not None and st._stacks.words(width) is not None:
+            views = width, ow.reshape(n, s, -1), xw.reshape(n, s, -1)
+            break
+    st.__dict__["_step_views"] = (o, x, last, kept, views)
+    return views
 
 
 def _step_obeys_numpy(

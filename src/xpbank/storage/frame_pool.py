@@ -6,7 +6,10 @@ env's newest item (its successor is not written yet), the whole stack of an item
 older frames were overwritten. Those go here: ``index[slot]`` is the entry of a slot
 (``-1``: none), entries are reused through a free list, and the store doubles when full.
 Entries are copied with NumPy (a vector step puts a handful of frames per call: torch's
-``index_copy_`` of 8 Atari frames costs ~7x NumPy's fancy assignment).
+``index_copy_`` of 8 Atari frames costs ~7x NumPy's fancy assignment). The free list is
+a stack (``free[:nfree]``, the next entry taken from its top) in an array as long as the
+store, so the compiled step write (:mod:`~xpbank.storage.frame_step`) can take and give
+back entries in place.
 
 Example:
     >>> import numpy as np, torch
@@ -21,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -28,7 +32,9 @@ import torch
 
 from xpbank.storage.dtypes import as_torch, to_numpy
 
-__all__ = ["SlotPool"]
+__all__ = ["WORDS", "SlotPool"]
+
+WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}  # unsigned words by width in bytes
 
 
 class SlotPool:
@@ -39,13 +45,26 @@ class SlotPool:
         self.index = np.full(capacity, -1, dtype=np.int64)
         self.data = torch.empty((0, *shape), dtype=dtype)
         self._np = to_numpy(self.data)  # a view of data
-        self._free = np.zeros(0, dtype=np.int64)
+        self.free = np.zeros(0, dtype=np.int64)  # free entries: free[:nfree], taken from the top
+        self.nfree = 0
+        self._words: dict[int, np.ndarray | None] = {}  # views of _np as words, by width
 
     def __len__(self) -> int:
-        return int(self.data.shape[0] - self._free.shape[0])
+        return int(self.data.shape[0] - self.nfree)
 
     def has(self, slots: np.ndarray) -> np.ndarray:
         return self.index[slots] >= 0
+
+    def words(self, width: int) -> np.ndarray | None:
+        """The entries as ``[entries, words]`` unsigned words of ``width`` bytes (``None``:
+        their start is not aligned to it); kept until the store grows."""
+        if width not in self._words:
+            a, view = self._np, None
+            row = math.prod(a.shape[1:])
+            if row * a.itemsize % width == 0 and a.flags.c_contiguous:
+                view = a.reshape(a.shape[0], row).view(WORDS[width])
+            self._words[width] = view if view is not None and view.flags.aligned else None
+        return self._words[width]
 
     def get(self, slots: np.ndarray) -> torch.Tensor:
         """The tensors of ``slots`` (each must have one)."""
@@ -64,16 +83,25 @@ class SlotPool:
             return
         if not fresh:
             self.drop(slots)
-        if self._free.shape[0] < k:
-            old = self.data.shape[0]
-            grow = max(k - self._free.shape[0], old // 2, 8)
-            data = torch.empty((old + grow, *self.shape), dtype=self.dtype)
-            data[:old] = self.data
-            self.data, self._np = data, to_numpy(data)
-            self._free = np.concatenate([self._free, np.arange(old, old + grow, dtype=np.int64)])
-        entries, self._free = self._free[-k:], self._free[:-k]
+        self.reserve(k)
+        self.nfree -= k
+        entries = self.free[self.nfree : self.nfree + k]
         self.index[slots] = entries
         self._np[entries] = values if isinstance(values, np.ndarray) else to_numpy(values.detach().cpu())
+
+    def reserve(self, k: int) -> None:
+        """Grow the store (by half its size, or more) so that ``k`` entries are free."""
+        if self.nfree >= k:
+            return
+        old = self.data.shape[0]
+        grow = max(k - self.nfree, old // 2, 8)
+        data = torch.empty((old + grow, *self.shape), dtype=self.dtype)
+        data[:old] = self.data
+        self.data, self._np, self._words = data, to_numpy(data), {}
+        free = np.empty(old + grow, dtype=np.int64)
+        free[: self.nfree] = self.free[: self.nfree]
+        free[self.nfree : self.nfree + grow] = np.arange(old, old + grow, dtype=np.int64)
+        self.free, self.nfree = free, self.nfree + grow
 
     def drop(self, slots: np.ndarray) -> None:
         """Forget the tensors of distinct ``slots`` (slots without one are skipped)."""
@@ -82,12 +110,23 @@ class SlotPool:
         entries = self.index[slots]
         had = entries[entries >= 0]  # distinct, as the slots are
         if had.shape[0]:
-            self._free = np.concatenate([self._free, had])
+            self.free[self.nfree : self.nfree + had.shape[0]] = had
+            self.nfree += had.shape[0]
             self.index[slots] = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the views of ``data`` (a pickled view comes back as a private
+        copy): made again on arrival."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_np", "_words")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._np, self._words = to_numpy(self.data), {}
 
     def clear(self) -> None:
         self.index[:] = -1
-        self._free = np.arange(self.data.shape[0], dtype=np.int64)
+        self.free = np.arange(self.data.shape[0], dtype=np.int64)
+        self.nfree = self.free.shape[0]
 
     def nbytes(self) -> int:
         return int(self.data.numel() * self.data.element_size() + self.index.nbytes)

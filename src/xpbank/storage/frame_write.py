@@ -29,8 +29,9 @@ import torch
 from xpbank.errors import SpecError
 from xpbank.spec.keys import NestedKey, key_str
 from xpbank.storage.dtypes import to_numpy
-from xpbank.storage.frame_check import step_obeys
+from xpbank.storage.frame_check import step_obeys, step_words
 from xpbank.storage.frame_pool import SlotPool
+from xpbank.storage.frame_step import StepWrite, compiled_write
 from xpbank.storage.frame_table import FrameTable, walk_stacks
 
 if TYPE_CHECKING:
@@ -56,9 +57,7 @@ class FrameSource(Protocol):
 
     def _frame_table(self) -> FrameTable: ...
 
-    def _read_stacks(self, slots: np.ndarray) -> torch.Tensor: ...
-
-    def _read_next(self, slots: np.ndarray) -> torch.Tensor: ...
+    def _read(self, slots: np.ndarray, want_obs: bool, want_next: bool) -> list[torch.Tensor]: ...
 
 
 @dataclass
@@ -144,9 +143,9 @@ def check_frames(
         p = plan.prev[stored]
         dst = torch.from_numpy(np.flatnonzero(stored))
         if nxt is not None:
-            expected[dst] = st._read_next(p % c)
+            expected[dst] = st._read(p % c, False, True)[0]
         else:
-            stacks = st._read_stacks(p % c)
+            stacks = st._read(p % c, True, False)[0]
             expected[dst, :-1] = stacks[:, 1:]
             expected[dst, -1] = obs.index_select(0, dst)[:, -1]
     check = np.flatnonzero(follow)
@@ -216,9 +215,11 @@ def plan_frames(
 
 def plan_step(
     st: FrameSource, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
-) -> FrameWrite | None:
+) -> FrameWrite | StepWrite | None:
     """:func:`plan_frames` for one lockstep step of ``n`` envs, or ``None`` (not such a
-    step, or a check fails: :func:`plan_frames` then says which).
+    step, or a check fails: :func:`plan_frames` then says which). With numba, a
+    :class:`~xpbank.storage.frame_step.StepWrite` instead: the checked step, which
+    :func:`~xpbank.storage.frame_step.apply_step` writes in one compiled call.
 
     Few NumPy calls, as each costs a microsecond or more: every predecessor is the id
     ``n`` before (``plan.step``), ``plan.fresh`` says which items start an episode, and
@@ -233,8 +234,14 @@ def plan_step(
     begins = bool(start.any())
     follow = ~start if begins else slice(None)
     slots = prev[follow] % c  # the predecessors (all live: see above)
-    if st.verify and not step_obeys(st, to_numpy(obs), to_numpy(nxt), start if begins else None, slots):
+    o, x = to_numpy(obs), to_numpy(nxt)
+    obeys = not st.verify or step_obeys(st, o, x, start if begins else None, slots)
+    views = step_words(st, o, x) if obeys and compiled_write() else None  # as the check's
+    st.__dict__.pop("_step_views", None)  # step_words' answer kept for this call: it holds the step
+    if not obeys:
         return None
+    if views is not None:  # one compiled call writes the step
+        return StepWrite(o, x, views, plan, first_new, ring.first_id, size)
     # each new item's stack: the ids 0 .. s - 1 steps back, none before its episode's first
     walked = ids[:, None] - _steps_back(n, s)
     first = plan.start[:, None]

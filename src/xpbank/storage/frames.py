@@ -60,8 +60,9 @@ from xpbank.spec.spec import Spec
 from xpbank.storage.base import Slots, StorageBase, check_capacity
 from xpbank.storage.dtypes import to_numpy
 from xpbank.storage.frame_pool import SlotPool
+from xpbank.storage.frame_step import PickledWithoutViews, StepWrite, apply_step
 from xpbank.storage.frame_table import FrameTable
-from xpbank.storage.frame_write import plan_frames, plan_step
+from xpbank.storage.frame_write import FrameWrite, plan_frames, plan_step
 from xpbank.storage.hugepages import advise_huge_pages
 from xpbank.storage.tensor import TensorStorage
 
@@ -75,7 +76,7 @@ _PADS = ("repeat", "zero")
 _CHUNK_BYTES = 1 << 20  # stacks read per chunk: next obs then read their frames from cache
 
 
-class FrameStorage(StorageBase):
+class FrameStorage(PickledWithoutViews, StorageBase):
     """Stores each frame of an image observation once (cpprb's ``next_of`` and
     ``stack_compress``, exact at episode ends, ring wraps and across envs).
 
@@ -114,6 +115,7 @@ class FrameStorage(StorageBase):
         self.stacked, self.pad, self.verify = bool(stacked), pad, bool(verify)
         self._spec: Spec | None = None
         self._ring: Ring | None = None
+        self._stored: tuple[int, int] | None = None
         if spec is not None:
             self.initialize(spec)
 
@@ -182,7 +184,8 @@ class FrameStorage(StorageBase):
 
     # -- writing ---------------------------------------------------------------
     def prepare_write(self, flat: Mapping[NestedKey, torch.Tensor], n: int, plan: _Plan) -> None:
-        """Check a whole batch against the frame rules, then update the side stores.
+        """Check a whole batch against the frame rules, then update the side stores
+        (a lockstep step, with numba: and store its newest frames, see frame_step.py).
 
         Called by the buffer before any :meth:`write` of the batch.
 
@@ -191,11 +194,14 @@ class FrameStorage(StorageBase):
                 of the same env, a next observation that is not its observation shifted
                 by one frame, or an episode's first stack not padded as ``pad`` says.
         """
-        ring = self._links_ring()
+        ring, self._stored = self._links_ring(), None
         obs = self._as_stack(flat[self.obs_key].detach().cpu())
         nxt = None if self.next_key is None else self._as_stack(flat[self.next_key].detach().cpu())
         todo = plan_step(self, ring, obs, nxt, plan, n)  # checks; nothing changed yet
-        if todo is None:  # not one lockstep step, or a check failed (plan_frames raises)
+        if type(todo) is StepWrite and apply_step(self, todo):  # one compiled call wrote it,
+            self._stored = ring.next_id % self.capacity, n  # newest frames included: write() skips them
+            return
+        if type(todo) is not FrameWrite:  # not one lockstep step, or a check failed (plan_frames raises)
             todo = plan_frames(self, ring, obs, nxt, plan, n)
         c, new = self.capacity, todo.overwritten  # the slots written: those of the kept rows
         table = self._frame_table()
@@ -227,8 +233,9 @@ class FrameStorage(StorageBase):
                     f"update: field {frozen[0]!r} is shared between steps in a FrameStorage (each frame "
                     "is stored once); it cannot be changed in place"
                 )
-        elif self.obs_key in batch:
+        elif self.obs_key in batch and self._stored != (slots.start, slots.stop - slots.start):
             self._write_frames(slots, self._as_stack(batch[self.obs_key].detach().cpu())[:, -1])
+        self._stored = None  # (first slot, count) of newest frames prepare_write stored
         if rest and self._rest is not None:
             self._rest.write(slots, rest)
 
@@ -306,14 +313,6 @@ class FrameStorage(StorageBase):
         aside = np.flatnonzero(src[:, self.stack] < 0)
         if nxt is not None and aside.size:
             nxt[aside, -1] = to_numpy(self._last.get(slots[aside]))
-
-    def _read_stacks(self, slots: np.ndarray) -> torch.Tensor:
-        """The stacked observations of live items in ``slots``."""
-        return self._read(slots, True, False)[0]
-
-    def _read_next(self, slots: np.ndarray) -> torch.Tensor:
-        """The stacked next observations of live items in ``slots``."""
-        return self._read(slots, False, True)[0]
 
     def gather(
         self, slots: torch.Tensor, keys: Sequence[NestedKey] | None = None

@@ -25,6 +25,7 @@ from xpbank.distributed.ray.spawn import (
     check_arguments,
     check_checkpoint_dir,
     check_seconds,
+    sampler_code,
     spawn,
     wait_started,
 )
@@ -155,7 +156,8 @@ class RayReplayBuffer(LocalApi):
         self._device = torch.device(device)
         every = None if checkpoint_every is None else check_positive_int("checkpoint_every", checkpoint_every)
         self._sampler = sampler if sampler is not None else UniformSampler()
-        described = sampler_config(self._sampler)  # refuses an unregistered sampler
+        # refuses an unregistered sampler; code: a HerSampler's compute_reward, for each shard
+        described, code = sampler_config(self._sampler), sampler_code(self._sampler)
         self._prioritized = isinstance(self._sampler, PrioritizedSampler)
         self._table = self._sampler if hasattr(self._sampler, "sample_options") else None  # a Table
         self._dir = (
@@ -164,7 +166,7 @@ class RayReplayBuffer(LocalApi):
             else Path(tempfile.mkdtemp(prefix="xpbank-ray-"))
         )
         check_checkpoint_dir(self._dir, resume)
-        options = {"sampler": described, "nstep": None if nstep is None else nstep.config(), "seed": seed}
+        options = {"sampler": described, "nstep": nstep and nstep.config(), "seed": seed, "code": code}
         plan = ShardPlan(num_shards, capacity, spec, options, str(self._dir), every, checkpoint_seconds)
         ray_options = {
             "max_restarts": max_restarts,

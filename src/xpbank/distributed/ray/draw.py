@@ -137,6 +137,10 @@ def merge_parts(
     flat = {k: torch.cat([answer["data"][k] for _, answer in parts]) for k in first}
     ids = [encode(answer["ids"].numpy(), s, num_shards) for s, answer in parts]
     flat["index"] = torch.from_numpy(np.concatenate(ids))
+    if "her_goal" in flat:  # a HerSampler's goal steps: global ids too (-1 stays)
+        local = flat["her_goal"].numpy()
+        shard = np.concatenate([np.full(len(answer["ids"]), s) for s, answer in parts])
+        flat["her_goal"] = torch.from_numpy(np.where(local >= 0, encode(local, shard, num_shards), -1))
     if sampler is not None:
         totals = {**stats, **{s: answer["stats"] for s, answer in parts}}  # as of each shard's draw
         stored = np.concatenate([answer["stored"] for _, answer in parts])

@@ -66,7 +66,8 @@ class Shard:
         num_shards: how many shards the buffer has (checked against a checkpoint).
         capacity: the most items this shard holds.
         spec: the item layout as ``Spec.to_dict()``, or ``None`` (from the first write).
-        options: ``{"sampler": sampler_config, "nstep": config or None, "seed": int or None}``.
+        options: ``{"sampler": sampler_config, "nstep": config or None, "seed": int or None}``
+            and ``"code"``: attributes set on the sampler (a HerSampler's ``compute_reward``).
         directory: where checkpoints and the issued-id mark live.
         every_items: checkpoint after this many items were inserted since the last one.
         every_seconds: checkpoint at the first write this long after the last one.
@@ -102,6 +103,8 @@ class Shard:
                 nstep=options.get("nstep"),
                 seed=None if seed is None else int(seed) * 1_000_003 + index,
             )
+        for name, code in options.get("code", {}).items():  # a HerSampler's compute_reward
+            setattr(self.rb.sampler, name, code)
         renumbered = self._skip_issued()
         Path(directory).mkdir(parents=True, exist_ok=True)
         self._issued = os.open(Path(directory) / f"shard-{index}.issued", os.O_RDWR | os.O_CREAT, 0o600)
@@ -267,6 +270,9 @@ class Shard:
                 batch = self.rb.sample(count, replace=replace, fields=fields)
             flat = {key: batch.get(key) for key in batch.keys(True, True)}
             ring_ids = flat.pop("index")
+            goal = flat.get("her_goal")  # a HerSampler's goal steps (-1: not relabelled)
+            if goal is not None:
+                flat["her_goal"] = torch.where(goal >= 0, goal + self.offset, goal)
             out: dict[str, Any] = {"data": flat, "ids": ring_ids + self.offset}
             if priorities:
                 slots = ring_ids.numpy() % self.rb.capacity

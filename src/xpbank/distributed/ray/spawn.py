@@ -22,6 +22,7 @@ from xpbank.distributed.ray.link import LimiterHost, ShardLink
 from xpbank.distributed.ray.shard import Shard
 from xpbank.errors import BankError, CapacityError, ShardUnavailableError, SpecError, check_positive_int
 from xpbank.nstep.option import NStep
+from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.spec import Spec
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_arguments",
     "check_checkpoint_dir",
     "check_seconds",
+    "sampler_code",
     "shard_args",
     "spawn",
     "start_shards",
@@ -172,3 +174,38 @@ def check_seconds(**values: Any) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise CapacityError(f"{name}: expected a number of seconds > 0, got {value!r}")
+
+
+#: sampler attributes that hold code, which a sampler's config() never holds
+_CODE = ("compute_reward", "compute_terminated")
+
+
+def sampler_code(sampler: Any) -> dict[str, Any]:
+    """The functions each shard's copy of ``sampler`` needs besides its ``config()``: a
+    :class:`~xpbank.her.HerSampler`'s ``compute_reward`` (and ``compute_terminated``),
+    sent with the shards' constructor arguments (Ray pickles them); ``{}`` for others.
+
+    A relabelling sampler runs in each shard on that shard's episode index: a buffer
+    that needs episodes keeps each env's rows (each writer's, without an env field) on
+    one shard, so every goal comes from the item's own episode, within its shard.
+
+    Raises:
+        SpecError: a relabelling sampler without ``compute_reward`` (the shards could
+            never sample), or over a base sampler that is not uniform (the client draws
+            the shards' counts by their sizes, not by priority mass, and holds no
+            priorities to update).
+    """
+    if getattr(sampler, "relabel", None) is None:
+        return {}
+    if getattr(sampler, "compute_reward", None) is None:
+        raise SpecError(
+            f"sampler: {sampler!r} has no compute_reward; a RayReplayBuffer sends it to "
+            "the shards when it is built: give it to the sampler first"
+        )
+    base = getattr(sampler, "base", None)
+    if type(base) is not UniformSampler:
+        raise SpecError(
+            f"sampler: a relabelling sampler over Ray needs a UniformSampler base, got {base!r} "
+            "(the shards' counts are drawn by size, so priorities would not be followed)"
+        )
+    return {name: getattr(sampler, name) for name in _CODE if getattr(sampler, name, None) is not None}

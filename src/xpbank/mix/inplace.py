@@ -1,0 +1,191 @@
+"""A :class:`~xpbank.Mixture` batch taken in place: each source's share drawn under its
+lock and its records, ids and weights taken straight into its slice of the batch's
+arrays (:mod:`xpbank.mix.assemble` makes the arrays and the TensorDict).
+
+Where every source with a share keeps its fields in one packed CPU block (``host_reader``
+of a :class:`~xpbank.TensorStorage`) and those blocks share one record layout, a batch
+of ``B`` items is one ``np.empty`` of ``B`` records and one of ``B`` ids, then per share
+the draw (:func:`draw_rows`: a plain uniform source's sample fast path,
+:func:`~xpbank.replay.fast_read.draw_records`, else the source's sampler's own draw,
+:func:`~xpbank.replay.reading.draw_slots`, e.g. a prioritized one: the same draws as its
+``sample``) and one ``take`` of whole records into the share's slice. The rows are
+copied once, as by the sources' own samples, with no join copy afterwards; the ids are
+computed into their slice, the weights (where a sampler gives them) copied into theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank.replay import ReplayBuffer, fast_read, reading
+from xpbank.ring.ids import Ring
+from xpbank.sampler import PrioritizedSampler, UniformSampler
+
+__all__ = ["Layout", "Share", "draw_rows", "put_weights", "spelled_out", "take_share"]
+
+# (source number, its entries {key: tensor}, its batch shape, its rows where its fields
+# are still whole records, else None: (the taken records, the RecordReader that splits
+# them, and None; or, taken into a slice of a batch's (records, ids), that pair and the
+# slice's start, the entries then left out: spelled_out gives them))
+Share = tuple[int, dict[Any, torch.Tensor], tuple[int, ...], Any]
+# samplers whose slots are always stored slots: their rows are taken without a bounds check
+_IN_RANGE = (UniformSampler, PrioritizedSampler)
+
+
+class Layout:
+    """What a batch of the sources' shares taken in place reads: each source's
+    ``host_reader`` (``None`` for sources without a share), the one record dtype they
+    share, whether every key is a string (the TensorDict is then made without a walk of
+    the keys), and the device. Found once per state of the sources (:meth:`state_of`)."""
+
+    __slots__ = ("device", "dtype", "flat", "readers", "state")
+
+    def __init__(self, state: tuple[Any, ...], readers: tuple[Any, ...], device: torch.device):
+        self.state, self.readers, self.device = state, readers, device
+        first = next(r for r in readers if r is not None)
+        self.dtype = first.records.dtype
+        self.flat = all(type(key) is str for key in first.keys)
+
+    @staticmethod
+    def state_of(sources: tuple[ReplayBuffer, ...], counts: list[int]) -> tuple[Any, ...]:
+        """What a layout depends on: each source's storage, its reader and its device,
+        for the sources with a share (compared by identity, per batch)."""
+        out = []
+        for rb, k in zip(sources, counts, strict=True):
+            storage = rb._storage
+            out.append((storage, getattr(storage, "host_reader", None), rb._device) if k else None)
+        return tuple(out)
+
+    @classmethod
+    def of(cls, sources: tuple[ReplayBuffer, ...], state: tuple[Any, ...]) -> Layout | None:
+        """The layout of these sources, or ``None``: a source with a share samples its own
+        way (a subclass), has no packed CPU block, delivers elsewhere, or the sources'
+        records differ in dtype or fields."""
+        readers: list[Any] = []
+        for rb, found in zip(sources, state, strict=True):
+            if found is None:
+                readers.append(None)
+                continue
+            storage, reader, device = found
+            if type(rb).sample is not ReplayBuffer.sample or reader is None or storage.device != device:
+                return None
+            readers.append(reader)
+        given = [r for r in readers if r is not None]
+        if any(r.records.dtype != given[0].records.dtype or r.fields != given[0].fields for r in given):
+            return None
+        return cls(state, tuple(readers), next(f[2] for f in state if f is not None))
+
+
+def take_share(
+    s: int,
+    rb: ReplayBuffer,
+    k: int,
+    replace: bool,
+    expected: Any,
+    joint: tuple[np.ndarray, np.ndarray],
+    lo: int,
+    weights: list[np.ndarray | None],
+) -> Share:
+    """Source ``s``'s ``k`` items as ``rb.sample(k, replace)`` draws them (every field),
+    their records and ids taken into slice ``[lo, lo + k)`` of the batch's ``joint``
+    ``(records, ids)`` and their weights, if the sampler gives any, into ``weights[0]``
+    (made on first use, 1.0 for the items of sources without weights).
+
+    ``expected`` is the source's ``host_reader`` when :class:`Layout` checked it. A share
+    that cannot be taken in place (n-step, relabelling, windows, other per-item entries,
+    another layout since) is returned as :func:`draw_share` returns it: the batch is then
+    joined share by share.
+    """
+    hi = lo + k
+    with rb.lock:
+        rows, weight, own = draw_rows(s, rb, k, replace)
+        if own is not None:
+            return own
+        reader = getattr(rb._storage, "host_reader", None)
+        if reader is None:  # no packed block since it was checked: read as gather does
+            slots = torch.from_numpy(rows.copy())
+            info = {} if weight is None else {"weight": torch.from_numpy(weight)}
+            flat = reading.gather_flat(rb, slots, rb._ring.ids_of_slots(slots), None, info, None)
+            return s, flat, (k,), None
+        if reader is not expected or type(rb._sampler) not in _IN_RANGE:
+            # another layout since it was checked, or slots to check: take as gather does
+            entries = {"index": torch.from_numpy(fast_read.ids_of_rows(rb._ring, rows))}
+            if weight is not None:
+                entries["weight"] = torch.from_numpy(weight)
+            return s, entries, (k,), (reader.records.take(rows), reader, None)
+        records, numbers = joint[0][lo:hi], joint[1][lo:hi]
+        reader.records.take(rows, out=records, mode="clip")  # in range: no buffered copy
+        fast_read.ids_of_rows(rb._ring, rows, numbers)
+    if weight is not None:
+        put_weights(weights, weight, lo, joint[1].shape[0])
+    return s, {}, (k,), (records, reader, joint, lo)  # its entries: see spelled_out
+
+
+def spelled_out(part: Share, joint: Any, weights: np.ndarray | None) -> Share:
+    """``part`` with its entries (``"index"``, ``"weight"`` where the batch has weights)
+    and its records as its own, where :func:`take_share` took it into ``joint``: the
+    form :meth:`Assembler.join <xpbank.mix.assemble.Assembler.join>` joins."""
+    rows = part[3]
+    if rows is None or rows[2] is not joint:
+        return part
+    s, _, shape, (records, reader, _, lo) = part
+    entries = {"index": torch.from_numpy(joint[1][lo : lo + shape[0]])}
+    if weights is not None:
+        entries["weight"] = torch.from_numpy(weights[lo : lo + shape[0]])
+    return s, entries, shape, (records, reader, None)
+
+
+def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any, Share | None]:
+    """Source ``s``'s draw of ``k`` items as its ``sample(k, replace)`` draws them:
+    ``(rows, weights or None, None)`` (NumPy int64 slots, float32 weights) where the
+    caller can read the rows itself, else ``(None, None, the share)`` read the source's
+    own way (n-step, relabelling, windows, other per-item entries). The caller holds
+    the lock. A plain uniform source's rows are its fast path's kept array: read them
+    before its next draw."""
+    found = fast_read.draw_records(rb, k) if replace else None
+    if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
+        return found[0], None, None
+    if rb._nstep is None and type(rb._ring) is Ring and getattr(rb._sampler, "relabel", None) is None:
+        slots, info = reading.draw_slots(rb, k, replace)  # e.g. a prioritized sample
+        fit = _rows_of(slots, info, k)
+        if fit is not None:
+            return fit[0], fit[1], None
+        entries = reading.gather_flat(rb, slots, rb._ring.ids_of_slots(slots), None, info, None)
+        return None, None, (s, entries, tuple(slots.shape), None)
+    slots, ids, keys, info, read = reading.draw(rb, k, replace, None)
+    return None, None, (s, reading.gather_flat(rb, slots, ids, keys, info, read), tuple(slots.shape), None)
+
+
+def put_weights(weights: list[np.ndarray | None], weight: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """Write a share's ``weight`` at ``lo`` into the batch's weights ``weights[0]`` (made
+    on first use: 1.0 for the items of sources without weights); returns its slice."""
+    every = weights[0]
+    if every is None:
+        every = weights[0] = np.ones(n, dtype=np.float32)
+    share = every[lo : lo + weight.shape[0]]
+    share[:] = weight
+    return share
+
+
+def _rows_of(
+    slots: torch.Tensor, info: dict[str, torch.Tensor], k: int
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(slots as NumPy int64 rows, the weights or None)`` where they fit a share taken
+    in place: one CPU int64 slot per item, and no entry but one float32 CPU ``"weight"``
+    per item; else ``None``."""
+    if slots.ndim != 1 or not slots.is_cpu:
+        return None
+    rows = slots.numpy()
+    if rows.dtype != np.int64:
+        return None
+    weight = None
+    for name, value in info.items():
+        if name != "weight" or not value.is_cpu:
+            return None
+        weight = value.numpy()
+        if weight.dtype != np.float32 or weight.shape != (k,):
+            return None
+    return rows, weight

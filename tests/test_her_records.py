@@ -1,0 +1,221 @@
+"""The HER read fast path (her/records.py): one compiled pass over whole records.
+
+It must give exactly the batch the general path gives (``rb._fast_read = False``): the
+same draws, keys in the same order, dtypes, values, ``her_goal``, and the generator left
+in the same state; where it does not apply it must decline before drawing anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from xpbank import NStep, PrioritizedSampler, ReplayBuffer
+from xpbank.errors import SpecError
+from xpbank.her import HerSampler
+from xpbank.her import records as her_records
+
+
+def gap(achieved: np.ndarray, desired: np.ndarray, info: object) -> np.ndarray:
+    return (desired[..., 0] - achieved[..., 0]).astype(np.float32)
+
+
+def nested_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: int, start: int) -> int:
+    """``steps`` lockstep steps of ``envs`` envs in gymnasium's nested keys; goals name ids."""
+    n = steps * envs
+    ids = torch.arange(start, start + n, dtype=torch.float64)
+    goal = torch.stack([ids, -ids], 1)
+    rb.extend(
+        {
+            ("obs", "observation"): torch.from_numpy(rng.random((n, 5), dtype=np.float32)),
+            ("obs", "achieved_goal"): goal,
+            ("obs", "desired_goal"): torch.full((n, 2), -7.0, dtype=torch.float64),
+            "action": torch.from_numpy(rng.integers(0, 3, n)),
+            ("next", "obs", "observation"): torch.from_numpy(rng.random((n, 5), dtype=np.float32)),
+            ("next", "obs", "achieved_goal"): goal + 0.5,
+            ("next", "obs", "desired_goal"): torch.full((n, 2), -7.0, dtype=torch.float64),
+            ("next", "reward"): torch.full((n,), -3.0, dtype=torch.float64),
+            ("next", "terminated"): torch.from_numpy(rng.random(n) < 0.08),
+            ("next", "truncated"): torch.from_numpy(rng.random(n) < 0.05),
+        }
+    )
+    return start + n
+
+
+def flat_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: int, start: int) -> int:
+    """Flat keys, float32 goals of one value, no next desired goal, an int16 reward."""
+    n = steps * envs
+    ids = torch.arange(start, start + n, dtype=torch.float32)[:, None]
+    rb.extend(
+        {
+            "desired_goal": torch.full((n, 1), -7.0),
+            "next_achieved_goal": ids + 0.5,
+            "flag": torch.from_numpy(rng.random(n) < 0.5),
+            "reward": torch.zeros(n, dtype=torch.int16),
+            "terminated": torch.from_numpy(rng.random(n) < 0.1),
+        }
+    )
+    return start + n
+
+
+def assert_same(a, b) -> None:
+    keys = list(a.keys(include_nested=True, leaves_only=True))
+    assert keys == list(b.keys(include_nested=True, leaves_only=True))
+    assert a.batch_size == b.batch_size and a.device == b.device
+    for key in keys:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+def needs_kernel() -> None:
+    if her_records.kernel() is None:
+        pytest.skip("numba is not installed (or XPBANK_NO_NUMBA is set): only the NumPy pass runs")
+
+
+@pytest.mark.parametrize("strategy", ["future", "final"])
+@pytest.mark.parametrize("envs", [1, 3])
+@pytest.mark.parametrize("stream", [nested_stream, flat_stream])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_fast_path_gives_the_general_batch(
+    strategy: str, envs: int, stream, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if compiled:
+        needs_kernel()
+    else:  # the NumPy pass (numba missing)
+        monkeypatch.setattr(her_records, "_compiled", [None])
+    rng = np.random.default_rng(envs)
+    rbs = []
+    for fast in (True, False):
+        her = HerSampler(strategy=strategy, compute_reward=gap)
+        rb = ReplayBuffer(90, num_envs=envs, seed=11, sampler=her)
+        rb._fast_read = fast
+        rbs.append(rb)
+    written = 0
+    for step in range(25):  # past several ring wraps, open and closed episodes
+        steps = int(rng.integers(1, 9))
+        state = rng.bit_generator.state
+        for rb in rbs:
+            rng.bit_generator.state = state
+            end = stream(rb, rng, steps, envs, written)
+        written = end
+        for b in (1, 4, 37):
+            got, want = rbs[0].sample(b), rbs[1].sample(b)
+            assert_same(got, want)
+        assert torch.equal(rbs[0]._generator.get_state(), rbs[1]._generator.get_state())
+        if step == 12:
+            for rb in rbs:
+                rb.clear()
+            written = 0
+    layout = rbs[0].sampler._records
+    assert layout is not None and layout.usable  # the fast path was taken
+    assert rbs[1].sampler._records is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["compute_terminated", "info_keys", "episode", "prioritized", "nstep"],
+)
+def test_other_cases_decline_before_drawing(case: str) -> None:
+    rng = np.random.default_rng(1)
+    rbs = []
+    for fast in (True, False):
+        kw: dict = {"compute_reward": gap}
+        if case == "compute_terminated":
+            kw["compute_terminated"] = lambda a, d, i: a[..., 0] == d[..., 0]
+        if case == "info_keys":
+            kw["info_keys"] = ["index"]
+        if case == "episode":
+            kw["strategy"] = "episode"
+        base = PrioritizedSampler() if case == "prioritized" else None
+        nstep = NStep(2, 0.9) if case == "nstep" else None
+        rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=HerSampler(base, **kw), nstep=nstep)
+        rb._fast_read = fast
+        rbs.append(rb)
+    state = rng.bit_generator.state
+    for rb in rbs:
+        rng.bit_generator.state = state
+        nested_stream(rb, rng, 15, 2, 0)
+    for _ in range(3):
+        assert_same(rbs[0].sample(20), rbs[1].sample(20))
+    layout = rbs[0].sampler._records
+    assert layout is None  # declined before looking at the records
+
+
+def test_a_reward_of_the_wrong_size_is_refused() -> None:
+    rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=HerSampler(compute_reward=lambda a, d, i: np.zeros(3)))
+    nested_stream(rb, np.random.default_rng(0), 10, 2, 0)
+    with pytest.raises(SpecError, match="compute_reward must return one value per item"):
+        rb.sample(16)
+
+
+def test_the_loop_runs_as_python_and_compiled_alike() -> None:
+    """The kernel's source run as plain Python (what a machine without numba could check)
+    gives what the compiled kernel gives, and its goals are the chosen steps' rows."""
+    needs_kernel()
+    rng = np.random.default_rng(4)
+    c, w = 12, 5
+    src = rng.integers(0, 2**32, (c, w), dtype=np.uint64).astype(np.uint32)
+    rows = rng.integers(0, c, 9)
+    left = rng.integers(0, 4, c)  # 0: open episodes
+    uniform = rng.random(6)
+    outs = []
+    for run in (her_records._records_loop, her_records.kernel()):
+        out, ids, goal_ids = np.zeros((9, w), np.uint32), np.zeros(9, np.int64), np.zeros(9, np.int64)
+        goal, reached = np.zeros((6, 2), np.uint32), np.zeros((6, 2), np.uint32)
+        # the ring wrapped: the oldest live id is 29 (slot 5), the newest 40; goals: words 3-4
+        args = (uniform, left, 1, 41, False, 3, np.array([0]), out, goal, reached, ids, goal_ids)
+        run(src, rows, 29, *args)
+        outs.append((out, goal, reached, ids, goal_ids))
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    out, goal, reached, ids, goal_ids = outs[0]
+    np.testing.assert_array_equal(ids % c, rows)
+    assert ids.min() >= 29 and ids.max() <= 40
+    assert (goal_ids[6:] == -1).all() and (goal_ids[:6] >= ids[:6]).all()
+    np.testing.assert_array_equal(goal, src[goal_ids[:6] % c, 3:5])
+    np.testing.assert_array_equal(reached, src[rows[:6], 3:5])
+    np.testing.assert_array_equal(out[:6, 0:2], goal)  # the goal over the record's words 0..1
+    np.testing.assert_array_equal(out[:6, 2:], src[rows[:6], 2:])
+    np.testing.assert_array_equal(out[6:], src[rows[6:]])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_every_relabel_fraction_and_a_pickled_buffer(fraction: float) -> None:
+    """No item relabelled (no offsets drawn), half, every one; a pickled buffer's sampler
+    makes its layout again and draws the same batch."""
+    import pickle
+
+    rng = np.random.default_rng(3)
+    rbs = []
+    for fast in (True, False):
+        rb = ReplayBuffer(
+            70, num_envs=2, seed=5, sampler=HerSampler(relabel_fraction=fraction, compute_reward=gap)
+        )
+        rb._fast_read = fast
+        rbs.append(rb)
+    state = rng.bit_generator.state
+    for rb in rbs:
+        rng.bit_generator.state = state
+        nested_stream(rb, rng, 50, 2, 0)  # 100 items in 70 slots: wrapped
+    for b in (1, 2, 64):
+        assert_same(rbs[0].sample(b), rbs[1].sample(b))
+    assert rbs[0].sampler._records.usable
+    copy = pickle.loads(pickle.dumps(rbs[0]))
+    assert copy.sampler._records is None
+    assert_same(copy.sample(33), rbs[1].sample(33))
+    assert copy.sampler._records is not None and copy.sampler._records.usable
+
+
+def test_a_subclass_that_relabels_its_own_way_takes_the_general_path() -> None:
+
+    class Shifted(HerSampler):
+        def relabel(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            flat = super().relabel(*args, **kwargs)
+            flat[("next", "reward")] += 100.0
+            return flat
+
+    rb = ReplayBuffer(40, num_envs=2, seed=2, sampler=Shifted(compute_reward=gap))
+    nested_stream(rb, np.random.default_rng(0), 10, 2, 0)
+    batch = rb.sample(16)
+    assert rb.sampler._records is None
+    assert (batch["next", "reward"] >= 90.0).all()
