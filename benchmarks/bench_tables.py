@@ -3,18 +3,27 @@ heap selectors against the prioritized sampler.
 
 Run from the repository root::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_tables.py --threads 1 [--quick] [--json PATH]
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_tables.py --threads 1 [--quick] [--json P] [--base main]
 
 Part (a), a FIFO queue over shared memory: 4 writer processes (fork) each publish one
 pre-built batch of ``--batch`` rows of 1 KB (float32[256]) over and over through their
-``ShmWriter``; one reader (the learner process) loops for ``--seconds``. Plain: a
-:class:`ShmReplayBuffer` (FIFO ring, uniform sampler); the reader calls ``pull()`` then
-``sample(256)``; reported: rows moved into the ring per second. Queue:
-``ShmReplayBuffer.queue`` (FIFO selector and remover, ``max_times_sampled=1``; writers
-wait while it is full); the reader calls ``sample(256)``, which takes the oldest 256
-items and removes them; reported: items delivered per second (each one inserted,
-delivered once and removed). The two run in interleaved rounds (plain, queue, queue,
-plain ...), each round starting its own writers, the median round of each kept.
+``ShmWriter`` (channels of ``4 * --batch`` rows, the same on both sides); one reader (the
+learner process) loops for ``--seconds``. Plain: a :class:`ShmReplayBuffer` (FIFO ring,
+uniform sampler); the reader calls ``pull()`` then ``sample(256)``; reported: rows moved
+into the ring per second. Queue: ``ShmReplayBuffer(..., sampler=Table.queue())`` (FIFO
+selector and remover, ``max_times_sampled=1``; writers wait while it is full); the reader
+calls ``sample(256)``, which takes the rows the queue has room for, then the oldest 256
+items and removes them; reported: items delivered per second. Both count rows that
+entered the buffer from the writers (the queue's also left it, each exactly once):
+the same rows, writers, batches and capacity; what differs is the reader's work per
+row: the plain reader copies each row into the ring and reads 256 random rows per pull
+(of however many rows arrived), the queue's reader copies each row in and out once.
+Also reported: the reader's CPU time per row (``time.thread_time``; on a loaded machine
+the wall-clock rate also measures how much of a core the reader got). ``--base COMMIT``
+adds the queue of that commit's package (``git archive``, imported as ``xpbank_base``)
+to the same interleaved rounds: an A/B of the queue's read path in one process. The
+kinds run in interleaved rounds (the order reversed every other round), each round
+starting its own writers, the median round of each kept.
 
 Part (b), heap selectors at 1M items: one timed call is ``sample(256)`` then
 ``update_priority`` of the 256 sampled ids (precomputed random values), for the
@@ -29,15 +38,20 @@ fastest block of each is kept. No timing is asserted anywhere.
 from __future__ import annotations
 
 import argparse
+import importlib
 import multiprocessing
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+import xpbank
 from _common import (
     environment,
     fmt_rate,
@@ -50,60 +64,63 @@ from _common import (
     run_main,
 )
 from bench_prioritized import interleaved
-from xpbank import ChannelError, Field, PrioritizedSampler, ReplayBuffer, Spec, Table
-from xpbank.distributed.shm import ShmReplayBuffer, ShmWriter
+from xpbank import Field, PrioritizedSampler, ReplayBuffer, Spec, Table
 
-ROW = Spec({"obs": Field((256,), torch.float32)})  # 1 KB
 WRITERS, READ_BATCH, BATCH = 4, 256, 256
 
 
 # -- part (a): a queue over shared memory ------------------------------------------------------
-def writer_main(writer: ShmWriter, batch: int, threads: int) -> None:
+def writer_main(writer: Any, batch: int, threads: int, closed: type[Exception]) -> None:
     torch.set_num_threads(threads)
     data = {"obs": torch.from_numpy(np.ones((batch, 256), dtype=np.float32))}
     try:
         while True:  # until the reader terminates it or closes the buffer
             writer.extend(data)
-    except ChannelError:
+    except closed:  # the package's ChannelError: the reader closed the buffer
         return
 
 
-def make_plain(args: argparse.Namespace) -> ShmReplayBuffer:
-    return ShmReplayBuffer(args.capacity, ROW, num_writers=WRITERS, channel_rows=4 * args.batch, seed=0)
+def make_buffer(kind: str, args: argparse.Namespace, module: Any) -> Any:
+    """``plain``: a FIFO ring with the uniform sampler; else a queue (``module``: the
+    package it comes from, this tree's or ``--base``'s)."""
+    table = {} if kind == "plain" else {"sampler": module.Table.queue()}
+    shm = importlib.import_module(f"{module.__name__}.distributed.shm").ShmReplayBuffer
+    row = module.Spec({"obs": module.Field((256,), torch.float32)})  # 1 KB
+    return shm(args.capacity, row, num_writers=WRITERS, channel_rows=4 * args.batch, seed=0, **table)
 
 
-def make_queue(args: argparse.Namespace) -> ShmReplayBuffer:
-    return ShmReplayBuffer(
-        args.capacity, ROW, num_writers=WRITERS, channel_rows=4 * args.batch, sampler=Table.queue(), seed=0
-    )
-
-
-def one_round(kind: str, args: argparse.Namespace) -> float:
-    """Items per second into the ring (plain) or delivered once (queue) over one round."""
-    rb = make_plain(args) if kind == "plain" else make_queue(args)
+def one_round(kind: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Items per second into the ring (plain) or delivered once (queue) over one round,
+    and the reader's CPU seconds per item."""
+    module = args.base_module if kind == "queue (base)" else xpbank
+    rb = make_buffer(kind, args, module)
     ctx = multiprocessing.get_context("fork")
     procs = [
-        ctx.Process(target=writer_main, args=(rb.writer(w), args.batch, args.threads), daemon=True)
+        ctx.Process(
+            target=writer_main,
+            args=(rb.writer(w), args.batch, args.threads, module.ChannelError),
+            daemon=True,
+        )
         for w in range(WRITERS)
     ]
     try:
         for p in procs:
             p.start()
-        count, start = 0, time.perf_counter()
+        count = 0
         if kind == "plain":
             while len(rb) < READ_BATCH:  # writers started
                 pass
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             while time.perf_counter() - start < args.seconds:
                 count += rb.pull()
                 rb.sample(READ_BATCH)
         else:
             rb.sample(READ_BATCH)  # writers started
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             while time.perf_counter() - start < args.seconds:
                 rb.sample(READ_BATCH)
                 count += READ_BATCH
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
     finally:
         rb.close()
         for p in procs:
@@ -111,30 +128,46 @@ def one_round(kind: str, args: argparse.Namespace) -> float:
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return count / elapsed
+    return count / elapsed, cpu / max(count, 1)
 
 
 def part_a(args: argparse.Namespace) -> list[str]:
-    rates: dict[str, list[float]] = {"plain": [], "queue": []}
+    kinds = ["plain", "queue"] + (["queue (base)"] if args.base else [])
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    cpus: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(args.rounds):
-        for kind in ("plain", "queue") if r % 2 == 0 else ("queue", "plain"):
-            rates[kind].append(one_round(kind, args))
-            log(f"round {r}: {kind} {fmt_rate(rates[kind][-1])}")
-    plain, queue = statistics.median(rates["plain"]), statistics.median(rates["queue"])
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            rate, cpu = one_round(kind, args)
+            rates[kind].append(rate)
+            cpus[kind].append(cpu)
+            log(f"round {r}: {kind} {fmt_rate(rate)}, reader CPU {cpu * 1e9:.0f} ns/item")
+    rate = {k: statistics.median(v) for k, v in rates.items()}
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
+    names = {
+        "plain": "plain ShmReplayBuffer: pull + sample(256)",
+        "queue": "queue table: sample(256), each item once",
+        "queue (base)": f"queue table as of {args.base}",
+    }
     rows = [
-        ["plain ShmReplayBuffer: pull + sample(256)", fmt_rate(plain), "1.00x"],
-        ["queue table: sample(256), each item once", fmt_rate(queue), fmt_ratio(queue / plain)],
-    ]
+        [names[k], fmt_rate(rate[k]), fmt_ratio(rate[k] / rate["plain"]), f"{cpu[k] * 1e9:.0f} ns",
+         fmt_ratio(cpu[k] / cpu["plain"])]
+        for k in kinds
+    ]  # fmt: skip
     return [
         "## (a) FIFO queue, 4 writer processes, 1 reader, rows of 1 KB",
         "",
-        f"writer batch {args.batch} rows, {args.seconds:g} s per round, {args.rounds} interleaved rounds "
-        "(median), capacity {:,}".format(args.capacity),
+        f"writer batch {args.batch} rows, channels of {4 * args.batch} rows, {args.seconds:g} s per round, "
+        f"{args.rounds} interleaved rounds (median), capacity {args.capacity:,}; items/s: rows that "
+        "entered the buffer from the writers per second (the queue's also left it, each once); "
+        "reader CPU: the reader thread's CPU time per row (the plain reader copies each row in and "
+        "reads 256 per pull, the queue's copies each row in and out)",
         "",
-        markdown_table(["reader", "items/s", "vs plain"], rows),
+        markdown_table(["reader", "items/s", "vs plain", "reader CPU per item", "CPU vs plain"], rows),
         "",
-        "rounds, in order (plain / queue): "
-        + ", ".join(f"{fmt_rate(p)} / {fmt_rate(q)}" for p, q in zip(*rates.values(), strict=True)),
+        "rounds, in order ("
+        + " / ".join(kinds)
+        + "): "
+        + ", ".join(" / ".join(fmt_rate(rates[k][i]) for k in kinds) for i in range(args.rounds)),
         "",
     ]
 
@@ -202,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200; quick 20)")
     p.add_argument("--chunks", type=int, default=None, help="timed blocks (default 7; quick 2)")
     p.add_argument("--part", choices=["a", "b", "both"], default="both")
+    p.add_argument("--base", default=None, help="part (a): also the queue of this commit (e.g. main)")
     args = p.parse_args(argv)
     q = args.quick
     args.seconds = args.seconds or (0.5 if q else 3.0)
@@ -211,6 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     args.capacity = 65_536
     args.items = 100_000 if q else 1_000_000
     torch.set_num_threads(args.threads)
+    args.base_module = None
+    if args.base and args.part != "b":
+        from ab_nstep import import_base
+
+        args.base_module = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank-base-")))
     log(f"environment: {environment({})}; load average {load_average():.1f}")
     lines: list[str] = []
     if args.part in ("a", "both"):

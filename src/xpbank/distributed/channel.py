@@ -58,6 +58,10 @@ __all__ = [
 # REQUESTED: a reader channel's items asked for (xpbank.distributed.shm_readers)
 RESERVED, PUBLISHED, CONSUMED, PID, CLOSED, CRASHES, LOST, SHUT, REQUESTED = range(9)
 HEADER_BYTES = 128
+# a writer waiting for room sleeps MIN_PAUSE, doubling up to MAX_PAUSE; its next wait
+# starts near where the last one ended (a learner that frees room every ~ms, as a full
+# queue does, is not polled every 10 us: each wake-up is CPU the learner lacks)
+MIN_PAUSE, MAX_PAUSE = 1e-5, 1e-3
 
 
 def record_dtype(spec: Spec, extra: list[tuple[str, np.dtype]] | None = None) -> np.dtype:
@@ -88,6 +92,7 @@ class Channel:
         self.header = np.frombuffer(self.map, dtype=np.int64, count=HEADER_BYTES // 8)
         self.records = np.frombuffer(self.map, dtype=record, count=rows, offset=HEADER_BYTES)
         self.locked = False
+        self.pause = MIN_PAUSE  # a writer's first sleep when it waits for room (see reserve)
 
     # -- ownership ---------------------------------------------------------------
     def try_lock(self) -> bool:
@@ -150,8 +155,10 @@ class Channel:
             ChannelError: the learner closed the buffer (checked while waiting too).
             BufferTimeoutError: no room for ``timeout`` seconds.
         """
-        h, deadline, pause = self.header, None, 1e-5
+        h, deadline, pause = self.header, None, self.pause
         self.check_open(k)
+        if self.rows - (int(h[PUBLISHED]) - int(h[CONSUMED])) >= k:
+            self.pause = max(MIN_PAUSE, self.pause / 2)  # room at once: the learner keeps up
         while self.rows - (int(h[PUBLISHED]) - int(h[CONSUMED])) < k:
             self.check_open(k)
             now = time.monotonic()
@@ -163,7 +170,8 @@ class Channel:
                     "calling sample() or pull()?)"
                 )
             time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            pause = min(pause * 2, MAX_PAUSE)
+            self.pause = max(MIN_PAUSE, pause / 4)  # the next wait starts near where this one ended
         start = int(h[PUBLISHED])
         h[RESERVED] = start + k
         return start

@@ -126,6 +126,7 @@ class ShmReplayBuffer(ReplayBuffer):
         self._readers: ReaderPool | None = None
         self._returned: list[dict[NestedKey, torch.Tensor]] = []  # readers' rows, back to the table
         self._first_channel = 0  # where the next pull starts (round robin)
+        self._fields: tuple[Spec, list[tuple[NestedKey, str, torch.dtype]]] | None = None  # see _columns
         self._dir: Path | None = None
         self._seen_crashes = [0] * self._num_writers
         self._next_check = 0.0
@@ -248,28 +249,35 @@ class ShmReplayBuffer(ReplayBuffer):
             moved += len(super().extend({key: v[:k] for key, v in flat.items()}))
             if k < n:
                 self._returned.insert(0, {key: v[k:] for key, v in flat.items()})
-        count, table = len(self._channels), self._table is not None
+        channels, table = self._channels, self._table
+        count = len(channels)
+        left = None if room is None else room - moved  # rows the table admits still
         runs: list[np.ndarray] = []  # a table's pull: one extend (its write path costs per call)
         taken: list[tuple[Channel, int]] = []
         for j in range(count):
-            channel = self._channels[(self._first_channel + j) % count]
+            if left is not None and left <= 0:
+                break  # no room: the other channels wait for the next pull
+            channel = channels[(self._first_channel + j) % count]
             first, last = channel.waiting()
-            if room is not None:
-                last = min(last, first + max(0, room - moved - sum(len(r) for r in runs)))
-            for run in channel.runs(first, last) if last > first else ():  # nothing waiting: no empty run
-                if table:
+            if left is not None:
+                last = min(last, first + left)
+            if last <= first:
+                continue  # nothing waiting: no empty run
+            for run in channel.runs(first, last):
+                if table is not None:
                     runs.append(run)
                 else:
                     moved += len(super().extend(self._columns(run)))
-            if last > first:
-                taken.append((channel, last))
+            if left is not None:
+                left -= last - first
+            taken.append((channel, last))
         if runs:
             moved += len(super().extend(self._columns(runs[0] if len(runs) == 1 else np.concatenate(runs))))
         for channel, last in taken:
             channel.consumed(last)
         self._first_channel = (self._first_channel + 1) % count
-        if moved and self._table is not None:
-            self._table.notify()  # wake local threads waiting on the table
+        if moved and table is not None:
+            table.notify()  # wake local threads waiting on the table
         if time.monotonic() >= self._next_check:
             self._check_writers()
         return moved
@@ -277,7 +285,10 @@ class ShmReplayBuffer(ReplayBuffer):
     def _columns(self, run: np.ndarray) -> dict[NestedKey, torch.Tensor]:
         spec = self.spec
         assert spec is not None  # channels exist only once the spec is known
-        return {k: as_torch(run[f"f{i}"], spec[k].dtype) for i, k in enumerate(spec)}
+        fields = self._fields
+        if fields is None or fields[0] is not spec:  # (key, record field, dtype) made once per spec
+            fields = self._fields = (spec, [(k, f"f{i}", spec[k].dtype) for i, k in enumerate(spec)])
+        return {k: as_torch(run[name], dtype) for k, name, dtype in fields[1]}
 
     def _check_writers(self) -> None:
         """Reap writers that died holding a channel; log each crash once."""

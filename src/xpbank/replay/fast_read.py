@@ -18,7 +18,9 @@ and reads through it:
 - :func:`try_read`, after any other sampler's own draw: the batch of its slots and
   per-item ``info``;
 - :func:`try_records`, for a sampler that draws and reads the records itself
-  (``sample_records``: a :class:`~xpbank.her.HerSampler`, :mod:`xpbank.her.records`).
+  (``sample_records``: a :class:`~xpbank.her.HerSampler`, :mod:`xpbank.her.records`);
+- :func:`read_run`, after a sampler took a contiguous run of slots (a queue's oldest
+  items: :func:`xpbank.table.runs.take_run`): one copy of the run's records.
 
 The batch: ids by NumPy arithmetic (:func:`ids_of_rows`), one ``take`` of whole rows
 (:class:`~xpbank.storage.blocks.RecordReader`) and the TensorDict
@@ -55,6 +57,7 @@ __all__ = [
     "ReadPlan",
     "draw_records",
     "ids_of_rows",
+    "read_run",
     "try_prioritized",
     "try_read",
     "try_records",
@@ -202,6 +205,22 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
         if not value.is_cpu:
             return None
     return _batch(plan, rb._ring, rows, slots.shape, info)
+
+
+def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:
+    """Every field of the items in slots ``start, start + 1, ...`` with ``"index"`` =
+    ``ids`` (one per item), as the general path reads them (one copy of the records),
+    or ``None`` where the fast path does not apply. The caller holds the lock."""
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    n = ids.shape[0]
+    flat = plan.reader.split(plan.reader.records[start : start + n].copy())
+    flat["index"] = torch.from_numpy(ids)
+    size = torch.Size((n,))
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
+    return to_tensordict(flat, size, plan.device)
 
 
 def try_records(rb: Any, batch_size: Any) -> TensorDict | None:

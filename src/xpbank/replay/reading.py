@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import try_prioritized, try_read, try_records, try_sample
+from xpbank.replay.fast_read import read_run, try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.ring.ids import Ring
 from xpbank.sampler import PrioritizedSampler, UniformSampler, epoch_plan
@@ -114,6 +114,17 @@ def sample(
     sampler with a rate limiter (``limiter``, a :class:`~xpbank.Table`'s) decides itself
     whether there is enough to draw, and may wait for it.
     """
+    take = rb.__dict__.get("_take_run")  # a Table's oldest items as one run: xpbank.table.runs
+    # a timeout matters only to a wait, and a run is taken only where none is needed
+    if (
+        take is not None
+        and fields is None
+        and (not options or options.keys() == {"timeout"})
+        and rb.__dict__.get("_fast_read", True)
+    ):
+        taken = take(batch_size, replace)
+        if taken is not None:
+            return _read_run(rb, *taken)
     if replace and fields is None and not options:
         kind = type(rb._sampler)
         if kind is UniformSampler:
@@ -131,6 +142,15 @@ def sample(
         if batch is not None:
             return batch
     return gather(rb, *_read_plan(rb, keys, slots, info))
+
+
+def _read_run(rb: BufferParts, start: int, ids: Any) -> TensorDict:
+    """The batch of the items a sampler took from slots ``start, start + 1, ...`` (``ids``:
+    their ids, a NumPy int64 array), as :func:`gather` reads them."""
+    batch = read_run(rb, start, ids)
+    if batch is not None:
+        return batch
+    return gather(rb, torch.arange(start, start + ids.shape[0]), torch.from_numpy(ids), None, {})
 
 
 def draw(

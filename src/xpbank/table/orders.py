@@ -5,7 +5,8 @@
   ``(slot, seq)`` entries in a NumPy array. A removed item's entry stays behind as a
   tombstone (its slot is no longer live, or holds a later item: another ``seq``), and is
   skipped, vectorized, when the oldest or newest ``k`` are asked for; the deque is
-  compacted when it reaches twice the capacity, so each entry is moved O(1) times.
+  compacted (its live entries moved to the front, in order) when it reaches twice the
+  capacity, so each entry is moved O(1) times.
 - :class:`LazyHeap` (min- and max-heap by priority, and the versions' min-heap): a
   ``heapq`` of ``(key, seq, check, slot)`` tuples, ties broken by insertion order
   (``seq``). A priority update pushes a new entry; an entry whose slot no longer holds
@@ -51,10 +52,20 @@ class InsertionLog:
         """Record newly inserted ``slots`` (in their insertion order)."""
         n = slots.shape[0]
         if self.tail + n > self.slots.shape[0]:
-            self.rebuild(ring, exclude=slots)
+            self.compact(ring)
         self.slots[self.tail : self.tail + n] = slots
         self.seqs[self.tail : self.tail + n] = ring.seq[slots]
         self.tail += n
+
+    def compact(self, ring: TableRing) -> None:
+        """Keep only the live entries, in order, at the front: every live item's entry is
+        in ``[head, tail)`` (those before ``head`` are tombstones), so no sort is needed
+        (:meth:`rebuild` sorts every live slot by ``seq``: ~10x the time at 64k items)."""
+        keep = np.flatnonzero(self._valid(ring, self.head, self.tail)) + self.head
+        k = keep.shape[0]
+        self.slots[:k] = self.slots[keep]
+        self.seqs[:k] = self.seqs[keep]
+        self.head, self.tail = 0, k
 
     def rebuild(self, ring: TableRing, exclude: np.ndarray | None = None) -> None:
         """Keep only the live entries (``exclude``: slots about to be appended)."""

@@ -54,9 +54,11 @@ class TableRing(Ring):
         self.free = np.arange(c, dtype=np.int64)  # circular FIFO queue of free slots
         self.free_head, self.free_count = 0, c
         self.in_order = True  # free[p] == p for every p (see the module docstring)
+        self.fifo_ids = True  # ids are the FIFO ring's for next_id (see fifo_ids_hold)
         self.inserted = 0  # items inserted so far: the next item's seq
         self.stamps = 0
         self._rows = 0
+        self._index = np.arange(c, dtype=np.int64)  # slot numbers: a run's seqs without an arange
 
     @property
     def rows(self) -> int:
@@ -75,10 +77,55 @@ class TableRing(Ring):
         self.free_count -= n
         return out
 
+    def fifo_ids_hold(self) -> bool:
+        """Whether every slot ``s`` holds the FIFO ring's id for ``next_id``: the newest id
+        below ``next_id`` that is ``s`` mod capacity (``fifo_ids``, checked in O(capacity)).
+
+        True after construction and :meth:`clear`, and kept by every insert into the slots
+        ``next_id % capacity, ...`` (wrapping; the new ids then count up by one from
+        ``next_id``); any other insert drops it, a loaded state checks it anew."""
+        last = self.next_id - 1
+        return bool(np.array_equal(self.ids, last - (last - self._index) % self.capacity))
+
+    def insert_run(self, start: int, n: int) -> int:
+        """:meth:`insert` of the free slots ``start .. start + n - 1`` (``n >= 1``, no
+        wrap) by slice writes; returns the first id (the others follow by one where the
+        ids are the FIFO ring's at ``next_id % capacity``, else see ``ids``)."""
+        stop, c = start + n, self.capacity
+        ids = self.ids[start:stop]
+        ids += c
+        self.live[start:stop] = True
+        np.add(self._index[start:stop], self.inserted - start, out=self.seq[start:stop])
+        np.add(self._index[start:stop], self.stamps - start, out=self.stamp[start:stop])
+        self.times[start:stop] = 0
+        return self.count_run(start, n)
+
+    def count_run(self, start: int, n: int) -> int:
+        """:meth:`insert_run`'s counters, its arrays written (by it, or by a compiled
+        kernel: :mod:`xpbank.table.run_kernels`); returns the first new id."""
+        stop, c = start + n, self.capacity
+        self.inserted += n
+        self.stamps += n
+        self.size += n
+        if self.fifo_ids and start == self.next_id % c:
+            self.next_id += n  # the new ids are next_id .. next_id + n - 1
+        else:
+            self.fifo_ids = False
+            self.next_id = max(self.next_id, int(self.ids[start:stop].max()) + 1)
+        self._rows = max(self._rows, stop)
+        return int(self.ids[start])
+
     def insert(self, slots: np.ndarray, run: slice | None = None) -> np.ndarray:
         """Mark free ``slots`` live with fresh ids, seqs and zero counts; returns the ids.
         ``run``: the same slots as a slice (they are contiguous), indexed without a lookup."""
         n = slots.shape[0]
+        if self.fifo_ids and n:  # kept where the slots are the FIFO ring's next ones
+            c, start = self.capacity, self.next_id % self.capacity
+            self.fifo_ids = (
+                run.start == start
+                if run is not None
+                else bool(np.array_equal(slots, (start + np.arange(n)) % c))  # e.g. a write over the wrap
+            )
         at = slots if run is None else run
         ids = self.ids[at] + self.capacity
         self.ids[at] = ids
@@ -110,6 +157,17 @@ class TableRing(Ring):
         self.free_count += k
         self.size -= k
 
+    def release_run(self, start: int, stop: int) -> None:
+        """:meth:`release` of the live slots ``start, start + 1, ..., stop - 1``; where
+        they are the next places of a free queue in the ring's order, nothing to look up."""
+        k, c = stop - start, self.capacity
+        if not (self.in_order and start == (self.free_head + self.free_count) % c and stop <= c):
+            self.release(np.arange(start, stop, dtype=np.int64))
+            return
+        self.live[start:stop] = False  # free[p] == p there already
+        self.free_count += k
+        self.size -= k
+
     def clear(self) -> None:
         """Free every slot; every id issued so far becomes stale."""
         c = self.capacity
@@ -119,7 +177,7 @@ class TableRing(Ring):
         self.live[:] = False
         self.free[:] = np.arange(c)
         self.free_head, self.free_count, self.size, self._rows = 0, c, 0, 0
-        self.in_order = True
+        self.in_order = self.fifo_ids = True
 
     # -- ids and positions -----------------------------------------------------------
     def live_slots(self) -> np.ndarray:
@@ -218,3 +276,8 @@ class TableRing(Ring):
         )
         self.next_id, self.size = int(state["next_id"]), int(state["size"])
         self.in_order = bool(np.array_equal(self.free, np.arange(self.capacity)))
+        self.fifo_ids = self.fifo_ids_hold()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.fifo_ids = self.fifo_ids_hold()  # next_id moved under the ids

@@ -230,6 +230,7 @@ class Table:
         rb._ring = self.ring
         rb.__dict__["_place"] = self.write  # the write path's hook (xpbank.replay.writing.write)
         rb.__dict__["_runs"] = (partial(runs.run_start, self), partial(runs.run_written, self))  # fast path
+        rb.__dict__["_take_run"] = partial(runs.take_run, self)  # the read path's (a queue's oldest)
         self._rb = rb
         limiter = self.rate_limiter
         self.limiter = (
