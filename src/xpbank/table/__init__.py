@@ -20,7 +20,10 @@ API note (for the backends built on it):
   slots, writes the storage). The write fast path (:mod:`xpbank.replay.fast_write`)
   stores a batch shaped like the last one straight into a contiguous run of free slots
   where the table offers one (:mod:`xpbank.table.runs`: slots in the ring's order, no
-  wait, no eviction, no ``version_key``), else hands it to ``ops.write``.
+  wait, no eviction, no ``version_key``), else hands it to ``ops.write``. The read side
+  of the same idea: a consume-once FIFO table hands out its oldest items as one run of
+  slots (``runs.take_run``, compiled in :mod:`xpbank.table.run_kernels`; one copy of the
+  records through ``fast_read.read_run``) where the full path would take the same items.
 - ``rb.sample(B, replace, fields, timeout=, max_staleness=, current_version=)``: the
   buffer passes the options (``Table.sample_options``) to ``Table.sample``, which waits
   on the limiter (a ``threading.Condition`` on ``rb.lock``, rebuilt when the buffer
