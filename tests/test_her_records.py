@@ -59,6 +59,23 @@ def flat_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: in
     return start + n
 
 
+def words_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: int, start: int) -> int:
+    """Float32 goals and a float32 reward: the rewards written as words of the goal's size."""
+    n = steps * envs
+    ids = torch.arange(start, start + n, dtype=torch.float32)[:, None]
+    rb.extend(
+        {
+            "achieved_goal": ids.expand(n, 3).contiguous(),
+            "desired_goal": torch.full((n, 3), -7.0),
+            "next_achieved_goal": (ids + 0.5).expand(n, 3).contiguous(),
+            "next_desired_goal": torch.full((n, 3), -7.0),
+            "reward": torch.full((n,), -3.0),
+            "terminated": torch.from_numpy(rng.random(n) < 0.1),
+        }
+    )
+    return start + n
+
+
 def assert_same(a, b) -> None:
     keys = list(a.keys(include_nested=True, leaves_only=True))
     assert keys == list(b.keys(include_nested=True, leaves_only=True))
@@ -74,7 +91,7 @@ def needs_kernel() -> None:
 
 @pytest.mark.parametrize("strategy", ["future", "final"])
 @pytest.mark.parametrize("envs", [1, 3])
-@pytest.mark.parametrize("stream", [nested_stream, flat_stream])
+@pytest.mark.parametrize("stream", [nested_stream, flat_stream, words_stream])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_the_fast_path_gives_the_general_batch(
     strategy: str, envs: int, stream, compiled: bool, monkeypatch: pytest.MonkeyPatch
@@ -108,6 +125,7 @@ def test_the_fast_path_gives_the_general_batch(
             written = 0
     layout = rbs[0].sampler._records
     assert layout is not None and layout.usable  # the fast path was taken
+    assert layout.reward_words == (stream is not flat_stream)  # an int16 reward is not a goal's word
     assert rbs[1].sampler._records is None
 
 
