@@ -19,9 +19,7 @@ sample does, plus the relabelling:
   next desired goal, and into a fresh ``[m, ...]`` array, and the item's own next
   achieved goal into another;
 - the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
-  two fresh contiguous arrays), its rewards written into the records' reward field (a
-  strided copy of words where they have the field's dtype, else the field's own
-  assignment, which casts);
+  two fresh contiguous arrays), its rewards written into the records' reward field;
 - the batch split from the records as the fast read does (:meth:`RecordReader.split
   <xpbank.storage.blocks.RecordReader.split>`): the same keys, order, dtypes and values
   as the general path (the tests compare the two).
@@ -183,13 +181,6 @@ class RecordLayout:
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
         self.reward_name = name["reward"]
-        # a scalar reward of the goal's itemsize: its word, where a reward value of its
-        # dtype is written as words (reward_words)
-        reward_type, reward_offset = records.dtype.fields[self.reward_name][:2]
-        same = reward_type.shape == () and reward_type.itemsize == size and reward_offset % size == 0
-        self.reward_words = same
-        self.reward_dtype = reward_type
-        self.reward_at = reward_offset // size
         # [C, row / size] words, a view of the storage's block
         self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
         self.usable = True
@@ -262,11 +253,8 @@ def sample_records(
         value = reward(goals[0], goals[1], None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        if layout.reward_words and value.dtype == layout.reward_dtype:  # one strided copy of words
-            out[:m, layout.reward_at] = value.view(layout.word)
-        else:  # cast as the field's assignment casts
-            field = records[layout.reward_name][:m]
-            field[...] = value if field.ndim == 1 else value.reshape(field.shape)
+        field = records[layout.reward_name][:m]  # (0.4 µs where the records are in cache)
+        field[...] = value if field.ndim == 1 else value.reshape(field.shape)
     return records, ids, {"her_goal": torch.from_numpy(goal_index)}
 
 
