@@ -59,6 +59,43 @@ def flat_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: in
     return start + n
 
 
+def words_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: int, start: int) -> int:
+    """Float32 goals of three values and a float32 reward (the benchmark's layout)."""
+    n = steps * envs
+    ids = torch.arange(start, start + n, dtype=torch.float32)[:, None]
+    rb.extend(
+        {
+            "achieved_goal": ids.expand(n, 3).contiguous(),
+            "desired_goal": torch.full((n, 3), -7.0),
+            "next_achieved_goal": (ids + 0.5).expand(n, 3).contiguous(),
+            "next_desired_goal": torch.full((n, 3), -7.0),
+            "reward": torch.full((n,), -3.0),
+            "terminated": torch.from_numpy(rng.random(n) < 0.1),
+        }
+    )
+    return start + n
+
+
+def grid_stream(rb: ReplayBuffer, rng: np.random.Generator, steps: int, envs: int, start: int) -> int:
+    """Goals of shape ``[2, 2]`` (float32), a float32 reward."""
+    n = steps * envs
+    ids = torch.arange(start, start + n, dtype=torch.float32)[:, None, None]
+    rb.extend(
+        {
+            "desired_goal": torch.full((n, 2, 2), -7.0),
+            "next_achieved_goal": (ids + torch.tensor([[0.5, 1.0], [2.0, 3.0]])).contiguous(),
+            "reward": torch.full((n,), -3.0),
+            "terminated": torch.from_numpy(rng.random(n) < 0.1),
+        }
+    )
+    return start + n
+
+
+def grid_gap(achieved: np.ndarray, desired: np.ndarray, info: object) -> np.ndarray:
+    assert achieved.shape[1:] == desired.shape[1:] == (2, 2)
+    return (desired[:, 1, 0] - achieved[:, 1, 0]).astype(np.float32)
+
+
 def assert_same(a, b) -> None:
     keys = list(a.keys(include_nested=True, leaves_only=True))
     assert keys == list(b.keys(include_nested=True, leaves_only=True))
@@ -74,7 +111,7 @@ def needs_kernel() -> None:
 
 @pytest.mark.parametrize("strategy", ["future", "final"])
 @pytest.mark.parametrize("envs", [1, 3])
-@pytest.mark.parametrize("stream", [nested_stream, flat_stream])
+@pytest.mark.parametrize("stream", [nested_stream, flat_stream, words_stream, grid_stream])
 @pytest.mark.parametrize("compiled", [True, False])
 def test_the_fast_path_gives_the_general_batch(
     strategy: str, envs: int, stream, compiled: bool, monkeypatch: pytest.MonkeyPatch
@@ -86,7 +123,7 @@ def test_the_fast_path_gives_the_general_batch(
     rng = np.random.default_rng(envs)
     rbs = []
     for fast in (True, False):
-        her = HerSampler(strategy=strategy, compute_reward=gap)
+        her = HerSampler(strategy=strategy, compute_reward=grid_gap if stream is grid_stream else gap)
         rb = ReplayBuffer(90, num_envs=envs, seed=11, sampler=her)
         rb._fast_read = fast
         rbs.append(rb)
