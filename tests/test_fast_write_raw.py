@@ -123,18 +123,29 @@ def test_a_view_of_the_buffers_own_rows_and_a_tensor_without_storage_go_to_the_f
 
 
 @pytest.mark.skipif(not COMPILED, reason="numba off: the copy is never planned")
-def test_the_copy_refuses_an_overlap_or_a_null_pointer_before_writing():
-    block = np.zeros((4, 8), np.uint8)
-    layout = np.array([[0, 4], [4, 4]], np.int64)
-    a = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
-    b = torch.arange(8, 16, dtype=torch.uint8).reshape(2, 4)
+def test_the_copy_moves_words_or_bytes_and_refuses_an_overlap_or_a_null_pointer():
+    block = np.zeros((4, 24), np.uint8)
+    # fields of 8 (words), 4 (half words) and 3 bytes (bytes), at aligned offsets
+    fields = [[0, 8], [8, 4], [12, 3]]
+    layout = np.array([*fields, [block.ctypes.data, 24], [4, 0]], np.int64)
+    src = [
+        torch.arange(2 * s, dtype=torch.int64).to(torch.uint8).reshape(2, s) + 16 * j
+        for j, (_, s) in enumerate(fields)
+    ]
     kernel = raw_rows._kernel
-    assert kernel(block, layout, 1, 2, (a.data_ptr(), b.data_ptr()))
-    assert block[1:3].tolist() == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert kernel(layout, 1, 2, tuple(t.data_ptr() for t in src))
+    want = np.zeros_like(block)
+    for (at, size), t in zip(fields, src, strict=True):
+        want[1:3, at : at + size] = t.numpy()
+    assert np.array_equal(block, want)
+    odd = torch.zeros(17, dtype=torch.uint8)[1:].reshape(2, 8)  # an address not a multiple of 8
+    odd.copy_(src[0] + 100)
+    assert kernel(layout, 0, 2, (odd.data_ptr(), src[1].data_ptr(), src[2].data_ptr()))
+    assert np.array_equal(block[0:2, :8], odd.numpy())
     before = block.copy()
-    inside = torch.from_numpy(block)[3, :4].reshape(1, 4)
-    assert not kernel(block, layout, 0, 1, (a.data_ptr(), inside.data_ptr()))
-    assert not kernel(block, layout, 0, 1, (0, a.data_ptr()))
+    inside = torch.from_numpy(block)[3, :8].reshape(1, 8)
+    assert not kernel(layout, 0, 1, (src[0].data_ptr(), inside.data_ptr(), src[2].data_ptr()))
+    assert not kernel(layout, 0, 1, (src[0].data_ptr(), 0, src[2].data_ptr()))
     assert np.array_equal(block, before)
 
 
@@ -153,3 +164,38 @@ def test_a_tensordict_and_a_lockstep_step_match_the_full_path(envs):
         assert call(fast, "extend", batch) == call(slow, "extend", batch)
         assert_same(fast, slow)
     assert (fast.__dict__["_signature"].raw is not None) == COMPILED
+
+
+def _layouts() -> dict[str, torch.Tensor]:
+    x = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    return {
+        "coo": x.to_sparse(),
+        "csr": x.to_sparse_csr(),
+        "csc": x.to_sparse_csc(),
+        "bsr": x.to_sparse_bsr((2, 2)),
+        "bsc": x.to_sparse_bsc((2, 2)),
+        "mkldnn": x.to_mkldnn(),
+        "nested": torch.nested.nested_tensor(list(x)),
+        "jagged": torch.nested.nested_tensor(list(x), layout=torch.jagged),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("layout", list(_layouts()))
+def test_a_tensor_of_another_layout_is_never_copied_as_bytes(layout):
+    """The copy checks no layout: every non-strided tensor must fail its other checks
+    (``shape`` or ``data_ptr()`` raise, or not the plain Tensor type)."""
+    odd = _layouts()[layout]
+    if type(odd) is torch.Tensor:
+        with pytest.raises(RuntimeError):
+            (odd.shape, odd.data_ptr())
+    spec = Spec({"obs": Field((4,))})
+    fast, slow = pair(16, spec)
+    for rb in (fast, slow):
+        rb.extend({"obs": torch.ones(8, 4)})
+        rb.extend({"obs": torch.zeros(8, 4)})
+    sig = fast.__dict__["_signature"]
+    if COMPILED:
+        assert raw_rows.pointers(sig.raw[2], {"obs": odd}) is None
+    assert _outcome(fast, {"obs": odd}) == _outcome(slow, {"obs": odd})
+    assert_same(fast, slow)

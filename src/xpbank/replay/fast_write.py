@@ -321,13 +321,12 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     # a new spec is laid out anew (initialize), so a kept block means a kept spec
     if storage is not sig.storage or storage.host_block is not sig.block or rb._sampler is not sig.sampler:
         return None
-    raw = sig.raw
-    ptrs = None
-    if raw is not None and (src := sig.source(batch)) is not None:
-        ptrs = raw_rows.pointers(raw[3], src)
-    values: list[Any] = []
-    if ptrs is None and (values := sig.values(batch)) is None:
-        return None
+    raw = sig.raw  # all torch tensors: their pointers where each is dense on the CPU
+    ptrs = None if raw is None or (src := sig.source(batch)) is None else raw_rows.pointers(raw[2], src)
+    if ptrs is None:
+        values = sig.values(batch)
+        if values is None:
+            return None
     ring = rb._ring
     rows = n or 1
     first = ring.next_id
@@ -350,7 +349,7 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         except XpbankError:
             return None
     if ptrs is not None:  # one compiled copy; False (an overlap): nothing written
-        if not raw[0](raw[1], raw[2], slot, n, ptrs):
+        if not raw[0](raw[1], slot, n, ptrs):
             return None
     elif n == 0:
         sig.records[slot] = tuple(values)
