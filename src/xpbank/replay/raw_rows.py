@@ -137,11 +137,13 @@ def plan(
     """What :func:`pointers` and the copy take for a signature of ``n`` rows (an
     ``extend``) whose ``entries`` are all torch tensors (kinds in ``tensor_kinds``), or
     ``None``: no numba, an ``add``, or a field of another kind."""
-    if _kernel is None or n == 0 or block.np_data is None or any(e[1] not in tensor_kinds for e in entries):
+    data = block.np_data  # the block (kept by the signature) keeps its address valid
+    if _kernel is None or n == 0 or data is None or any(e[1] not in tensor_kinds for e in entries):
         return None
+    if data.ndim != 2 or data.dtype != np.uint8 or not data.flags.c_contiguous:
+        return None  # the copy addresses rows as base + row * row_bytes
     members = {m.key: m for m in block.members}
     rows = [[members[e[0]].start, members[e[0]].nbytes] for e in entries]
-    data = block.np_data  # the block (kept by the signature) keeps this address valid
     rows += [[data.ctypes.data, data.shape[1]], [data.shape[0], 0]]
     layout = np.array(rows, dtype=np.int64)
     checks = [(e[0], e[2], e[3]) for e in entries]
