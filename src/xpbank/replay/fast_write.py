@@ -29,7 +29,10 @@ What still runs on every fast call, because it depends on values, not signatures
 A torch tensor's values are read as the cheapest exact conversion allows: a 0-d tensor
 or a 1-d one of up to 8 values through ``tolist()`` (Python numbers, exact for every
 dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one through
-``numpy()`` (a view of a CPU tensor without grad). ``tolist()`` raises for a sparse,
+``numpy()`` (a view of a CPU tensor without grad). An ``extend`` whose fields are all
+torch tensors skips both where every tensor is dense in memory: one compiled call copies
+their bytes into the rows (:mod:`xpbank.replay.raw_rows`; any other tensor, or no numba,
+takes the readers above). ``tolist()`` raises for a sparse,
 mkldnn or meta tensor and a nested tensor has no shape, so each of those declines.
 
 The fast path never raises for bad input: it only declines, so every bad batch gets the
@@ -53,6 +56,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import XpbankError
+from xpbank.replay import raw_rows
 from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.keys import NestedKey, normalize_key
@@ -132,13 +136,17 @@ class Signature:
         self.keys = [e[0] for e in entries]
         self.views = [block.np_views[key] for key in self.keys]
         self.records = block.np_records
+        # every field a torch tensor (an extend): dense CPU ones copied in one compiled call
+        self.raw = None
+        if episodes is None or self.step is not None:  # no plan reads the values
+            self.raw = raw_rows.plan(block, entries, n, (_TENSOR0, _TENSOR_LIST, _TENSOR))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # it holds NumPy views of the storage: a pickled copy would write into copies
         return (_nothing, ())
 
-    def values(self, batch: Any) -> list[Any] | None:
-        """The values to store, in record order, or ``None``: not this signature."""
+    def source(self, batch: Any) -> Any:
+        """The batch's own dict of values, or ``None``: not this signature's mapping."""
         if type(batch) is not self.mapping:
             return None
         if self.mapping is dict:
@@ -148,7 +156,12 @@ class Signature:
             if len(batch._batch_size) != self.batch_dims:  # type: ignore[attr-defined]
                 return None
             src = batch._tensordict  # type: ignore[attr-defined]
-        if len(src) != self.count:
+        return src if len(src) == self.count else None
+
+    def values(self, batch: Any) -> list[Any] | None:
+        """The values to store, in record order, or ``None``: not this signature."""
+        src = self.source(batch)
+        if src is None:
             return None
         out = []
         get = src.get
@@ -308,9 +321,12 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     # a new spec is laid out anew (initialize), so a kept block means a kept spec
     if storage is not sig.storage or storage.host_block is not sig.block or rb._sampler is not sig.sampler:
         return None
-    values = sig.values(batch)
-    if values is None:
-        return None
+    raw = sig.raw  # all torch tensors: their pointers where each is dense on the CPU
+    ptrs = None if raw is None or (src := sig.source(batch)) is None else raw_rows.pointers(raw[2], src)
+    if ptrs is None:
+        values = sig.values(batch)
+        if values is None:
+            return None
     ring = rb._ring
     rows = n or 1
     first = ring.next_id
@@ -332,7 +348,10 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
             plan = episodes.plan(dict(zip(sig.keys, values, strict=True)), rows, sig.spec)
         except XpbankError:
             return None
-    if n == 0:
+    if ptrs is not None:  # one compiled copy; False (an overlap): nothing written
+        if not raw[0](raw[1], slot, n, ptrs):
+            return None
+    elif n == 0:
         sig.records[slot] = tuple(values)
     else:
         written = slice(slot, slot + n)  # made once, not per field
