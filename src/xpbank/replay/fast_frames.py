@@ -7,10 +7,11 @@ tensor, checks the batch against the spec, plans the episode index's entries, ha
 the whole batch to ``prepare_write`` (the frame-stack checks, then one compiled call
 that writes the step's frames: :mod:`xpbank.storage.frame_step`), writes the other
 fields and applies the plan: ~60 µs of Python around ~40 µs of copies for a step of 8
-Atari frames. After such a write of a ``dict`` of NumPy arrays, the buffer keeps a
-:class:`FrameSignature` (:func:`frame_signature`): each field's dtype and shape, and
-where the other fields land (the packed block of the storage's other fields). A later
-step that matches it field by field then goes:
+Atari frames. After such a write of a ``dict`` of NumPy arrays (or CPU tensors), the
+buffer keeps a :class:`FrameSignature` (:func:`frame_signature`): each field's dtype
+and shape, and where the other fields land (the packed block of the storage's other
+fields). A later step that matches it field by field (a CPU tensor read as its NumPy
+view) goes:
 
 1. its episode plan (:meth:`EpisodeIndex.plan <xpbank.EpisodeIndex.plan>`, the value
    checks: a refusal declines);
@@ -32,22 +33,37 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from xpbank.errors import XpbankError
 from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.keys import normalize_key
-from xpbank.storage.frame_step import StepWrite, apply_step, compiled_write
-from xpbank.storage.frame_write import plan_step
+from xpbank.storage import frames
+from xpbank.storage.frame_step import StepWrite, compiled_write
 
 __all__ = ["FrameSignature", "frame_signature"]
+
+# the field dtypes stored here as they come (NumPy holds them natively)
+_PLAIN = {
+    torch.bool: np.dtype(bool),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+}
 
 
 class FrameSignature:
     """The signature of the last good step written into a FrameStorage (see the module).
 
-    ``entries`` holds, per input key, ``(key, dtype, shape)`` (the NumPy dtype and the
-    full shape, batch dim first); ``views`` the rows of the other fields, by key.
+    ``entries`` holds, per input key, ``(key, dtype, shape)`` (the NumPy dtype of an
+    array, the torch dtype of a CPU tensor, read as its NumPy view; the full shape,
+    batch dim first); ``views`` the rows of the other fields, by key.
     """
 
     def __init__(self, rb: Any, n: int, entries: list[tuple[Any, np.dtype, tuple[int, ...]]], step: Any):
@@ -85,10 +101,19 @@ class FrameSignature:
         ):
             return None
         values = {}
-        ndarray, get = np.ndarray, batch.get
+        ndarray, tensor, get = np.ndarray, torch.Tensor, batch.get
         for key, want, shape in self.entries:
             v = get(key)
-            if type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
+            if type(v) is tensor:  # a dense CPU tensor without grad: its NumPy view
+                if v.dtype is not want:
+                    return None
+                try:  # raises for any other tensor (the full path's then)
+                    v = v.numpy()
+                except (RuntimeError, TypeError):
+                    return None
+                if v.shape != shape:
+                    return None
+            elif type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
                 return None
             values[key] = v
         n, c = self.n, storage.capacity
@@ -106,8 +131,10 @@ class FrameSignature:
             return None
         if not self.stacked:
             obs, nxt = obs[:, None], nxt[:, None]
-        todo = plan_step(storage, ring, obs, nxt, plan, n)  # the checks; nothing changed yet
-        if type(todo) is not StepWrite or not apply_step(storage, todo):
+        # the checks, then the write, that prepare_write makes (looked up in its module: the
+        # same functions, wherever they are patched); nothing is changed before the write
+        todo = frames.plan_step(storage, ring, obs, nxt, plan, n)
+        if type(todo) is not StepWrite or not frames.apply_step(storage, todo):
             return None  # a failed check, or not one compiled step: the full path raises or plans it
         written = slice(slot, slot + n)
         for key, view in self.views:
@@ -153,9 +180,16 @@ def frame_signature(rb: Any, batch: Any, n: int) -> FrameSignature | None:
         if not isinstance(key, (str, tuple)) or normalize_key(key) != key or key not in spec:
             return None
         field = spec[key]
+        if type(value) is torch.Tensor:  # kept by its torch dtype, read through .numpy()
+            if value.dtype != field.dtype or value.layout is not torch.strided or value.is_nested:
+                return None
+            if tuple(value.shape) != (n, *field.shape) or field.dtype not in _PLAIN:
+                return None
+            entries.append((key, field.dtype, tuple(value.shape)))
+            continue
         if type(value) is not np.ndarray or value.shape != (n, *field.shape):
             return None
-        if value.dtype.kind not in "biuf" or str(value.dtype) != str(field.dtype).removeprefix("torch."):
+        if _PLAIN.get(field.dtype) != value.dtype:
             return None
         entries.append((key, value.dtype, value.shape))
     step = lockstep_step(episodes, spec, n, rest.host_block)  # no env field, one step of each env
