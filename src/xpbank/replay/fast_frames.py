@@ -164,6 +164,7 @@ def frame_signature(rb: Any, batch: Any, n: int) -> FrameSignature | None:
         or spec is None
         or storage._spec is not spec
         or rest is None
+        or storage.next_key is None
         or rest.host_block is None
         or rest.host_block.np_data is None
         or episodes is None
