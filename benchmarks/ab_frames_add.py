@@ -18,6 +18,9 @@ as the ring wraps). Timed per call, adding one ``[8]`` step:
 - ``ReplayBuffer(storage=FrameStorage(...), num_envs=8).extend`` of the ``[8]`` step
   (each frame stored once), this tree and ``--base``, and this tree's with
   ``verify=False`` (the frame-stack checks skipped: their share of the time);
+- ``FrameStorage(stacked=False)`` (whole observations, the SB3 adapter's layout and
+  ``bench_small_calls``' frames row) ``extend`` of the step as a dict of NumPy arrays,
+  this tree and ``--base``;
 - ``ReplayBuffer(num_envs=8).extend`` over the packed ``TensorStorage`` (no dedup).
 
 Then ``sample(32)`` of the FrameStorage buffers (this tree, ``--base``) against cpprb's
@@ -71,10 +74,18 @@ def adders(module: Any, label: str, capacity: int, steps: list[dict[str, np.ndar
     frames = module.ReplayBuffer(
         capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=ENVS, seed=0
     )
+    whole = module.ReplayBuffer(
+        capacity, spec_of(module), storage=module.FrameStorage(capacity, stacked=False), num_envs=ENVS, seed=0
+    )
     batches = [as_batch(s) for s in steps]
+    arrays = [{k: v.numpy() for k, v in b.items()} for b in batches]  # the NumPy arrays SB3 is given
     out = {
         f"SB3 adapter dedup add ({label})": (adapter, lambda b, s: b.add(*sb3_args(s))),
         f"FrameStorage extend [8] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
+        f"FrameStorage(stacked=False) extend [8] NumPy ({label})": (
+            whole,
+            lambda b, s: b.extend(arrays[s["_i"]]),
+        ),
     }
     if label == "this tree":  # the checks' share: the same writes, not verified
         trusting = module.FrameStorage(capacity, verify=False)

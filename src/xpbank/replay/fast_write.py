@@ -23,8 +23,9 @@ What still runs on every fast call, because it depends on values, not signatures
   path, which raises it. One lockstep env step (``num_envs=E`` and ``E`` rows, no env
   field) has nothing to refuse: its upkeep is one compiled call after the rows are
   stored, which reads the episode ends from them (:mod:`xpbank.ring.episode_step`).
-  A storage that checks batches itself (``prepare_write``, e.g.
-  :class:`~xpbank.FrameStorage`) never gets the fast path.
+  A storage that checks batches itself (``prepare_write``: a
+  :class:`~xpbank.FrameStorage`) gets its own fast path, for one lockstep step of
+  NumPy arrays (:mod:`xpbank.replay.fast_frames`: the frame checks still run).
 
 A torch tensor's values are read as the cheapest exact conversion allows: a 0-d tensor
 or a 1-d one of up to 8 values through ``tolist()`` (Python numbers, exact for every
@@ -57,6 +58,7 @@ import torch
 
 from xpbank.errors import XpbankError
 from xpbank.replay import raw_rows
+from xpbank.replay.fast_frames import FrameSignature, frame_signature
 from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.keys import NestedKey, normalize_key
@@ -306,7 +308,8 @@ def remember(rb: Any, batch: Any, n: int) -> None:
     for that buffer (the tests compare the two paths)."""
     state = rb.__dict__
     if state.get("_fast_write", True):
-        state["_signature"] = signature_of(rb, batch, n)
+        framed = hasattr(rb._storage, "prepare_write")
+        state["_signature"] = frame_signature(rb, batch, n) if framed else signature_of(rb, batch, n)
 
 
 def try_write(rb: Any, batch: Any, add: bool) -> int | None:
@@ -316,6 +319,8 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     sig = rb.__dict__.get("_signature")
     if sig is None or (sig.n == 0) != add:
         return None
+    if type(sig) is FrameSignature:  # a FrameStorage's step (fast_frames.py)
+        return sig.write(rb, batch)
     n = sig.n
     storage = rb._storage
     # a new spec is laid out anew (initialize), so a kept block means a kept spec

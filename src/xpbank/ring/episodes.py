@@ -58,6 +58,7 @@ import torch
 
 from xpbank.errors import SpecError, StaleIndexError, check_positive_int
 from xpbank.ring.episode_keys import MAX_ENV_ID, EpisodeKeys, read_env_ids, read_flag, wants_episodes
+from xpbank.ring.episode_pickle import PickledIndex
 from xpbank.ring.episode_plan import _Plan, empty_plan, grow, plan_by_env, plan_lockstep
 from xpbank.ring.episode_slots import RingView, SlotLinks, as_array, as_ids, write_slots, write_slots_lockstep
 from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
@@ -65,7 +66,7 @@ from xpbank.spec.spec import NestedKey, Spec, key_str, normalize_key
 __all__ = ["EpisodeIndex", "EpisodeKeys", "wants_episodes"]
 
 
-class EpisodeIndex:
+class EpisodeIndex(PickledIndex):
     """Per-slot env, neighbours in the same env, episode ends and starts of a ring.
 
     Built by :class:`~xpbank.ReplayBuffer` (``num_envs=``, an ``env_id`` field, or a

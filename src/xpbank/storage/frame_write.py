@@ -214,7 +214,12 @@ def plan_frames(
 
 
 def plan_step(
-    st: FrameSource, ring: Ring, obs: torch.Tensor, nxt: torch.Tensor | None, plan: _Plan, n: int
+    st: FrameSource,
+    ring: Ring,
+    obs: torch.Tensor | np.ndarray,
+    nxt: torch.Tensor | np.ndarray | None,
+    plan: _Plan,
+    n: int,
 ) -> FrameWrite | StepWrite | None:
     """:func:`plan_frames` for one lockstep step of ``n`` envs, or ``None`` (not such a
     step, or a check fails: :func:`plan_frames` then says which). With numba, a
@@ -234,7 +239,8 @@ def plan_step(
     begins = bool(start.any())
     follow = ~start if begins else slice(None)
     slots = prev[follow] % c  # the predecessors (all live: see above)
-    o, x = to_numpy(obs), to_numpy(nxt)
+    o = obs if type(obs) is np.ndarray else to_numpy(obs)  # type: ignore[arg-type]  # arrays: the write fast path's
+    x = nxt if type(nxt) is np.ndarray else to_numpy(nxt)  # type: ignore[arg-type]
     obeys = not st.verify or step_obeys(st, o, x, start if begins else None, slots)
     views = step_words(st, o, x) if obeys and compiled_write() else None  # as the check's
     st.__dict__.pop("_step_views", None)  # step_words' answer kept for this call: it holds the step
