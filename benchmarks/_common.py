@@ -65,6 +65,27 @@ def time_repeat(fn: Callable[[], object], n: int) -> float:
     return clock() - start
 
 
+def interleaved_us(
+    fns: dict[str, Callable[[int], object]], calls: int, rounds: int, warm: int = 0
+) -> dict[str, list[float]]:
+    """µs per call (this thread's CPU time) of every block of ``calls`` calls of each
+    ``fn(i)``, in ``rounds`` interleaved rounds (every other round in reverse order);
+    ``warm`` untimed calls of each first."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        for i in range(warm):
+            fn(i)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn = fns[name]
+            c = time.thread_time()
+            for i in range(calls):
+                fn(i)
+            out[name].append((time.thread_time() - c) / calls * 1e6)
+    return out
+
+
 def fastest_block(fn: Callable[[], object], calls: int, chunks: int) -> float:
     """Seconds per call of the argument-less ``fn``: the fastest of ``chunks`` blocks of
     ``calls`` calls, garbage collected before each block."""

@@ -39,7 +39,6 @@ import datetime
 import logging
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,7 +48,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, log, markdown_table, report
+from _common import environment, interleaved_us, log, markdown_table, report
 from bench_images import ENVS, FRAME, STACK, Frames, as_batch, spec
 
 
@@ -188,18 +187,6 @@ def samplers(extras: dict[str, Any]) -> dict[str, Callable[[int], object]]:
     return out
 
 
-def timed(fns: dict[str, Callable[[int], object]], calls: int, rounds: int) -> dict[str, list[float]]:
-    """CPU µs per call of every block of each function, interleaved rounds."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            fn = fns[name]
-            c = time.thread_time()
-            for i in range(calls):
-                fn(i)
-            out[name].append((time.thread_time() - c) / calls * 1e6)
-    return out
 
 
 def _cell(v: list[float]) -> str:
@@ -232,9 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank_base_")))
     fns, extras = build(args, base)
     log(f"timing adds: {rounds} rounds x {calls} calls")
-    adds = timed(fns, calls, rounds)
+    adds = interleaved_us(fns, calls, rounds)
     log("timing samples")
-    samples = timed(samplers(extras), calls, rounds)
+    samples = interleaved_us(samplers(extras), calls, rounds)
     ref = float(np.median(adds["SB3 ReplayBuffer(optimize_memory_usage) add"]))
     add_rows = [[k, _cell(v), f"{np.median(v) / ref:.2f}x"] for k, v in adds.items()]
     peer = samples.get("cpprb (next_of + stack_compress) sample(32)")

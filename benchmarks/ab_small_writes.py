@@ -31,7 +31,6 @@ import datetime
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 from tensordict import TensorDict
 
 import xpbank
-from _common import ab_args, environment, log, markdown_table, median
+from _common import ab_args, environment, interleaved_us, log, markdown_table, median
 from bench_small_calls import (
     SPEC,
     E,
@@ -112,21 +111,6 @@ def build(base: Any) -> dict[str, Callable[[int], object]]:
     return fns
 
 
-def timed(fns: dict[str, Callable[[int], object]], calls: int, rounds: int) -> dict[str, list[float]]:
-    """µs per call (thread CPU time) of every block of each function, in interleaved rounds."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        for i in range(min(calls, 50)):
-            fn(i)
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            fn = fns[name]
-            c = time.thread_time()
-            for i in range(calls):
-                fn(i)
-            out[name].append((time.thread_time() - c) / calls * 1e6)
-    return out
 
 
 def ratio(t: dict[str, list[float]], a: str, b: str) -> str:
@@ -170,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     log("building buffers ...")
     fns = build(base)
     calls = args.calls if args.calls != 100 else (300 if args.quick else 2000)
-    t = timed(fns, calls, args.rounds)
+    t = interleaved_us(fns, calls, args.rounds, warm=min(calls, 50))
     out = table(t)
     commit = subprocess.run(["git", "rev-parse", "--short", args.base], capture_output=True, text=True).stdout
     out["notes"] = (
