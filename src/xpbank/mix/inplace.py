@@ -5,8 +5,9 @@ arrays (:mod:`xpbank.mix.assemble` makes the arrays and the TensorDict).
 Where every source with a share keeps its fields in one packed CPU block (``host_reader``
 of a :class:`~xpbank.TensorStorage`) and those blocks share one record layout, a batch
 of ``B`` items is one ``np.empty`` of ``B`` records and one of ``B`` ids, then per share
-the draw (:func:`draw_rows`: a plain uniform source's sample fast path,
-:func:`~xpbank.replay.fast_read.draw_records`, else the source's sampler's own draw,
+the draw (:func:`draw_rows`: a plain uniform or prioritized source's sample fast path,
+:func:`~xpbank.replay.fast_read.draw_records` or
+:func:`~xpbank.replay.fast_read.draw_prioritized_rows`, else the source's sampler's own draw,
 :func:`~xpbank.replay.reading.draw_slots`, e.g. a prioritized one: the same draws as its
 ``sample``) and one ``take`` of whole records into the share's slice. The rows are
 copied once, as by the sources' own samples, with no join copy afterwards; the ids are
@@ -145,9 +146,13 @@ def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any
     own way (n-step, relabelling, windows, other per-item entries). The caller holds
     the lock. A plain uniform source's rows are its fast path's kept array: read them
     before its next draw."""
-    found = fast_read.draw_records(rb, k) if replace else None
-    if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
-        return found[0], None, None
+    if replace:
+        found = fast_read.draw_records(rb, k)
+        if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
+            return found[0], None, None
+        drawn = fast_read.draw_prioritized_rows(rb, k)
+        if drawn is not None:  # a prioritized buffer's fast sample, stopped at the rows
+            return drawn[0], drawn[1], None
     if rb._nstep is None and type(rb._ring) is Ring and getattr(rb._sampler, "relabel", None) is None:
         slots, info = reading.draw_slots(rb, k, replace)  # e.g. a prioritized sample
         fit = _rows_of(slots, info, k)

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReadPlan",
+    "draw_prioritized_rows",
     "draw_records",
     "ids_of_rows",
     "read_run",
@@ -152,10 +153,12 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     return _batch(plan, rb._ring, rows, size, None)
 
 
-def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
-    """``sample(batch_size)`` of every field from a buffer with the prioritized sampler
-    (the caller holds the lock), or ``None`` before anything is drawn: the general path
-    takes the call (and raises what it raises)."""
+def _prioritized_draw(
+    rb: Any, batch_size: Any
+) -> tuple[ReadPlan, np.ndarray, torch.Size, np.ndarray, torch.Tensor] | None:
+    """The prioritized sampler's draw with replacement into the plan's kept slot tensor:
+    ``(plan, the slots as NumPy rows, the batch's size, the items' ids, their weights)``,
+    or ``None`` before anything is drawn (the caller holds the lock)."""
     ring = rb._ring
     if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
         return None
@@ -168,8 +171,31 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     drawn = draw_into(plan.sampler, ring, rows, rb._generator)
     if drawn is None:
         return None
-    ids, weights = drawn
-    return _batch(plan, ring, rows, size, {"weight": weights}, ids)
+    return plan, rows, size, drawn[0], drawn[1]
+
+
+def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
+    """``sample(batch_size)`` of every field from a buffer with the prioritized sampler
+    (the caller holds the lock), or ``None`` before anything is drawn: the general path
+    takes the call (and raises what it raises)."""
+    drawn = _prioritized_draw(rb, batch_size)
+    if drawn is None:
+        return None
+    plan, rows, size, ids, weights = drawn
+    return _batch(plan, rb._ring, rows, size, {"weight": weights}, ids)
+
+
+def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
+    """:func:`try_prioritized`'s draw, stopping before the read: ``(the drawn slots as
+    NumPy rows, their float32 weights, the RecordReader whose records they index)``, for
+    a :class:`~xpbank.Mixture`'s share, as :func:`draw_records` for a uniform source;
+    ``None`` where :func:`try_prioritized` would decline. The rows are the plan's kept
+    slot array: read them before this buffer's next draw. The caller holds the lock."""
+    drawn = _prioritized_draw(rb, batch_size)
+    if drawn is None:
+        return None
+    plan, rows, _, _, weights = drawn
+    return rows, weights.numpy(), plan.reader
 
 
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
