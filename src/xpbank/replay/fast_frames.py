@@ -38,24 +38,12 @@ import torch
 from xpbank.errors import XpbankError
 from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.sampler.uniform import UniformSampler
+from xpbank.spec.cast import NUMPY_DTYPES
 from xpbank.spec.keys import normalize_key
 from xpbank.storage import frames
 from xpbank.storage.frame_step import StepWrite, compiled_write
 
 __all__ = ["FrameSignature", "frame_signature"]
-
-# the field dtypes stored here as they come (NumPy holds them natively)
-_PLAIN = {
-    torch.bool: np.dtype(bool),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-}
 
 
 class FrameSignature:
@@ -184,13 +172,13 @@ def frame_signature(rb: Any, batch: Any, n: int) -> FrameSignature | None:
         if type(value) is torch.Tensor:  # kept by its torch dtype, read through .numpy()
             if value.dtype != field.dtype or value.layout is not torch.strided or value.is_nested:
                 return None
-            if tuple(value.shape) != (n, *field.shape) or field.dtype not in _PLAIN:
+            if tuple(value.shape) != (n, *field.shape) or field.dtype not in NUMPY_DTYPES:
                 return None
             entries.append((key, field.dtype, tuple(value.shape)))
             continue
         if type(value) is not np.ndarray or value.shape != (n, *field.shape):
             return None
-        if _PLAIN.get(field.dtype) != value.dtype:
+        if NUMPY_DTYPES.get(field.dtype) != value.dtype:
             return None
         entries.append((key, value.dtype, value.shape))
     step = lockstep_step(episodes, spec, n, rest.host_block)  # no env field, one step of each env

@@ -61,6 +61,7 @@ from xpbank.replay import raw_rows
 from xpbank.replay.fast_frames import FrameSignature, frame_signature
 from xpbank.ring.episode_step import lockstep_step, record_step
 from xpbank.sampler.uniform import UniformSampler
+from xpbank.spec.cast import NUMPY_DTYPES
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
 
@@ -76,18 +77,6 @@ _BOUNDED = 5  # a Python / NumPy scalar stored only within +-bound (exact / fini
 _ARRAY_NARROW = 6  # a float64 array into a float32 field, within +-bound
 _LIST_MAX = 8  # a 1-d tensor up to this long: tolist() + a store of numbers beat numpy() (even at 16)
 
-# the field dtypes the fast path stores (NumPy holds them natively: not bfloat16, complex)
-_PLAIN = {
-    torch.bool: np.dtype(bool),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-}
 # float64 -> float32 rounds once, as torch's conversion does; float16 is left to the full
 # path (torch converts float64 -> float32 -> float16, which may round differently)
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -249,7 +238,7 @@ def _entry(
     key: NestedKey, v: Any, dtype: torch.dtype, shape: tuple[int, ...], n: int, cast: bool
 ) -> tuple[Any, ...] | None:
     """How field ``key`` of this kind of value is taken (``None``: the full path's)."""
-    np_dtype = _PLAIN.get(dtype)
+    np_dtype = NUMPY_DTYPES.get(dtype)
     if np_dtype is None or 0 in shape:  # an empty field: left to the full path
         return None
     full = (n, *shape) if n else shape

@@ -20,13 +20,28 @@ uint64 -> no int at all (its values above int64's max do not fit), any of them -
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from xpbank.errors import SpecError
 from xpbank.spec.field import dtype_name
 from xpbank.spec.keys import NestedKey, key_str
 
-__all__ = ["check_cast", "is_safe_cast"]
+__all__ = ["NUMPY_DTYPES", "check_cast", "is_safe_cast"]
+
+#: The field dtypes NumPy holds as themselves (not bfloat16, complex, unsigned > 8 bits):
+#: the write fast paths store fields of these dtypes from NumPy arrays as they come.
+NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(bool),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+}
 
 
 def _kind(dtype: torch.dtype) -> str:
