@@ -63,6 +63,11 @@ BAD = [
         BatchTypeError,
         r"field 'reward': expected a dense \(strided\) tensor, got a nested tensor",
     ),
+    (
+        lambda: torch._efficientzerotensor(2),
+        BatchTypeError,
+        r"field 'reward': expected a tensor with data, got an efficient zero tensor",
+    ),
 ]
 
 

@@ -31,7 +31,8 @@ def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
     tensor on the CPU or a CUDA device (a ``meta`` tensor holds no data).
 
     Raises:
-        BatchTypeError: a sparse, mkldnn or nested tensor (the message names the field).
+        BatchTypeError: a sparse, mkldnn or nested tensor, or an efficient zero tensor (the
+            message names the field).
         DeviceError: a tensor on another device, e.g. ``meta``.
 
     Example:
@@ -46,6 +47,11 @@ def check_tensor(key: NestedKey, value: torch.Tensor) -> None:
         raise BatchTypeError(
             f"field {key_str(key)!r}: expected a dense (strided) tensor, got a {kind} tensor; "
             "convert it first (e.g. .to_dense())"
+        )
+    if value._is_zerotensor():  # torch._efficientzerotensor: autograd's zeros, no storage
+        raise BatchTypeError(
+            f"field {key_str(key)!r}: expected a tensor with data, got an efficient zero tensor "
+            "(no storage); materialize it first (e.g. torch.zeros_like(t))"
         )
     if not (value.is_cpu or value.is_cuda):
         why = " (a meta tensor holds no data)" if value.is_meta else ""

@@ -129,7 +129,11 @@ class Spec(Mapping[NestedKey, Field]):
             fields, n, strided = self._fields, -1, torch.strided
             try:
                 for key, value in batch.items():
-                    if value.layout is not strided or not (value.is_cpu or value.is_cuda):
+                    if (
+                        value.layout is not strided
+                        or not (value.is_cpu or value.is_cuda)
+                        or value._is_zerotensor()
+                    ):
                         break
                     field, shape = fields[key], value.shape  # a nested tensor raises here
                     if (
@@ -194,7 +198,12 @@ class Spec(Mapping[NestedKey, Field]):
         lead_key: NestedKey = ""
         strided = torch.strided
         for key, value in batch.items():
-            if value.layout is not strided or not (value.is_cpu or value.is_cuda) or value.is_nested:
+            if (
+                value.layout is not strided
+                or not (value.is_cpu or value.is_cuda)
+                or value.is_nested
+                or value._is_zerotensor()  # autograd's zeros without storage
+            ):
                 check_tensor(key, value)
             field = self._fields[key]
             shape = value.shape
