@@ -65,10 +65,11 @@ def test_the_loop_gives_choose_goals_and_the_goal_reader(strategy: str, envs: in
         )  # fmt: skip
         np.testing.assert_array_equal(got_ids, want)
         np.testing.assert_array_equal(rows.view(host.dtype), reader(rb.storage, want % ring.capacity))
-        compiled = her_kernel.goal_rows(
-            words, host, ids, slots, u, left, envs, ring.capacity, ring.next_id, strategy == "final", got_ids
+        goal_slots = her_kernel.choose_rows(
+            words, ids, slots, u, left, envs, ring.capacity, ring.next_id, strategy == "final", got_ids
         )
-        if compiled is not None:
+        if goal_slots is not None:
+            compiled = her_kernel.copy_rows(words, host, goal_slots)
             np.testing.assert_array_equal(got_ids, want)
             np.testing.assert_array_equal(compiled, reader(rb.storage, want % ring.capacity))
 

@@ -5,15 +5,16 @@ item's goal (:func:`xpbank.her.goals.choose_goals`) is a ``take`` of the ends ta
 a few NumPy calls, and reading the goals (:class:`xpbank.her.relabel.GoalReader`) is a
 fancy index whose rows are scattered over the ring: at 1M items each one a cache miss,
 taken one after another. With numba installed (``pip install xpbank[fast]``),
-:func:`goal_rows` does both in one compiled call: it prefetches
+one compiled kernel does both: :func:`choose_rows` prefetches
 (:mod:`xpbank._jit.prefetch`) every item's cell of the ends table, then computes each
-goal id and prefetches its row, then copies the rows, so the misses overlap.
+goal id and prefetches its row; :func:`copy_rows` then copies the rows, so the misses
+overlap (the caller reads other data in between).
 
 Same results as the NumPy path, to the bit (the tests compare them): the goal is
 ``t + stride * int(u * left)`` (``final``: ``left - 1`` steps on) with ``u * left``
 one float64 product, as NumPy computes it; rows are copied as machine words of the
 field's itemsize. Where numba is missing, ``XPBANK_NO_NUMBA=1`` was set, or the field
-has no NumPy host view of a NumPy dtype whose rows are contiguous, :func:`goal_rows`
+has no NumPy host view of a NumPy dtype whose rows are contiguous, :func:`choose_rows`
 returns ``None`` and the caller takes the NumPy path.
 
 Example:
@@ -38,7 +39,7 @@ import numpy as np
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
 
-__all__ = ["choose_rows", "copy_rows", "goal_rows", "kernel", "word_rows"]
+__all__ = ["choose_rows", "copy_rows", "kernel", "word_rows"]
 
 _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -164,22 +165,3 @@ def copy_rows(words: np.ndarray, host: np.ndarray, rows: np.ndarray) -> np.ndarr
     goal = np.empty((m, words.shape[1]), dtype=words.dtype)
     run(_NO_IDS, _NO_IDS, _NO_U, _NO_IDS, 1, 1, 0, False, words, goal, _NO_IDS, rows, 2)
     return goal.view(host.dtype).reshape(m, *host.shape[1:])
-
-
-def goal_rows(
-    words: np.ndarray,
-    host: np.ndarray,
-    ids: np.ndarray,
-    slots: np.ndarray,
-    uniform: np.ndarray,
-    left_table: np.ndarray,
-    stride: int,
-    capacity: int,
-    next_id: int,
-    final: bool,
-    goal_ids: np.ndarray,
-) -> np.ndarray | None:
-    """:func:`choose_rows` then :func:`copy_rows`: the goal ids (into ``goal_ids``) and
-    the ``[m, ...]`` goal rows of ``host``, or ``None`` without the kernel."""
-    rows = choose_rows(words, ids, slots, uniform, left_table, stride, capacity, next_id, final, goal_ids)
-    return None if rows is None else copy_rows(words, host, rows)

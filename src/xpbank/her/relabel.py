@@ -185,7 +185,7 @@ class GoalReader:
         self.__init__(state["key"])  # type: ignore[misc]
 
     def host(self, storage: Storage) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(host view, its word_rows)`` for :func:`xpbank.her.kernel.goal_rows`, or
+        """``(host view, its word_rows)`` for :func:`xpbank.her.kernel.choose_rows` / ``copy_rows``, or
         ``None`` where the kernel cannot read the field."""
         self._look(storage)
         if self._words is None or self._host is None:
