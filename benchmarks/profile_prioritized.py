@@ -47,8 +47,6 @@ PHASES = [
     ("top prefix sums (top_prefix)", 3),
     ("smallest priority (LazyMin flush)", 3),
     ("compiled draw (sumtree_numba.draw_fresh)", 3),
-    ("compiled draw + weights (prioritized_fast.weigh)", 3),
-    ("compiled draw (sumtree_numba.draw)", 4),
     ("batch: ids, records, TensorDict (fast_read._batch)", 2),
     ("general path: sampler.sample", 1),
     ("descent (find_prefix_sum)", 2),
@@ -96,7 +94,6 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
         (rb, "update_priority", "rb.update_priority"),
         (reading, "try_prioritized", "fast sample (fast_read.try_prioritized)"),
         (fast_read, "draw_into", "draw (prioritized_fast.draw_into)"),
-        (prioritized_fast, "weigh", "compiled draw + weights (prioritized_fast.weigh)"),
         (fast_read, "_batch", "batch: ids, records, TensorDict (fast_read._batch)"),
         (sampler, "sample", "general path: sampler.sample"),
         (sampler, "update_priority", "general path: sampler.update_priority"),
@@ -116,7 +113,6 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     kernels = sumtree_numba.load()
     if kernels is not None:  # numba: the compiled calls that replace the NumPy phases above
         patches += [
-            (kernels, "draw", "compiled draw (sumtree_numba.draw)"),
             (kernels, "draw_fresh", "compiled draw (sumtree_numba.draw_fresh)"),
             (kernels, "live_slots", "compiled check (sumtree_numba.live_slots)"),
             (kernels, "live_priorities", "compiled check (sumtree_numba.live_priorities)"),

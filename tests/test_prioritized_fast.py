@@ -195,7 +195,8 @@ def test_draw_fresh_is_prefix_then_draw(kernels: object) -> None:
         draws = rng.random(b)
         want_cums = kernels.prefix(tree[-1])  # type: ignore[attr-defined]
         want_slots, want_ratios = np.empty(b, dtype=np.int64), np.empty(b)
-        kernels.draw(tuple(tree), want_cums, draws, 1.0, 0.01, want_slots, want_ratios)  # type: ignore[attr-defined]
+        want = (want_slots, want_ratios, np.empty(b, dtype=np.int64), 0, capacity)
+        kernels.draw_fresh(tuple(tree), want_cums, False, draws, 1.0, 0.01, *want)  # type: ignore[attr-defined]
         for fresh in (True, False):
             cums = np.full(want_cums.shape, np.nan) if fresh else want_cums.copy()
             slots, ratios, ids = np.empty(b, dtype=np.int64), np.empty(b), np.empty(b, dtype=np.int64)

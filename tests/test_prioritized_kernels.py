@@ -1,4 +1,4 @@
-"""The prioritized sampler's compiled kernels (``sumtree_numba.draw``, ``.update``,
+"""The prioritized sampler's compiled kernels (``sumtree_numba.draw_fresh``, ``.update``,
 ``.live_slots``) against the NumPy path, on random inputs.
 
 Trees, stored priorities and weights must be bit-identical; drawn slots too (integer
@@ -43,7 +43,7 @@ def test_kernels_raise_no_power_of_their_own() -> None:
     # a kernel matched NumPy's on some CPUs only: every power goes through priorities.power
     import inspect
 
-    for name in ("draw", "update", "descend", "set_leaves"):
+    for name in ("draw_fresh", "draw_body", "update", "descend", "set_leaves"):
         source = inspect.getsource(getattr(sumtree_numba, name))
         assert "**" not in source.split('"""')[-1] and "pow(" not in source, name
     x = np.random.default_rng(0).random(1000) * 10.0 ** np.random.default_rng(1).integers(-90, 90, 1000)
@@ -81,8 +81,9 @@ def test_draw_matches_descent_and_weights(
         n = int((tree[0] > 0).sum())
         smallest = float(tree[0][tree[0] > 0].min())
         scale, divisor = (1.0, smallest) if normalize else (float(n), total)
-        slots, ratios = np.empty(b, dtype=np.int64), np.empty(b)
-        kernels.draw(tuple(tree), cums, draws, scale, divisor, slots, ratios)  # type: ignore[attr-defined]
+        slots, ratios, ids = np.empty(b, dtype=np.int64), np.empty(b), np.empty(b, dtype=np.int64)
+        args = (slots, ratios, ids, 0, capacity)
+        kernels.draw_fresh(tuple(tree), cums, False, draws, scale, divisor, *args)  # type: ignore[attr-defined]
         weights = priorities.power(ratios, -beta).astype(np.float32)  # as PrioritizedSampler does
         np.testing.assert_array_equal(slots, want)
         assert (tree[0][slots] > 0).all()

@@ -11,7 +11,7 @@ min-tree is only brought up to date when a write raised the minimum's leaf. The 
 prefix sums are kept between samples until the next write.
 
 With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is one
-compiled call (:func:`~xpbank.sampler.sumtree_numba.draw`: fractions, descent, weights)
+compiled call (:func:`~xpbank.sampler.sumtree_numba.draw_fresh`: fractions, descent, weights)
 and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
 ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
 NumPy path, which stays the reference. Those calls and the buffer's small-call paths
@@ -45,7 +45,7 @@ from xpbank.ring.ids import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights, power
-from xpbank.sampler.prioritized_fast import DrawArrays, weigh, write
+from xpbank.sampler.prioritized_fast import DrawArrays, draw_into, write
 from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
 from xpbank.storage.base import Slots
@@ -211,17 +211,15 @@ class PrioritizedSampler:
             )
         if self._trees is not None:
             return self._sample_torch(self._trees, ring, batch_size, generator)
-        if self._cums is None:
+        slots = np.empty(batch_size, dtype=np.int64)
+        drawn = draw_into(self, ring, slots, generator)  # the same draw in one compiled call
+        if drawn is not None:
+            return torch.from_numpy(slots), {"weight": drawn[1]}
+        if self._cums is None:  # without numba (or nothing to draw: raised below)
             self._cums = sumtree.top_prefix(self._sum)
         if not self._cums[-1] > 0:
             self._nothing_to_draw()
-        arrays = self._arrays.of(batch_size)
-        draws = arrays.fill(generator)  # bit for bit torch.rand(batch_size, dtype=torch.float64)
-        kernels = sumtree_numba.load()
-        if kernels is not None:  # the same draw in one compiled call
-            slots = np.empty(batch_size, dtype=np.int64)
-            weights = weigh(self, kernels, self._cums, arrays, slots, ring.size)
-            return torch.from_numpy(slots), {"weight": torch.from_numpy(weights)}
+        draws = self._arrays.of(batch_size).fill(generator)  # bit for bit torch.rand(B, dtype=float64)
         fractions = (np.arange(batch_size) + draws) / batch_size
         slots, total = sumtree.find_prefix_sum(self._sum, fractions, self._cums)
         stored = self._sum[0][slots]

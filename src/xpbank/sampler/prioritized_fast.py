@@ -43,7 +43,7 @@ from xpbank.sampler.priorities import host_arrays, power
 if TYPE_CHECKING:
     from xpbank.ring.ids import Ring
 
-__all__ = ["DrawArrays", "draw_into", "update_ids", "weigh", "write"]
+__all__ = ["DrawArrays", "draw_into", "update_ids", "write"]
 
 
 class DrawArrays:
@@ -79,20 +79,6 @@ class DrawArrays:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (DrawArrays, ())
-
-
-def weigh(
-    sampler: Any, kernels: Any, cums: np.ndarray, arrays: DrawArrays, slots: np.ndarray, n: int
-) -> np.ndarray:
-    """The compiled draw of ``arrays``' filled uniforms into ``slots`` (int64, one per
-    uniform) and the items' importance weights (a new float32 array), for ``n`` live
-    items; moves ``beta``'s schedule on by one sample."""
-    if sampler.normalize_weights:
-        scale, divisor = 1.0, sampler._smallest.value
-    else:
-        scale, divisor = float(n), float(cums[-1])
-    kernels.draw(sampler._levels, cums, arrays.draws, scale, divisor, slots, arrays.ratios)
-    return _weights(sampler, arrays.ratios)
 
 
 def _weights(sampler: Any, ratios: np.ndarray) -> np.ndarray:

@@ -7,9 +7,9 @@ work in compiled loops over the batch. They are used when numba is installed (th
 ``XPBANK_NO_NUMBA=1`` is set (read once, when this module is imported). The NumPy
 code stays the reference and runs unchanged without numba.
 
-- :func:`descend` (``sumtree.find_prefix_sum``) and :func:`draw` (a whole stratified
-  prioritized draw: fractions, descent, importance weights; :func:`draw_fresh`: the
-  top's prefix sums too, after a write) walk the tree level by
+- :func:`descend` (``sumtree.find_prefix_sum``) and :func:`draw_fresh` (a whole
+  stratified prioritized draw: fractions, descent, importance weights, the items' ids;
+  after a write the top's prefix sums too) walk the tree level by
   level for the whole batch: the top is searched for every item first, then each
   level's rows are read for every item. One item's reads depend on each other, those of
   different items do not, so the CPU overlaps the cache misses of many items (one item
@@ -60,7 +60,6 @@ from xpbank import _jit
 __all__ = [
     "ENABLED",
     "descend",
-    "draw",
     "draw_fresh",
     "live_priorities",
     "live_slots",
@@ -155,7 +154,7 @@ def draw_body(
     slots: np.ndarray,
     ratios: np.ndarray,
 ) -> None:
-    """:func:`draw`'s work (``ratios`` holds the points descended until it gets the ratios)."""
+    """:func:`draw_fresh`'s draw (``ratios`` holds the points descended until it gets the ratios)."""
     b = draws.shape[0]
     total = cums[levels[-1].shape[0]]
     for i in range(b):
@@ -203,27 +202,6 @@ def descend(levels: tuple[np.ndarray, ...], cums: np.ndarray, fractions: np.ndar
     return out
 
 
-def draw(
-    levels: tuple[np.ndarray, ...],
-    cums: np.ndarray,
-    draws: np.ndarray,
-    scale: float,
-    divisor: float,
-    slots: np.ndarray,
-    ratios: np.ndarray,
-) -> None:
-    """One stratified prioritized draw of ``B = len(draws)`` items into ``slots``, and the
-    base of each one's importance weight into ``ratios`` (float64).
-
-    Item ``i`` is the leaf at fraction ``(i + draws[i]) / B`` of the total; its ratio is
-    ``scale * leaf / divisor``: ``scale = 1, divisor = smallest`` for normalized weights,
-    ``scale = N, divisor = total`` for the unnormalized ones. The weight is
-    ``ratio ** -beta``, raised by the caller with NumPy
-    (:func:`~xpbank.sampler.priorities.importance_weights`): a power is not computed here.
-    """
-    draw_body(levels, cums, draws, scale, divisor, slots, ratios)
-
-
 def draw_fresh(
     levels: tuple[np.ndarray, ...],
     cums: np.ndarray,
@@ -237,11 +215,20 @@ def draw_fresh(
     first: int,
     capacity: int,
 ) -> None:
-    """:func:`draw`, with ``fresh``: the top's prefix sums first rewritten in place
-    (``cums``: its length, :func:`prefix`'s sums), sparing a sample after a write the
-    separate :func:`prefix` call and its array; and the drawn items' ids into ``ids``
-    (live ids ``[first, first + n)`` in a ring of ``capacity`` slots: ``first + (slot -
-    first mod capacity) mod capacity``, as ``fast_read.ids_of_rows`` gives them)."""
+    """One stratified prioritized draw of ``B = len(draws)`` items into ``slots``, the
+    base of each one's importance weight into ``ratios`` (float64), and their ids into
+    ``ids``.
+
+    Item ``i`` is the leaf at fraction ``(i + draws[i]) / B`` of the total; its ratio is
+    ``scale * leaf / divisor``: ``scale = 1, divisor = smallest`` for normalized weights,
+    ``scale = N, divisor = total`` for the unnormalized ones. The weight is
+    ``ratio ** -beta``, raised by the caller with NumPy
+    (:func:`~xpbank.sampler.priorities.importance_weights`): a power is not computed here.
+    ``fresh``: the top's prefix sums are first rewritten in place into ``cums`` (its
+    length, :func:`prefix`'s sums), sparing a sample after a write a separate
+    :func:`prefix` call and its array. Ids: live ids ``[first, first + n)`` in a ring of
+    ``capacity`` slots, ``first + (slot - first mod capacity) mod capacity``, as
+    ``fast_read.ids_of_rows`` gives them."""
     if fresh:
         prefix_into(levels[-1], cums)
     draw_body(levels, cums, draws, scale, divisor, slots, ratios)
@@ -334,7 +321,7 @@ def live_priorities(
 
 
 def load() -> SimpleNamespace | None:
-    """The compiled kernels (``.prefix``, ``.descend``, ``.draw``, ``.set_leaves``,
+    """The compiled kernels (``.prefix``, ``.descend``, ``.set_leaves``,
     ``.draw_fresh``, ``.update``, ``.live_slots``, ``.live_priorities``), or None when numba is missing
     or ``XPBANK_NO_NUMBA=1``.
 
@@ -344,7 +331,7 @@ def load() -> SimpleNamespace | None:
     global _loaded, _tried
     if not _tried:
         _tried = True
-        fns = (prefix, descend, draw, draw_fresh, set_leaves, update, live_slots, live_priorities)
+        fns = (prefix, descend, draw_fresh, set_leaves, update, live_slots, live_priorities)
         helpers = (search_right, descend_into, prefix_into, draw_body, refresh)
         kernels = _jit.compile_kernels(*fns, helpers=helpers)
         if kernels is not None:
