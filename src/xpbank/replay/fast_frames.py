@@ -129,9 +129,7 @@ class FrameSignature:
             view[written] = values[key]
         if self.on_write is not None:
             self.on_write(written, ring)
-        ring.next_id = first + n
-        if ring.size < ring.capacity:
-            ring.size = min(ring.size + n, ring.capacity)
+        ring.advance(n)
         record_step(episodes, self.step, first)  # the plan's entries, from the stored ends
         return first
 
