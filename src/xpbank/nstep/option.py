@@ -232,7 +232,7 @@ class NStep:
                 out = storage.gather(torch.from_numpy(pair[: pair.shape[0] // 2]), wanted)
             else:
                 out = _gather_pairs(storage, pair, wanted, next_keys)
-            return _merge(out, ret, disc, steps, terminated)
+            return _merge(out, ret, disc, steps, terminated, storage.device)
         window, steps = episodes.walk_slots(_numpy(ids), n)  # [n, B] slots, step-major
         # the small NumPy work first, while its code and data are still in cache ...
         terminated = episodes.terminated_of_slots(window[-1])
@@ -244,7 +244,7 @@ class NStep:
             out = storage.gather(torch.from_numpy(window[0]), wanted)
         else:
             out = _gather_pairs(storage, window[:: n - 1].reshape(-1), wanted, next_keys)
-        return _merge(out, ret, disc, steps, terminated)
+        return _merge(out, ret, disc, steps, terminated, storage.device)
 
     def _table(self, spec: Spec, episodes: EpisodeIndex, capacity: int) -> WindowTable | None:
         """The buffer's :class:`~xpbank.nstep.table.WindowTable` (lockstep mode; else
@@ -311,12 +311,20 @@ def _merge(
     disc: np.ndarray,
     steps: np.ndarray,
     terminated: np.ndarray,
+    device: torch.device,
 ) -> dict[NestedKey, torch.Tensor]:
-    """``out`` with the n-step entries added (as tensors sharing the arrays' memory)."""
-    out["nstep_return"] = torch.from_numpy(ret)
-    out["nstep_discount"] = torch.from_numpy(disc)
-    out["nstep_steps"] = torch.from_numpy(steps)
-    out["nstep_terminated"] = torch.from_numpy(terminated)
+    """``out`` with the n-step entries added: tensors sharing the arrays' memory, or
+    copies on the device of the rows (a CUDA storage: computed on the host, delivered
+    beside the fields they go with)."""
+    entries = {
+        "nstep_return": torch.from_numpy(ret),
+        "nstep_discount": torch.from_numpy(disc),
+        "nstep_steps": torch.from_numpy(steps),
+        "nstep_terminated": torch.from_numpy(terminated),
+    }
+    if device.type != "cpu":
+        entries = {key: value.to(device) for key, value in entries.items()}
+    out.update(entries)
     return out
 
 
