@@ -54,8 +54,10 @@ class RolloutStorage:
         actions_shape: the shape of one env's action.
         device: where the steps live and minibatches are delivered.
         parity: rsl_rl's exact minibatches: one permutation from torch's global RNG
-            reused every epoch, the remainder dropped, recurrent envs in fixed groups
-            (bit for bit the same as rsl_rl after the same ``torch.manual_seed``, CPU).
+            of ``device`` (as rsl_rl's ``randperm(device=...)``: CUDA's own generator
+            on a GPU) reused every epoch, the remainder dropped, recurrent envs in
+            fixed groups (bit for bit rsl_rl's after the same ``torch.manual_seed``,
+            on the CPU and on CUDA).
         drop_last: drop the remainder (``T * E % num_mini_batches`` steps, or envs
             of recurrent minibatches) instead of spreading it over the minibatches.
         seed: seeds the storage's own generator (minibatch orders; unused with
@@ -342,11 +344,12 @@ class RolloutStorage:
         permutation each, unless ``parity``)."""
         views, check = self._require("rl"), self._check()
         rb = views.rb
-        with _global_rng(rb, self.parity):
-            plan = flat_plan(
-                rb.capacity, num_mini_batches, num_epochs, True, self.drop_last, rb.generator, self.parity
-            )
-            first = next(plan, None)  # draws the order (from the global RNG under parity)
+        # parity: rsl_rl's randperm(device=self.device), from that device's global generator
+        generator = _global_generator(rb.device) if self.parity else rb.generator
+        plan = flat_plan(
+            rb.capacity, num_mini_batches, num_epochs, True, self.drop_last, generator, self.parity
+        )
+        first = next(plan, None)  # draws the order now (rsl_rl draws before its first batch)
         if first is not None:
             yield from flat_batches(views, chain([first], plan), check, self.returns, self.advantages)
 
@@ -360,16 +363,10 @@ class RolloutStorage:
         yield from recurrent_batches(views, groups, self.parity, check, self.returns, self.advantages)
 
 
-class _global_rng:
-    """Under ``parity``, draw from torch's global RNG (as rsl_rl does) and advance it."""
-
-    def __init__(self, rb: RolloutBuffer, active: bool):
-        self.rb, self.active = rb, active
-
-    def __enter__(self) -> None:
-        if self.active:
-            self.rb.generator.set_state(torch.default_generator.get_state())
-
-    def __exit__(self, *exc: object) -> None:
-        if self.active:
-            torch.default_generator.set_state(self.rb.generator.get_state())
+def _global_generator(device: torch.device) -> torch.Generator:
+    """torch's global generator for ``device``: the one ``torch.randperm(n, device=device)``
+    draws from (a CUDA device's own, seeded by ``torch.manual_seed`` too)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator

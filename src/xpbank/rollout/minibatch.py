@@ -71,7 +71,7 @@ def flat_plan(
 
 
 def _reused(size: int, k: int, epochs: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    order = torch.randperm(k * size, generator=generator)
+    order = torch.randperm(k * size, generator=generator, device=generator.device)
     for _ in range(epochs):
         for i in range(k):
             yield order[i * size : (i + 1) * size]
