@@ -79,6 +79,18 @@ def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> 
     return s, flat, tuple(slots.shape), None
 
 
+def _moved(part: Share, device: torch.device) -> Share:
+    """``part`` (its rows already apart) with every entry on ``device``."""
+    s, entries, shape, rows = part
+    fast = device.type == "cuda"
+    return (
+        s,
+        {k: v if v.device == device else v.to(device, non_blocking=fast) for k, v in entries.items()},
+        shape,
+        rows,
+    )
+
+
 def _rows_apart(part: Share) -> Share:
     """``part`` with its rows' fields as entries (before ``"index"``), as gather gives them."""
     s, entries, shape, rows = part
@@ -113,7 +125,12 @@ class Assembler:
         self._flat_columns: dict[tuple[int, ...], tuple[np.ndarray, torch.Size]] = {}
 
     def sample(
-        self, sources: tuple[ReplayBuffer, ...], counts: list[int], replace: bool, fields: Any
+        self,
+        sources: tuple[ReplayBuffer, ...],
+        counts: list[int],
+        replace: bool,
+        fields: Any,
+        device: torch.device | None = None,
     ) -> TensorDict:
         """One batch of ``counts[s]`` items of each source ``s`` (in source order), each
         share drawn as the source's own ``sample(counts[s], replace, fields)`` draws it:
@@ -122,9 +139,21 @@ class Assembler:
         beside others of the same fields: :class:`~xpbank.mix.fields.FieldLayout`),
         else share by share and joined (:meth:`join`).
 
+        ``device``: where the batch goes (``None``: the sources'); a share drawn on
+        another device is moved there before the join.
+
         Raises:
             SpecError: as :meth:`join`; what a source's sample raises.
         """
+        if device is not None:
+            elsewhere = {sources[s].device for s, k in enumerate(counts) if k} - {device}
+            if elsewhere:
+                parts = [
+                    _moved(_rows_apart(draw_share(s, sources[s], k, replace, fields)), device)
+                    for s, k in enumerate(counts)
+                    if k
+                ]
+                return self.join(parts, counts)
         layout = self._layout_of(sources, counts) if fields is None else None
         if layout is None:
             parts = [draw_share(s, sources[s], k, replace, fields) for s, k in enumerate(counts) if k]

@@ -29,6 +29,7 @@ from xpbank.mix import routing
 from xpbank.mix.assemble import Assembler, refuse_keys
 from xpbank.mix.schedule import Constant, Linear, Schedule, as_schedule, split_counts
 from xpbank.replay import ReplayBuffer
+from xpbank.storage.base import check_device
 
 __all__ = ["Mixture", "METADATA_KEY"]
 
@@ -67,6 +68,10 @@ class Mixture:
             source samples with its own generator, seeded at its construction).
         exact: exact counts per batch (default) or a multinomial draw per batch.
         keys: ``"same"`` or ``"common"`` (above).
+        device: where batches are delivered. ``None`` (default): the sources' device,
+            which must then be one. Given, each share is moved there before the batch
+            is joined: an online buffer on ``"cuda"`` beside a bank on disk (opened on
+            the CPU) gives batches on ``"cuda"`` with ``device="cuda"``.
 
     Example:
         >>> import torch, xpbank
@@ -92,6 +97,7 @@ class Mixture:
         seed: int | None = None,
         exact: bool = True,
         keys: str = "same",
+        device: Any = None,
     ) -> None:
         if len(sources) == 0:
             raise CapacityError("sources: expected at least one source, got none")
@@ -101,8 +107,12 @@ class Mixture:
             raise SpecError(f"keys: expected 'same' or 'common', got {keys!r}")
         self.sources: tuple[ReplayBuffer, ...] = tuple(_open(s, i) for i, s in enumerate(sources))
         devices = {str(rb.device) for rb in self.sources}
-        if len(devices) > 1:
-            raise DeviceError(f"sources: expected one device, got {sorted(devices)}")
+        self.device: torch.device | None = None if device is None else check_device(device)
+        if len(devices) > 1 and self.device is None:
+            raise DeviceError(
+                f"sources: expected one device, got {sorted(devices)}; "
+                "pass device= (e.g. device='cuda') to deliver every batch there"
+            )
         self.weights: tuple[Schedule, ...] = tuple(
             as_schedule(w, f"weights[{i}]") for i, w in enumerate(weights)
         )
@@ -170,7 +180,7 @@ class Mixture:
         with self._lock:
             counts = self._draw_counts(batch_size)
             self._check_sources(counts, replace)  # before any source draws
-            batch = self._assembler.sample(self.sources, counts, replace, fields)
+            batch = self._assembler.sample(self.sources, counts, replace, fields, self.device)
             self.step += 1
             return batch
 
