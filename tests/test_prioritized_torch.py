@@ -271,8 +271,14 @@ def test_tree_device_config_and_binding() -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_storage_keeps_the_trees_on_cuda() -> None:
-    rb = ReplayBuffer(100, storing_device="cuda", sampler=PrioritizedSampler(), seed=0)
+def test_cuda_storage_keeps_numpy_trees_unless_told() -> None:
+    host = ReplayBuffer(100, storing_device="cuda", sampler=PrioritizedSampler(), seed=0)
+    host.extend(items(50))
+    batch = host.sample(16)
+    assert host.sampler._trees is None  # the compiled NumPy trees (see bench_cuda.py)
+    assert batch["index"].device.type == "cuda" and batch["weight"].device.type == "cuda"
+    host.update_priority(batch["index"], torch.rand(16, device="cuda"))
+    rb = ReplayBuffer(100, storing_device="cuda", sampler=PrioritizedSampler(tree_device="cuda"), seed=0)
     rb.extend(items(50))
     batch = rb.sample(16)
     assert rb.sampler._trees is not None and rb.sampler._trees.sum[0].device.type == "cuda"
@@ -283,6 +289,7 @@ def test_cuda_storage_keeps_the_trees_on_cuda() -> None:
     cpu = ReplayBuffer(100, sampler=follow, seed=0)
     cpu.extend(items(50))
     before = follow.priority(np.arange(50))
-    follow.bind_device("cuda")  # the trees follow a storage that moved to CUDA
+    follow.tree_device = "cuda"
+    follow.bind_device("cuda")  # built trees move to the backend asked for
     assert follow._trees is not None and follow._trees.device.type == "cuda"
     np.testing.assert_array_equal(follow.priority(np.arange(50)), before)

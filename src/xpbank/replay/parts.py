@@ -74,7 +74,7 @@ def make_storage(storage: Any, capacity: int, spec: Spec | None, storing_device:
 def bind_sampler(rb: Any) -> None:
     """Call a new buffer's sampler's optional hooks, each looked up once, here.
 
-    ``bind_device(device)``: where the storage lives (e.g. PER's trees follow the data).
+    ``bind_device(device)``: where the storage lives (e.g. PER's built trees move backend).
     ``bind_buffer(rb)``: the sampler takes part in the buffer's slots, as a
     :class:`~xpbank.Table` does: it replaces the ring (``rb._ring``) with one that reuses
     slots out of order, sets ``rb._place`` (the write path's hook, see

@@ -18,13 +18,14 @@ NumPy path, which stays the reference. Those calls and the buffer's small-call p
 (a sample's draw into kept arrays, an update checked and written in two compiled
 calls) are in :mod:`~xpbank.sampler.prioritized_fast`.
 
-On CUDA storage the trees live beside the data instead, as torch tensors
+With ``tree_device`` a torch device the trees are torch tensors there instead
 (:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
 min-tree, no numba): ``sample`` returns slots and weights on that device and
-``update_priority`` copies the host-checked slots and values there once. The buffer says
-where its storage is (:meth:`PrioritizedSampler.bind_device`, looked up with
-``getattr``, so other samplers need nothing); ``tree_device`` overrides it. The state is
-the same either way (CPU tensors), so it moves between backends and devices.
+``update_priority`` copies the host-checked slots and values there once. A CUDA storage
+keeps the NumPy trees by default: measured on an H200 (``benchmarks/bench_cuda.py``), a
+descent with a kernel launch per level cost several times the compiled host draw and
+the copy of its ids. The state is the same either way (CPU tensors), so it moves between
+backends and devices.
 
 ``config()`` gives the JSON-able constructor arguments; ``state_dict()`` holds the stored
 priorities of the written slots, the largest priority and the schedule position, and
@@ -95,10 +96,13 @@ class PrioritizedSampler:
         max_priority: the priority of the first items written.
         beta_steps: anneal ``beta`` linearly to 1 over this many ``sample`` calls.
         normalize_weights: divide weights by the largest possible one.
-        tree_device: where the trees live: ``None`` (default) follows the buffer's
-            storage (NumPy on the CPU, torch tensors on a CUDA storage's device),
-            ``"numpy"`` always NumPy on the CPU, any other torch device (``"cpu"``,
-            ``"cuda:1"``) the torch backend on that device.
+        tree_device: where the trees live: ``None`` (default) and ``"numpy"``: NumPy
+            on the CPU (compiled draws and updates), also for a CUDA storage, whose
+            ids and weights are then copied to it with the batch; any torch device
+            (``"cpu"``, ``"cuda:1"``): the torch backend on that device. On H200
+            machines with the data on the GPU, a sample(256) + update(256) at 1M
+            items took 0.37-0.90 ms with NumPy trees and 2.4-5.5 ms with trees on the
+            GPU (kernel launches per level; ``benchmarks/bench_cuda.py``).
 
     Example:
         >>> import torch
@@ -132,7 +136,6 @@ class PrioritizedSampler:
         self.beta_steps = None if beta_steps is None else check_positive_int("beta_steps", beta_steps)
         self.normalize_weights = bool(normalize_weights)
         self.tree_device = _check_tree_device(tree_device)
-        self._storage_device: torch.device | None = None  # told by the buffer (bind_device)
         self._trees: TorchTrees | None = None  # the torch backend's trees, when in use
         self._initial_max = self.max_priority
         self._samples = 0  # sample() calls so far: the schedule's position
@@ -161,24 +164,19 @@ class PrioritizedSampler:
         }
 
     def bind_device(self, device: Any) -> None:
-        """Where the buffer's storage lives (called by :class:`~xpbank.ReplayBuffer`).
-
-        With ``tree_device=None`` the trees follow it: torch tensors on a CUDA device,
-        NumPy otherwise. Trees already built move over (their leaves are kept).
+        """Where the buffer's storage lives (called by :class:`~xpbank.ReplayBuffer`):
+        trees already built move to the backend ``tree_device`` names now (their
+        leaves are kept); the storage's device itself does not choose the backend.
         """
-        self._storage_device = torch.device(device)
         built = self._trees.device if self._trees is not None else None
         if self._allocated() and self._backend_device() != built:
             self.load_state_dict(self.state_dict())
 
     def _backend_device(self) -> torch.device | None:
         """The torch backend's device, or ``None`` for the NumPy trees."""
-        if self.tree_device == "numpy":
+        if self.tree_device is None or self.tree_device == "numpy":
             return None
-        if self.tree_device is not None:
-            return torch.device(self.tree_device)
-        device = self._storage_device
-        return device if device is not None and device.type == "cuda" else None
+        return torch.device(self.tree_device)
 
     def _allocated(self) -> bool:
         return bool(self._sum) or self._trees is not None
