@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import zipfile
+from typing import Any
 
-import minari
 import numpy as np
 import pytest
 import torch
@@ -16,7 +16,13 @@ from xpbank.integrations.minari import export_minari, import_minari
 from xpbank.tools.npz import export_npz, import_npz
 
 
+def _minari() -> Any:
+    """Minari, or a skip: the .npz tests below need no Minari."""
+    return pytest.importorskip("minari")
+
+
 def test_minari_reads_our_episodes_with_t_plus_1_observations(tmp_path):
+    minari = _minari()
     rb = filled_buffer([[3, 5], [4]], 30, 50)  # wrapped: cut heads are skipped
     out = export_minari(rb, tmp_path / "ds", dataset_id="xpbank/test-v0")
     ds = minari.MinariDataset(out)
@@ -38,6 +44,7 @@ def test_minari_reads_our_episodes_with_t_plus_1_observations(tmp_path):
 
 def _minari_dataset(path, episodes):
     """A Minari dataset written with Minari's own storage API (dict observations)."""
+    minari = _minari()
     from gymnasium import spaces
     from minari.dataset.minari_storage import MinariStorage
 
@@ -51,6 +58,7 @@ def _minari_dataset(path, episodes):
 
 
 def test_import_dict_observations_and_an_episode_that_ends_unflagged(tmp_path):
+    minari = _minari()
     from minari.data_collector import EpisodeBuffer
 
     rng = np.random.default_rng(0)
@@ -86,6 +94,7 @@ def test_import_dict_observations_and_an_episode_that_ends_unflagged(tmp_path):
 
 
 def test_minari_export_names_missing_fields_and_writes_nothing(tmp_path):
+    _minari()
     rb = xpbank.ReplayBuffer(10)
     rb.extend({"obs": torch.zeros(3, 2), "reward": torch.zeros(3), "done": torch.tensor([0, 0, 1]).bool()})
     with pytest.raises(SpecError, match=r"lacks field\(s\) \['action', 'next.obs'\]"):

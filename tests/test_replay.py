@@ -924,6 +924,7 @@ def test_memmap_storage_cannot_store_on_another_device() -> None:
         ReplayBuffer(4, SPEC, storage="memmap", storing_device="meta")
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_device_cuda_delivers_on_cuda(buffer_factory: BufferFactory) -> None:
     rb = filled(buffer_factory, 4, 7, device="cuda", seed=0)
@@ -942,6 +943,7 @@ def test_device_cuda_delivers_on_cuda(buffer_factory: BufferFactory) -> None:
     assert rb.sample_all()["reward"].eq(-1).sum().item() == len(set(ids_of(batch)))
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_storing_device_cuda_round_trips() -> None:
     rb = ReplayBuffer(4, SPEC, storing_device="cuda", seed=0)
