@@ -76,7 +76,7 @@ README_ROWS = [
 ORDER = [
     "bench_replay", "bench_prioritized", "bench_sequence", "bench_images", "bench_rollout",
     "bench_bank", "bench_shm", "bench_ray", "bench_tables", "bench_sb3", "bench_compat",
-    "bench_compat_replay",
+    "bench_compat_replay", "bench_cuda",
 ]  # fmt: skip
 
 TITLES = {
@@ -92,6 +92,7 @@ TITLES = {
     "bench_sb3": "Stable-Baselines3 drop-in",
     "bench_compat": "Front-ends for rsl_rl and metta",
     "bench_compat_replay": "Front-ends for objectrl, ROSE and TorchRL's trainer",
+    "bench_cuda": "On a GPU: storage, delivery and prioritized trees on CUDA",
 }
 
 # what in each benchmark's figures depends on the CPU (and the machine) it ran on
