@@ -521,3 +521,35 @@ def test_rsl_rl_storage_on_device_gives_rsl_rls_minibatches_bit_for_bit(dev: str
         assert torch.equal(x.observations["policy"], y.observations["policy"])
         for name in ("actions", "values", "advantages", "returns", "old_actions_log_prob"):
             assert torch.equal(getattr(x, name), getattr(y, name)), name
+
+
+# -- the copies to the device: the same values as gather and .to(device) ---------------
+@pytest.mark.parametrize("dev", DEVICES)
+def test_rows_and_index_copies_give_what_gather_gives(dev: str) -> None:
+    from xpbank.replay import to_device
+
+    spec = Spec(
+        {
+            "obs": Field((3,), torch.bfloat16),
+            "action": Field((), torch.int64),
+            "flag": Field((2,), torch.bool),
+            "small": Field((), torch.uint8),
+            ("next", "obs"): Field((3,), torch.bfloat16),
+        }
+    )
+    storage = TensorStorage(12, spec)
+    storage.write(slice(0, 12), make_batch(spec, 12, 5))
+    for slots in (torch.tensor([3, 0, 11, 3]), torch.tensor([[1, 2, 3], [9, 10, 11]])):
+        rows = to_device.rows_to(storage, slots, torch.device(dev))
+        assert rows is not None and list(rows) == list(spec)
+        want = storage.gather(slots.reshape(-1))
+        for key in spec:
+            assert rows[key].device.type == dev and rows[key].shape == (*slots.shape, *spec[key].shape)
+            assert torch.equal(rows[key].cpu().reshape(want[key].shape), want[key]), key
+    assert (
+        to_device.rows_to(TensorStorage(12, spec, pack=False), torch.tensor([0]), torch.device(dev)) is None
+    )
+    ids = torch.tensor([[17, 4], [5, 6]])
+    sent = to_device.slots_and_ids_to(ids % 12, ids, torch.device(dev))
+    assert sent is not None and torch.equal(sent[0].cpu(), ids % 12) and torch.equal(sent[1].cpu(), ids)
+    assert to_device.slots_and_ids_to(ids.int(), ids, torch.device(dev)) is None  # not a pair

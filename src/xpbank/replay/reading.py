@@ -19,6 +19,7 @@ import torch
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
 from xpbank.replay.fast_read import read_run, try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
+from xpbank.replay.to_device import rows_to, slots_and_ids_to
 from xpbank.ring.ids import Ring
 from xpbank.sampler import PrioritizedSampler, UniformSampler, epoch_plan
 from xpbank.spec.batch import to_tensordict
@@ -70,11 +71,17 @@ def gather(
     ``slots`` of shape ``[B, L]`` (a sequence sampler's windows) give a ``[B, L]`` batch.
     ``flat``: the fields already read (n-step reads the items with their windows).
     """
+    device, stored = rb._device, rb._storage.device
+    if device.type == "cuda" and stored.type == "cpu" and flat is None and keys is None:
+        rows = rows_to(rb._storage, slots, device)  # a packed block's rows to the GPU in one copy
+        if rows is not None:
+            flat = gather_flat(rb, slots, ids, keys, info, rows)
+            flat = {key: v if v.device == device else v.to(device) for key, v in flat.items()}
+            return to_tensordict(flat, tuple(slots.shape), device)
     flat = gather_flat(rb, slots, ids, keys, info, flat)
-    device = rb._storage.device
-    td = to_tensordict(flat, tuple(slots.shape), device)
-    if device != rb._device:
-        td = td.to(rb._device, non_blocking=rb._device.type == "cuda")
+    td = to_tensordict(flat, tuple(slots.shape), stored)
+    if stored != device:
+        td = td.to(device, non_blocking=device.type == "cuda")
     return td
 
 
@@ -89,12 +96,17 @@ def gather_flat(
     """:func:`gather`'s entries before they become a TensorDict: ``{key: tensor}`` on the
     storage's device, ``"index"`` and ``info`` included (a :class:`~xpbank.Mixture` joins
     several sources' entries into one batch)."""
+    device = rb._storage.device
+    sent = None
     if flat is None:
+        if device.type == "cuda":  # slots and ids to the GPU in one copy (see to_device)
+            sent = slots_and_ids_to(slots, ids, device)
+            if sent is not None:
+                slots, ids = sent
         flat = rb._storage.gather(slots.reshape(-1) if slots.ndim > 1 else slots, keys)
         if slots.ndim > 1:
             flat = {k: v.reshape(*slots.shape, *v.shape[1:]) for k, v in flat.items()}
     # check_reserved keeps a stored field from being shadowed by "index"
-    device = rb._storage.device
     flat["index"] = ids if ids.device == device else ids.to(device)  # .to's parsing: ~1 us
     if info:
         flat.update({name: value.to(device) for name, value in info.items()})
