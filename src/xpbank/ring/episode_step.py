@@ -211,8 +211,10 @@ def record_step(index: EpisodeIndex, step: tuple[Any, ...], first: int) -> None:
 def state_address(index: EpisodeIndex) -> int:
     """The address of the index's per-env state packed for :func:`step_kernel`, packed
     again where the other paths replaced the arrays (they replace them, never mutate
-    them: a plan may hold the old ones) or this is the first call."""
-    p = index.__dict__.get("_packed")
+    them: a plan may hold the old ones) or this is the first call. Each path that
+    replaces any of the four replaces ``last_end``: the write fast path checks only that
+    one (tests/test_fast_write_steps.py checks every path)."""
+    p = index._packed
     if (
         p is None
         or index._last_id is not p[1]
