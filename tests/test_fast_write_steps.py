@@ -108,3 +108,51 @@ def test_small_torch_tensors_of_every_stored_dtype_match_the_full_path():
         sig = fast.__dict__.get("_signature")
         assert sig is not None and all(e[1] == fast_write._TENSOR_LIST for e in sig.entries)
         assert_same(fast, slow)
+
+
+def test_every_path_that_replaces_the_per_env_state_replaces_last_end():
+    """The write fast path checks only ``last_end`` to see whether the per-env state it
+    packed for the compiled upkeep is still the index's (``fast_write.try_write``):
+    every path that replaces any of the four arrays must replace ``last_end`` too, and
+    the fast path must then record from the new arrays."""
+    envs = 3
+    fast, slow = pair(10, _spec(torch.bool, True), num_envs=envs)
+    rng = np.random.default_rng(1)
+
+    def steps(k: int) -> dict[str, np.ndarray]:
+        return {
+            "obs": rng.standard_normal((k * envs, 2)).astype(np.float32),
+            "reward": rng.standard_normal(k * envs).astype(np.float32),
+            "terminated": rng.random(k * envs) < 0.2,
+            "truncated": rng.random(k * envs) < 0.1,
+        }
+
+    def state(rb):
+        e = rb.episodes
+        return e._last_id, e._cur_start, e._last_end, e._fresh
+
+    saved = None
+    ops = {
+        "two steps (the full path)": lambda rb, batch: rb.extend(batch),
+        "truncate_newest": lambda rb, batch: rb.episodes.truncate_newest(),
+        "clear": lambda rb, batch: rb.clear(),
+        "load_state_dict": lambda rb, batch: rb.load_state_dict(saved),
+    }
+    for name, op in [*ops.items(), *ops.items()]:
+        for _ in range(4):  # lockstep steps: the fast path's compiled upkeep
+            step = steps(1)
+            assert call(fast, "extend", step) == call(slow, "extend", step)
+        if saved is None:
+            saved = slow.state_dict()
+        before, batch = state(fast), steps(2)
+        for rb in (fast, slow):
+            op(rb, batch)
+        after = state(fast)
+        if any(a is not b for a, b in zip(before, after, strict=True)):
+            assert after[2] is not before[2], name
+        step = steps(1)
+        assert call(fast, "extend", step) == call(slow, "extend", step)
+        assert_same(fast, slow)
+    if episode_step._kernel is not None:
+        sig = fast.__dict__.get("_signature")
+        assert sig is not None and sig.step is not None

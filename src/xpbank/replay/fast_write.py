@@ -59,7 +59,7 @@ import torch
 from xpbank.errors import XpbankError
 from xpbank.replay import raw_rows
 from xpbank.replay.fast_frames import FrameSignature, frame_signature
-from xpbank.ring.episode_step import lockstep_step, record_step
+from xpbank.ring.episode_step import lockstep_step, state_address
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.cast import NUMPY_DTYPES
 from xpbank.spec.keys import NestedKey, normalize_key
@@ -362,5 +362,11 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     if plan is not None:
         episodes.apply(plan)
     elif step is not None:  # one lockstep step: nothing to refuse, recorded after the write
-        record_step(episodes, step, first)
+        # record_step inlined (~0.15 µs of calls): the per-env state packed for the
+        # kernel, still the index's where its last_end is (every path that replaces one
+        # of the four arrays replaces last_end; ~30 ns a check); else packed again
+        p = episodes._packed
+        if p is None or episodes._last_end is not p[3]:
+            p = (state_address(episodes),)
+        step[0](step[1], p[0], first, first + rows - ring.size)
     return first

@@ -102,28 +102,10 @@ def copy_rows(layout: np.ndarray, slot: int, n: int, ptrs: tuple[int, ...]) -> b
 
 def _compile() -> Any:
     global _bytes, _words, _halfwords
-    if not _jit.ENABLED:
+    ptrs = _jit.pointers("uint8", "uint64", "uint32")
+    if ptrs is None:
         return None
-    try:
-        from numba import types  # type: ignore[import-untyped, unused-ignore]
-        from numba.extending import intrinsic  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        return None
-
-    def pointer(item: Any) -> Any:
-        @intrinsic  # type: ignore[misc, unused-ignore]
-        def address(typingctx: Any, addr: Any) -> Any:
-            sig = types.CPointer(item)(types.int64)
-
-            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-                return builder.inttoptr(args[0], context.get_value_type(types.CPointer(item)))
-
-            return sig, codegen
-
-        return address
-
-    # the kernel's globals, resolved when it compiles
-    _bytes, _words, _halfwords = pointer(types.uint8), pointer(types.uint64), pointer(types.uint32)
+    _bytes, _words, _halfwords = ptrs  # the kernel's globals, resolved when it compiles
     kernels = _jit.compile_kernels(copy_rows)
     return None if kernels is None else kernels[0]
 

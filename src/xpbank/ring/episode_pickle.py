@@ -17,6 +17,9 @@ class PickledIndex:
     no reader reads. The views are made again on arrival, and the per-env state packed
     for that upkeep (views of one byte array) is left out, to be packed again."""
 
+    # the per-env state packed for the compiled upkeep (episode_step._packed), or None
+    _packed: tuple[Any, ...] | None = None
+
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_packed"}
 

@@ -101,7 +101,7 @@ class EpisodeIndex(PickledIndex):
 
     def _reset_envs(self, n: int) -> None:
         self._last_id = np.full(n, -1, dtype=np.int64)  # each env's newest item
-        self._last_end = np.zeros(n, dtype=bool)
+        self._last_end = np.zeros(n, dtype=bool)  # new with any of the four: see episode_step.state_address
         self._cur_start = np.full(n, -1, dtype=np.int64)
         self._fresh = np.ones(n, dtype=bool)  # lockstep: the env's next item starts an episode
 
