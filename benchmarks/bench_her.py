@@ -203,7 +203,7 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     whole uniform and HER samples; the phases call what the HER read fast path
     (``xpbank.her.records.sample_records``, then ``fast_read.try_records``) calls."""
     from xpbank.her.goals import ends_table
-    from xpbank.her.records import kernel, sample_records
+    from xpbank.her.records import drawn_kernel, fused_draw, kernel, sample_records
     from xpbank.replay.fast_read import _plan
 
     data = make_data(size)
@@ -215,12 +215,15 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     if plan is None or layout is None or not layout.usable or kernel() is None:
         raise SystemExit("--profile: the HER read fast path does not apply here (numba missing?)")
     m = int(sampler.relabel_fraction * BATCH)
-    rows = [plan.draw(BATCH)[1].copy() for _ in range(calls)]
-    for r in rows:
-        sampler.base.draw_into(ring, torch.from_numpy(r), gen)
-    draws = [sampler._draw(m, gen).copy() for _ in range(calls)]
+    raws = []  # the fused draws (slots and goal offsets in one call), as sample_records makes them
+    for _ in range(calls):
+        raw = fused_draw(layout, ring.size, BATCH, m, gen)
+        if raw is None:
+            raise SystemExit("--profile: the fused draw does not apply here")
+        raws.append(raw.copy())
+    rows, draws = np.empty((calls, BATCH), dtype=np.int64), np.empty((calls, m))
     left = ends_table(ring.episodes, ring, layout.stride).left
-    run = kernel()
+    run = drawn_kernel()
     assert run is not None
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -229,8 +232,9 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
         pair = np.empty((2, m, layout.goal_words), dtype=layout.word)
         run(
-            layout.words, rows[i], ring.next_id - ring.size, draws[i], left, layout.stride, ring.next_id,
-            False, layout.achieved, layout.goal_at, out, pair[1], pair[0], ids, goal_ids,
+            raws[i], ring.size, layout.words, rows[i], ring.next_id - ring.size, draws[i], left,
+            layout.stride, ring.next_id, False, layout.achieved, layout.goal_at, out, pair[1], pair[0],
+            ids, goal_ids,
         )  # fmt: skip
         goals = pair.view(layout.goal_dtype)
         return records, goals[0], goals[1]
@@ -248,9 +252,8 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         "whole uniform sample": lambda i: uniform.sample(BATCH),
         "whole HER sample": lambda i: her.sample(BATCH),
         "  HER fast path: sample_records": lambda i: sample_records(sampler, plan, ring, BATCH, gen),
-        "    draw slots (uniform base)": lambda i: sampler.base.draw_into(ring, plan.draw(BATCH)[0], gen),
-        "    draw the goal offsets (uniform_)": lambda i: sampler._draw(m, gen),
-        "    read records + choose goals + goal rows (one compiled pass)": read,
+        "    draw slots + goal offsets (one call)": lambda i: fused_draw(layout, ring.size, BATCH, m, gen),
+        "    decode the draws + read records + choose goals + goal rows (one compiled pass)": read,
         "    the user's compute_reward": lambda i: compute_reward(read_out[i][1], read_out[i][2], None),
         "    write the rewards": write,
         "  split the records + TensorDict": lambda i: _assemble(plan, read_out[i][0], index, index),

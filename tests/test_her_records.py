@@ -256,3 +256,35 @@ def test_a_subclass_that_relabels_its_own_way_takes_the_general_path() -> None:
     batch = rb.sample(16)
     assert rb.sampler._records is None
     assert (batch["next", "reward"] >= 90.0).all()
+
+
+@pytest.mark.parametrize("size", [1, 5, 90, 1_000_000, 2**28 - 1])
+def test_the_fused_draw_takes_the_two_draws_words(size: int) -> None:
+    """One full-range int64 draw, decoded, is the uniform base sampler's slot draw then the
+    goal offsets' float64 draw, and leaves the generator where those two leave it."""
+    layout = her_records.RecordLayout.__new__(her_records.RecordLayout)
+    layout.draw = None
+    for b, m in ((2, 1), (64, 51), (256, 204), (8, 0)):
+        gen = torch.Generator().manual_seed(size + b)
+        start = gen.get_state()
+        want_slots = torch.randint(0, size, (b,), generator=gen)
+        want_u = torch.rand(m, generator=gen, dtype=torch.float64)
+        end = gen.get_state()
+        gen.set_state(start)
+        raw = her_records.fused_draw(layout, size, b, m, gen)
+        assert raw is not None and raw.shape == (b // 2 + m,)
+        assert torch.equal(gen.get_state(), end)
+        rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
+        her_records._decode(raw, rows, size, uniform)
+        np.testing.assert_array_equal(rows, want_slots.numpy())
+        np.testing.assert_array_equal(uniform, want_u.numpy())
+
+
+@pytest.mark.parametrize(("size", "b"), [(100, 7), (2**28, 8), (0, 8)])
+def test_the_fused_draw_declines_before_drawing(size: int, b: int) -> None:
+    layout = her_records.RecordLayout.__new__(her_records.RecordLayout)
+    layout.draw = None
+    gen = torch.Generator().manual_seed(0)
+    start = gen.get_state()
+    assert her_records.fused_draw(layout, size, b, 3, gen) is None
+    assert torch.equal(gen.get_state(), start)
