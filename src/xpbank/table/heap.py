@@ -11,19 +11,23 @@ entries (128 bytes of keys), so at 1M slots the tree is 5 levels (62,500 leaf gr
 3,907 -> 245 -> 16 -> 1) and only the leaves and their groups miss the cache. Ties are
 broken by the ring's ``seq`` (insertion order), so the order is total: the same items
 come first as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without
-numba, and the reference the tests compare this one with). Every node is a function of
-its children, so the tree is the same whatever the order of the changes that built it
-(a runner-up once its winner was taken is marked used until its group is recomputed).
+numba, and the reference the tests compare this one with). Every winner is a function
+of its children, so the order is the same whatever the changes that built the tree; a
+runner-up may be marked *used* (unknown) until its group is read again.
 
-- Setting a slot (insert, priority change, removal) recomputes its group and the nodes
-  above, up to the first that stays the same. A batch prefetches the leaf groups of the
-  items a few ahead, so their cache misses overlap. One compiled call per batch.
+- Changing or removing a slot recomputes its group and the nodes above, up to the first
+  that stays the same. A slot entering (an insert, a taken item put back) reads no
+  group: it is compared with the group's winner and runner-up only. A batch prefetches
+  what the items a few ahead read, so their cache misses overlap. One compiled call per
+  batch.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
   taken out of the tree (its group's runner-up takes its place) and set aside as
-  *taken*. Taken items still count: a priority update of one only sets its kept key, a
+  *taken*; a group whose runner-up was used is read again. While one pop climbs the
+  tree, the likely next winner's lines are prefetched (the best of the others below the
+  root). Taken items still count: a priority update of one only sets its kept key, a
   removal only drops it; the next call that reads the order (``best``, ``below``) first
   puts the taken ones back. So a sample of the first ``k`` followed by a priority update
-  of those ``k`` (the usual loop) replays each path once, with the new key, and a
+  of those ``k`` (the usual loop) enters each once, with the new key, and a
   consume-once table's removal of them costs nothing more.
 
 The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
@@ -84,6 +88,25 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
+def _enter(
+    lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, s: Any, key: Any, seq: Any
+) -> Any:
+    """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
+    it becomes the winner (the old one the runner-up) or the runner-up, or changes
+    nothing; a used runner-up stays used unless the newcomer wins. Whether the winner
+    changed."""
+    g = s >> SHIFT
+    lk[s], lq[s] = key, seq
+    wk, wq = nk[g], nq[g]
+    if key < wk or (key == wk and seq < wq):
+        rk[g], rq[g], rs[g] = wk, wq, ns[g]  # the old winner (none: -1) comes second
+        nk[g], nq[g], ns[g] = key, seq, s
+        return True
+    if rs[g] != USED and (key < rk[g] or (key == rk[g] and seq < rq[g])):
+        rk[g], rq[g], rs[g] = key, seq, s
+    return False
+
+
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
     """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
@@ -96,16 +119,42 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
-def _ahead(lk: Any, taken: Any, slots: Any, j: Any) -> None:
-    """Prefetch the leaf group (keys) and the taken index of ``slots[j + AHEAD]``
-    (``lk``, ``taken``: the arrays' addresses; ``.ctypes`` is slow, read it once a call)."""
+def _at(t: Any) -> Any:
+    """The addresses of the arrays :func:`_ahead` and :func:`_lines` prefetch from
+    (``.ctypes`` is slow: read once a call): leaf keys and seqs, the taken index, node
+    winners, runner-ups."""
+    return (
+        np.int64(t[0].ctypes.data), np.int64(t[1].ctypes.data), np.int64(t[9].ctypes.data),
+        np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
+        np.int64(t[5].ctypes.data), np.int64(t[6].ctypes.data), np.int64(t[7].ctypes.data),
+    )  # fmt: skip
+
+
+def _lines(at: Any, s: Any, siblings: Any) -> None:
+    """Prefetch what setting or taking slot ``s`` reads: its leaf group (keys, seqs), its
+    taken index, its group's winner and runner-up, and with ``siblings`` the winners of
+    the 16 groups under the same parent (``at``: :func:`_at`)."""
+    g = s >> SHIFT
+    line = (g << SHIFT) * 8
+    for a in at[:2]:
+        prefetch(a + line)
+        prefetch(a + line + 64)
+    prefetch(at[2] + s * 8)
+    for a in at[3:]:
+        prefetch(a + g * 8)
+    if siblings:
+        line = ((g >> SHIFT) << SHIFT) * 8
+        for a in at[3:6]:
+            prefetch(a + line)
+            prefetch(a + line + 64)
+
+
+def _ahead(at: Any, slots: Any, j: Any) -> None:
+    """:func:`_lines` of ``slots[j + AHEAD]``, if any."""
     if j + AHEAD < slots.shape[0]:
         s = slots[j + AHEAD]
         if s >= 0:
-            line = lk + ((s >> SHIFT) << SHIFT) * 8
-            prefetch(line)
-            prefetch(line + 64)
-            prefetch(taken + s * 8)
+            _lines(at, s, False)
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -114,17 +163,19 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     for good (neither in nor taken: skipped), 3 put back the taken ones (``slots`` is
     their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
-    lk_at, taken_at = np.int64(lk.ctypes.data), np.int64(taken.ctypes.data)
+    at = _at(t)
     for j in range(slots.shape[0]):
-        _ahead(lk_at, taken_at, slots, j)
+        _ahead(at, slots, j)
         s = slots[j]
         if mode == 0 or mode == 3:
             if s < 0:  # (3) removed while taken
                 continue
-            lk[s], lq[s] = keys[j], seqs[j]
             n[0] += 1
             if mode == 3:
                 taken[s] = -1
+            if _enter(lk, lq, nk, nq, ns, rk, rq, rs, s, keys[j], seqs[j]):
+                _up(nk, nq, ns, off, s >> SHIFT)
+            continue
         elif mode == 1:
             if taken[s] >= 0:
                 tk[taken[s]] = keys[j]
@@ -181,23 +232,25 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
-    for j in range(m):  # the leaves are marked after the loop (stores off the chain of pops)
+    at, top = _at(t), off.shape[0] - 3  # the level below the root (none: -1)
+    for j in range(m):
         w = ns[root]
         out[j] = w
+        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
+            _k, _q, i = _win(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
+            if ns[i] >= 0:
+                _lines(at, ns[i], True)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
+        lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
             nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
             rs[g] = USED
-        else:  # read the group again, the items taken from it so far marked out
-            for i in range(j + 1):
-                if out[i] >> SHIFT == g:
-                    lk[out[i]], lq[out[i]] = EMPTY, EMPTY
+        else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
         _up(nk, nq, ns, off, g)
     for j in range(m):
         taken[out[j]] = j
-        lk[out[j]], lq[out[j]] = EMPTY, EMPTY
     n[0] -= m
     n[1] = m
     return m
@@ -246,7 +299,7 @@ def load() -> SimpleNamespace | None:
             first,
             below,
             build,
-            helpers=(_bits, _win, _best, _group, _up, _ahead, _apply, _settle),
+            helpers=(_bits, _win, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
