@@ -213,11 +213,15 @@ def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
     return rows, plan.reader
 
 
-def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
+def try_read(
+    rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor], own_ids: bool = False
+) -> TensorDict | None:
     """Every field of the items in ``slots`` with the sampler's ``info``, as the general
     path reads them after another sampler's draw (the caller holds the lock and has
     checked that no n-step option or relabelling applies), or ``None``: ``slots`` or
-    ``info`` are not CPU tensors of one batch dim (the general path reads them)."""
+    ``info`` are not CPU tensors of one batch dim (the general path reads them).
+    ``own_ids``: the ring keeps each slot's id (a :class:`~xpbank.Table`'s ring, whose
+    slots are reused out of order): the ids are read from it."""
     plan = _plan(rb)
     if plan is None or slots.ndim != 1:
         return None
@@ -230,7 +234,8 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
     for value in info.values():  # a loop, not all(...): ~0.3 µs less for one entry
         if not value.is_cpu:
             return None
-    return _batch(plan, rb._ring, rows, slots.shape, info)
+    ring = rb._ring
+    return _batch(plan, ring, rows, slots.shape, info, ring.ids[rows] if own_ids else None)
 
 
 def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:

@@ -148,11 +148,12 @@ def sample(
         if batch is not None:
             return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
-    plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
-    if plain and getattr(rb._sampler, "relabel", None) is None:
-        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
-        if batch is not None:
-            return batch
+    if keys is None and rb._nstep is None and getattr(rb._sampler, "relabel", None) is None:
+        plain = type(rb._ring) is Ring
+        if plain or getattr(rb._ring, "keeps_ids", False):  # a Table's ring: its own ids
+            batch = try_read(rb, slots, info, not plain)  # e.g. a prioritized sample: see fast_read.py
+            if batch is not None:
+                return batch
     return gather(rb, *_read_plan(rb, keys, slots, info))
 
 
