@@ -101,22 +101,26 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
 
 
 def _enter(
-    lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, s: Any, key: Any, seq: Any
-) -> Any:
+    lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, off: Any, s: Any, key: Any, seq: Any
+) -> None:
     """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
     it becomes the winner (the old one the runner-up) or the runner-up, or changes
-    nothing; a used runner-up stays used unless the newcomer wins. Whether the winner
-    changed."""
+    nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
+    while it beats the node above (a child that only got better: no scan)."""
     g = s >> SHIFT
     lk[s], lq[s] = key, seq
     wk, wq = nk[g], nq[g]
     if key < wk or (key == wk and seq < wq):
         rk[g], rq[g], rs[g] = wk, wq, ns[g]  # the old winner (none: -1) comes second
         nk[g], nq[g], ns[g] = key, seq, s
-        return True
-    if rs[g] != USED and (key < rk[g] or (key == rk[g] and seq < rq[g])):
+        for level in range(1, off.shape[0] - 1):
+            g >>= SHIFT
+            at = off[level] + g
+            if not (key < nk[at] or (key == nk[at] and seq < nq[at])):
+                return
+            nk[at], nq[at], ns[at] = key, seq, s
+    elif rs[g] != USED and (key < rk[g] or (key == rk[g] and seq < rq[g])):
         rk[g], rq[g], rs[g] = key, seq, s
-    return False
 
 
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
@@ -185,8 +189,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] += 1
             if mode == 3:
                 taken[s] = -1
-            if _enter(lk, lq, nk, nq, ns, rk, rq, rs, s, keys[j], seqs[j]):
-                _up(nk, nq, ns, off, s >> SHIFT)
+            _enter(lk, lq, nk, nq, ns, rk, rq, rs, off, s, keys[j], seqs[j])
             continue
         elif mode == 1:
             if taken[s] >= 0:
@@ -312,6 +315,7 @@ def load() -> SimpleNamespace | None:
             below,
             build,
             helpers=(_bits, _win, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle),
+            inline=(_best, _group, _enter, _up),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
