@@ -37,7 +37,9 @@ ENABLED = os.environ.get("XPBANK_NO_NUMBA", "") in ("", "0")
 
 
 def compile_kernels(
-    *fns: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = (), inline: tuple[Callable[..., Any], ...] = ()
+    *fns: Callable[..., Any],
+    helpers: tuple[Callable[..., Any], ...] = (),
+    inline: tuple[Callable[..., Any], ...] = (),
 ) -> tuple[Callable[..., Any], ...] | None:
     """``fns`` compiled (lazily, on first call; cached on disk), or ``None`` without numba.
 

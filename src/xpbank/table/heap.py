@@ -62,13 +62,11 @@ def _win(k: Any, q: Any, lo: Any, skip: Any) -> Any:
     bk = EMPTY
     for i in range(lo, lo + B):
         bk = min(bk, k[i] if i != skip else EMPTY)
-    bq, at = EMPTY, lo + B
+    bq, at = EMPTY, lo if skip != lo else lo + 1  # every entry empty (their seqs too): the first
     for i in range(lo, lo + B):
         x = k[i] == bk and q[i] < bq and i != skip
         bq = q[i] if x else bq
         at = i if x else at
-    if at == lo + B:  # every entry empty (their seqs too): the first
-        at = lo if skip != lo else lo + 1
     return bk, bq, at
 
 
@@ -77,14 +75,17 @@ def _best(k: Any, q: Any, lo: Any) -> Any:
     bk = k[lo]
     for i in range(lo + 1, lo + B):
         bk = min(bk, k[i])
-    bq, at = EMPTY, lo + B
+    bq, at = EMPTY, lo
     for i in range(lo, lo + B):
         x = k[i] == bk and q[i] < bq
         bq = q[i] if x else bq
         at = i if x else at
-    if at == lo + B:
-        at = lo
     return bk, bq, at
+
+
+def _other(k: Any, q: Any, lo: Any, skip: Any) -> Any:
+    """:func:`_win`, called rather than inlined (numba's inliner trips over it in a branch)."""
+    return _win(k, q, lo, skip)
 
 
 def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
@@ -101,26 +102,40 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
 
 
 def _enter(
-    lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, off: Any, s: Any, key: Any, seq: Any
+    lk: Any,
+    lq: Any,
+    nk: Any,
+    nq: Any,
+    ns: Any,
+    rk: Any,
+    rq: Any,
+    rs: Any,
+    off: Any,
+    s: Any,
+    key: Any,
+    seq: Any,
 ) -> None:
     """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
     it becomes the winner (the old one the runner-up) or the runner-up, or changes
     nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
-    while it beats the node above (a child that only got better: no scan)."""
+    while it beats the node above (a child that only got better: no scan). Without
+    branches: every store is a select (a mispredicted branch costs more than the stores)."""
     g = s >> SHIFT
     lk[s], lq[s] = key, seq
-    wk, wq = nk[g], nq[g]
-    if key < wk or (key == wk and seq < wq):
-        rk[g], rq[g], rs[g] = wk, wq, ns[g]  # the old winner (none: -1) comes second
-        nk[g], nq[g], ns[g] = key, seq, s
-        for level in range(1, off.shape[0] - 1):
-            g >>= SHIFT
-            at = off[level] + g
-            if not (key < nk[at] or (key == nk[at] and seq < nq[at])):
-                return
-            nk[at], nq[at], ns[at] = key, seq, s
-    elif rs[g] != USED and (key < rk[g] or (key == rk[g] and seq < rq[g])):
-        rk[g], rq[g], rs[g] = key, seq, s
+    wk, wq, ws = nk[g], nq[g], ns[g]
+    xk, xq, xs = rk[g], rq[g], rs[g]
+    win = key < wk or (key == wk and seq < wq)
+    second = xs != USED and (key < xk or (key == xk and seq < xq))
+    nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
+    rk[g] = wk if win else (key if second else xk)
+    rq[g] = wq if win else (seq if second else xq)
+    rs[g] = ws if win else (s if second else xs)
+    for level in range(1, off.shape[0] - 1):
+        g >>= SHIFT
+        at = off[level] + g
+        wk, wq = nk[at], nq[at]
+        win = win and (key < wk or (key == wk and seq < wq))
+        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
 
 
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
@@ -252,7 +267,7 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
         w = ns[root]
         out[j] = w
         if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
-            _k, _q, i = _win(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
+            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
             if ns[i] >= 0:
                 _lines(at, ns[i], True)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
@@ -314,8 +329,8 @@ def load() -> SimpleNamespace | None:
             first,
             below,
             build,
-            helpers=(_bits, _win, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle),
-            inline=(_best, _group, _enter, _up),
+            helpers=(_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle),
+            inline=(_best, _win, _group, _enter, _up),
         )
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
