@@ -22,9 +22,12 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
+from xpbank._jit.prefetch import prefetch
 from xpbank.sampler.priorities import host_arrays
 
 __all__ = ["live_table", "update_ids"]
+
+AHEAD = 8  # the check prefetches the lines of the id this far ahead
 
 
 def live_table(
@@ -46,7 +49,14 @@ def live_table(
     ``False``: nothing written (``old``: the stamps, kept to put back on a repeat)."""
     n = ids.shape[0]
     capacity = live.shape[0]
+    lines = (ring_ids.ctypes.data, live.ctypes.data, stamp.ctypes.data, priority.ctypes.data)
     for j in range(n):
+        if j + AHEAD < n:  # the slot's lines a few ids ahead, so that their misses overlap
+            s = ids[j + AHEAD] % capacity
+            prefetch(lines[0] + s * 8)
+            prefetch(lines[1] + s)
+            prefetch(lines[2] + s * 8)
+            prefetch(lines[3] + s * 8)
         i = ids[j]
         v = np.float64(values[j])
         if i < 0 or i >= next_id or not (v >= 0.0 and v < np.inf):

@@ -161,15 +161,17 @@ def _at(t: Any) -> Any:
     )  # fmt: skip
 
 
-def _lines(at: Any, s: Any, siblings: Any) -> None:
-    """Prefetch what setting or taking slot ``s`` reads: its leaf group (keys, seqs), its
-    taken index, its group's winner and runner-up, and with ``siblings`` the winners of
-    the 16 groups under the same parent (``at``: :func:`_at`)."""
+def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
+    """Prefetch what setting or taking slot ``s`` reads: its leaf group's keys and seqs
+    (``whole``: the group's lines, else the slot's), its taken index, its group's
+    winner and runner-up, and with ``siblings`` the winners of the 16 groups under the
+    same parent (``at``: :func:`_at`)."""
     g = s >> SHIFT
-    line = (g << SHIFT) * 8
+    line = (g << SHIFT) * 8 if whole else s * 8
     for a in at[:2]:
         prefetch(a + line)
-        prefetch(a + line + 64)
+        if whole:
+            prefetch(a + line + 64)
     prefetch(at[2] + s * 8)
     for a in at[3:]:
         prefetch(a + g * 8)
@@ -180,12 +182,18 @@ def _lines(at: Any, s: Any, siblings: Any) -> None:
             prefetch(a + line + 64)
 
 
-def _ahead(at: Any, slots: Any, j: Any) -> None:
-    """:func:`_lines` of ``slots[j + AHEAD]``, if any."""
+def _ahead(at: Any, slots: Any, j: Any, mode: Any) -> None:
+    """Prefetch for ``slots[j + AHEAD]``, if any, what ``mode`` (see :func:`_apply`)
+    reads: a new key first reads the slot's taken index (a taken one only keeps it), a
+    removal the whole group, an entry the slot's own lines (:func:`_lines`)."""
     if j + AHEAD < slots.shape[0]:
         s = slots[j + AHEAD]
         if s >= 0:
-            _lines(at, s, False)
+            if mode == 1:
+                prefetch(at[2] + s * 8)
+                prefetch(at[0] + s * 8)
+            else:
+                _lines(at, s, mode == 2, False)
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -196,7 +204,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
     at = _at(t)
     for j in range(slots.shape[0]):
-        _ahead(at, slots, j)
+        _ahead(at, slots, j, mode)
         s = slots[j]
         if mode == 0 or mode == 3:
             if s < 0:  # (3) removed while taken
@@ -269,7 +277,7 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
         if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
             _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
             if ns[i] >= 0:
-                _lines(at, ns[i], True)
+                _lines(at, ns[i], True, True)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
         lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
