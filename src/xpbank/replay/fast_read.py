@@ -59,6 +59,7 @@ __all__ = [
     "draw_records",
     "ids_of_rows",
     "read_run",
+    "try_first",
     "try_prioritized",
     "try_read",
     "try_records",
@@ -236,6 +237,23 @@ def try_read(
             return None
     ring = rb._ring
     return _batch(plan, ring, rows, slots.shape, info, ring.ids[rows] if own_ids else None)
+
+
+def try_first(rb: Any, take: Any, batch_size: Any) -> TensorDict | None:
+    """Every field of the items ``take(batch_size)`` takes (a heap table's first items:
+    :func:`xpbank.table.fast.take_first`, ``(slots, ids)`` or ``None``), as the general
+    path reads them, or ``None`` with nothing taken where the fast path does not apply.
+    The caller holds the lock and has checked that no field list or option applies."""
+    if type(batch_size) is not int or batch_size > _MAX_BATCH:
+        return None
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    got = take(batch_size)
+    if got is None:
+        return None
+    rows, ids = got
+    return _batch(plan, rb._ring, rows, torch.Size((rows.shape[0],)), None, ids)
 
 
 def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import read_run, try_prioritized, try_read, try_records, try_sample
+from xpbank.replay.fast_read import read_run, try_first, try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.replay.to_device import rows_to, slots_and_ids_to
 from xpbank.ring.ids import Ring
@@ -137,6 +137,11 @@ def sample(
         taken = take(batch_size, replace)
         if taken is not None:
             return _read_run(rb, *taken)
+    first = rb.__dict__.get("_take_first")  # a heap table's first items: xpbank.table.fast
+    if first is not None and not replace and fields is None and not options:
+        batch = try_first(rb, first, batch_size)
+        if batch is not None:
+            return batch
     if replace and fields is None and not options:
         kind = type(rb._sampler)
         if kind is UniformSampler:

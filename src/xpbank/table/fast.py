@@ -1,4 +1,5 @@
-"""A :class:`~xpbank.table.Table`'s compiled small-call priority update (numba).
+"""A :class:`~xpbank.table.Table`'s small calls on its compiled heaps (numba): a
+priority update, and the first items of a heap selector.
 
 ``rb.update_priority(ids, p)`` on a heap table was a chain of small NumPy steps (the
 values' checks, the ids' never-issued and liveness checks, the repeated-slot check, the
@@ -13,6 +14,11 @@ priorities, finite, ``>= 0``, one per id, at least one, and a table without a su
 ``False`` with nothing written, and the general path (:func:`~xpbank.sampler.priorities.check_update`, then
 :func:`~xpbank.table.ops.set_priorities`) takes the call and raises what it raises. Both
 paths leave the same arrays: the same priorities (float64), stamps and heap keys.
+
+:func:`take_first` is a heap selector's ``sample(B, replace=False)`` without the general
+path's steps around the heap: the first ``B`` items, each counted once, and their ids,
+as :func:`~xpbank.table.ops.sample` takes them (no rate limiter, no draw limit: nothing
+to wait for or remove); anything else returns ``None`` with nothing taken.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
 from xpbank.sampler.priorities import host_arrays
 
-__all__ = ["live_table", "update_ids"]
+__all__ = ["live_table", "take_first", "update_ids"]
 
 AHEAD = 8  # the check prefetches the lines of the id this far ahead
 
@@ -117,3 +123,31 @@ def update_ids(t: Any, indices: Any, priorities: Any, stale: str) -> bool:
     if t.max_heap is not None:
         t.max_heap.rekey(ring, slots, -keys)
     return True
+
+
+def take_first(t: Any, batch_size: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``sample(batch_size, replace=False)`` on table ``t`` as :func:`ops.sample
+    <xpbank.table.ops.sample>` takes it, where that is the first ``batch_size`` items of
+    a compiled heap selector without a rate limiter or ``max_times_sampled``: ``(slots,
+    ids)``, each item counted as drawn once; else ``None`` with nothing taken (the
+    general path samples, or raises)."""
+    ring = t.ring
+    if (
+        ring is None
+        or t._heap_kernels is None
+        or t.limiter is not None
+        or t.max_times_sampled is not None
+        or type(batch_size) is not int
+        or not 0 < batch_size <= ring.size
+    ):
+        return None
+    kind = t.selector
+    if kind == "max_heap":
+        slots = t.max_heap.best(ring, batch_size)
+    elif kind == "min_heap":
+        slots = t.min_heap.best(ring, batch_size)
+    else:
+        return None
+    ring.times[slots] += 1
+    t.notify()
+    return slots, ring.ids[slots]

@@ -6,29 +6,26 @@ max-heap selectors and removers, the versions' index) are this. The leaves are t
 slots: each slot's key (:func:`order_bits` of the float key: int64 in the same order)
 and seq, ``(EMPTY, EMPTY)`` for a slot not in the tree, which loses to every item. Each
 node above holds the winner of its 16 children (key, seq, slot; ``(EMPTY, EMPTY, -1)``
-when none), each leaf group also its runner-up. A node's children are 16 contiguous
-entries (128 bytes of keys), so at 1M slots the tree is 5 levels (62,500 leaf groups ->
-3,907 -> 245 -> 16 -> 1) and only the leaves and their groups miss the cache. Ties are
-broken by the ring's ``seq`` (insertion order), so the order is total: the same items
-come first as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without
-numba, and the reference the tests compare this one with). Every winner is a function
-of its children, so the order is the same whatever the changes that built the tree; a
-runner-up may be marked *used* (unknown) until its group is read again.
+when none), each leaf group also its runner-up (or *used*: unknown until the group is
+read again). A node's children are 16 contiguous entries (128 bytes of keys): at 1M
+slots, 5 levels (62,500 leaf groups -> 3,907 -> 245 -> 16 -> 1). Ties are broken by the
+ring's ``seq`` (insertion order): the order is total, the same items come first as from
+:class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without numba, and the
+reference the tests compare this one with), whatever the changes that built the tree.
 
 - Changing or removing a slot recomputes its group and the nodes above, up to the first
-  that stays the same. A slot entering (an insert, a taken item put back) reads no
-  group: it is compared with the group's winner and runner-up only. A batch prefetches
-  what the items a few ahead read, so their cache misses overlap. One compiled call per
-  batch.
+  that stays the same; a slot entering (an insert, a taken item put back) only meets its
+  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
+  items a few ahead read. One compiled call per batch. The hot loops have no branches
+  to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
-  taken out of the tree (its group's runner-up takes its place) and set aside as
-  *taken*; a group whose runner-up was used is read again. While one pop climbs the
-  tree, the likely next winner's lines are prefetched (the best of the others below the
-  root). Taken items still count: a priority update of one only sets its kept key, a
-  removal only drops it; the next call that reads the order (``best``, ``below``) first
-  puts the taken ones back. So a sample of the first ``k`` followed by a priority update
-  of those ``k`` (the usual loop) enters each once, with the new key, and a
-  consume-once table's removal of them costs nothing more.
+  taken out of the tree (its group's runner-up takes its place, or a used one's group is
+  read again) and set aside as *taken*, the likely next winner's lines prefetched. Taken
+  items still count: a priority update of one only sets its kept key, a removal only
+  drops it; the next call that reads the order (``best``, ``below``) first puts the
+  taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
+  of those ``k``) enters each once with its new key, and a consume-once table's removal
+  of them costs nothing more.
 
 The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
 """
@@ -56,9 +53,7 @@ AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 def _win(k: Any, q: Any, lo: Any, skip: Any) -> Any:
     """The first of entries ``[lo, lo + 16)`` but position ``skip``, by ``(k, q)``:
-    ``(key, seq, position)``. Two passes without branches (a compiled pass over 16
-    keys costs less than one mispredicted branch): the smallest key, then the smallest
-    seq among the entries that hold it."""
+    ``(key, seq, position)``: the smallest key, then the smallest seq among its holders."""
     bk = EMPTY
     for i in range(lo, lo + B):
         bk = min(bk, k[i] if i != skip else EMPTY)
@@ -101,25 +96,13 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
-def _enter(
-    lk: Any,
-    lq: Any,
-    nk: Any,
-    nq: Any,
-    ns: Any,
-    rk: Any,
-    rq: Any,
-    rs: Any,
-    off: Any,
-    s: Any,
-    key: Any,
-    seq: Any,
-) -> None:
+def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
     """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
     it becomes the winner (the old one the runner-up) or the runner-up, or changes
     nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
     while it beats the node above (a child that only got better: no scan). Without
     branches: every store is a select (a mispredicted branch costs more than the stores)."""
+    lk, lq, nk, nq, ns, rk, rq, rs = a  # the tree's first 8 arrays
     g = s >> SHIFT
     lk[s], lq[s] = key, seq
     wk, wq, ws = nk[g], nq[g], ns[g]
@@ -151,9 +134,7 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
 
 
 def _at(t: Any) -> Any:
-    """The addresses of the arrays :func:`_ahead` and :func:`_lines` prefetch from
-    (``.ctypes`` is slow: read once a call): leaf keys and seqs, the taken index, node
-    winners, runner-ups."""
+    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call)."""
     return (
         np.int64(t[0].ctypes.data), np.int64(t[1].ctypes.data), np.int64(t[9].ctypes.data),
         np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
@@ -162,10 +143,8 @@ def _at(t: Any) -> Any:
 
 
 def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
-    """Prefetch what setting or taking slot ``s`` reads: its leaf group's keys and seqs
-    (``whole``: the group's lines, else the slot's), its taken index, its group's
-    winner and runner-up, and with ``siblings`` the winners of the 16 groups under the
-    same parent (``at``: :func:`_at`)."""
+    """Prefetch what setting or taking slot ``s`` reads: its keys and seqs (``whole``: its
+    group's), taken index, group's winner and runner-up (``siblings``: its parent's 16)."""
     g = s >> SHIFT
     line = (g << SHIFT) * 8 if whole else s * 8
     for a in at[:2]:
@@ -183,9 +162,7 @@ def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
 
 
 def _ahead(at: Any, slots: Any, j: Any, mode: Any) -> None:
-    """Prefetch for ``slots[j + AHEAD]``, if any, what ``mode`` (see :func:`_apply`)
-    reads: a new key first reads the slot's taken index (a taken one only keeps it), a
-    removal the whole group, an entry the slot's own lines (:func:`_lines`)."""
+    """Prefetch what ``mode`` (:func:`_apply`) reads for ``slots[j + AHEAD]``, if any."""
     if j + AHEAD < slots.shape[0]:
         s = slots[j + AHEAD]
         if s >= 0:
@@ -212,7 +189,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] += 1
             if mode == 3:
                 taken[s] = -1
-            _enter(lk, lq, nk, nq, ns, rk, rq, rs, off, s, keys[j], seqs[j])
+            _enter(t[:8], off, s, keys[j], seqs[j])
             continue
         elif mode == 1:
             if taken[s] >= 0:
@@ -330,16 +307,9 @@ def load() -> SimpleNamespace | None:
     """The compiled kernels (compiled on first use), or ``None`` without numba."""
     global _KERNELS, _LOADED
     if not _LOADED:
-        fns = _jit.compile_kernels(
-            push,
-            rekey,
-            remove,
-            first,
-            below,
-            build,
-            helpers=(_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle),
-            inline=(_best, _win, _group, _enter, _up),
-        )
+        kernels = (push, rekey, remove, first, below, build)
+        helpers = (_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True

@@ -232,6 +232,7 @@ class Table:
         rb.__dict__["_runs"] = (partial(runs.run_start, self), partial(runs.run_written, self))  # fast path
         rb.__dict__["_take_run"] = partial(runs.take_run, self)  # the read path's (a queue's oldest)
         rb.__dict__["_update_ids"] = partial(fast.update_ids, self)  # update_priority's compiled path
+        rb.__dict__["_take_first"] = partial(fast.take_first, self)  # the read path's (a heap's first)
         self._rb = rb
         limiter = self.rate_limiter
         self.limiter = (

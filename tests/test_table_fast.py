@@ -1,6 +1,7 @@
-"""A table's compiled priority update (xpbank.table.fast) against the general path (the
-NumPy checks, then ops.set_priorities): the same arrays and the same order after the
-same calls; bad input raises the general path's error with nothing written."""
+"""A table's small calls (xpbank.table.fast) against the general path: the compiled
+priority update (vs the NumPy checks, then ops.set_priorities) and a heap selector's
+first items (vs ops.sample, then the general read): the same arrays, batches and order
+after the same calls; bad input raises the general path's error with nothing written."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def _pair(selector: str, remover: str) -> tuple[ReplayBuffer, ReplayBuffer]:
     """Two equal buffers; the second without the compiled update (the general path)."""
     a, b = (ReplayBuffer(40, SPEC, sampler=Table(selector, remover)) for _ in range(2))
     b.__dict__.pop("_update_ids")
+    b.__dict__.pop("_take_first")
     return a, b
 
 
@@ -29,6 +31,7 @@ def _arrays(rb: ReplayBuffer) -> dict[str, object]:
         "stamp": ring.stamp.tolist(),
         "stamps": ring.stamps,
         "live": ring.live.tolist(),
+        "times": ring.times.tolist(),
     }
 
 
@@ -54,8 +57,10 @@ def test_compiled_update_leaves_what_the_general_path_leaves(selector: str, remo
         assert _arrays(a) == _arrays(b)
         if step % 4 == 1:
             k = int(rng.integers(1, 6))
-            got = [rb.sample(k, replace=False)["index"].tolist() for rb in (a, b)]
-            assert got[0] == got[1]
+            got = [rb.sample(k, replace=False) for rb in (a, b)]
+            assert got[0]["index"].tolist() == got[1]["index"].tolist()
+            assert torch.equal(got[0]["x"], got[1]["x"])
+            assert _arrays(a) == _arrays(b)
 
 
 def test_the_compiled_update_takes_the_usual_call() -> None:
@@ -104,3 +109,29 @@ def test_a_stale_id_raises_or_is_skipped() -> None:
     rb.update_priority(both, torch.tensor([4.0, 4.0]), stale="skip")
     assert rb._ring.priority[5] == 4.0
     assert rb.sample(1, replace=False)["index"].tolist() == [5]
+
+
+def test_first_items_are_taken_only_where_the_general_path_would_take_them_so() -> None:
+    if heap.load() is None:
+        pytest.skip("numba is not installed: the general path takes every call")
+    plain = ReplayBuffer(16, SPEC, sampler=Table("max_heap"))
+    limited = ReplayBuffer(16, SPEC, sampler=Table("max_heap", max_times_sampled=2))
+    fifo = ReplayBuffer(16, SPEC, sampler=Table("fifo", "max_heap"))
+    for rb in (plain, limited, fifo):
+        rb.extend({"x": torch.arange(6, dtype=torch.float32)})
+        rb.update_priority(torch.arange(6), torch.tensor([1.0, 5.0, 2.0, 5.0, 0.0, 3.0]))
+    before = _arrays(plain)
+    for b in (0, 7, 2.0, True):  # the general path raises (or reads) these
+        assert fast.take_first(plain.sampler, b) is None
+    assert _arrays(plain) == before
+    assert fast.take_first(limited.sampler, 2) is None
+    assert fast.take_first(fifo.sampler, 2) is None
+    got = fast.take_first(plain.sampler, 3)
+    assert got is not None
+    slots, ids = got
+    assert slots.tolist() == [1, 3, 5]
+    assert ids.tolist() == [1, 3, 5]  # ties: the older first
+    assert plain._ring.times[:6].tolist() == [0, 1, 0, 1, 0, 1]
+    batch = plain.sample(3, replace=False)  # the taken ones are back, with their priorities
+    assert batch["index"].tolist() == [1, 3, 5]
+    assert batch["x"].tolist() == [1.0, 3.0, 5.0]
