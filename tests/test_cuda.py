@@ -387,6 +387,25 @@ def test_table_queue_and_prioritized_table_on_device(dev: str) -> None:
     assert got["obs"].tolist() == [7.0, 7.0] and len(rb) == 7  # sampled twice, then removed
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_heap_table_first_items_and_updates_on_device_as_on_the_cpu(dev: str) -> None:
+    """A heap table's sample(replace=False) and priority update: the CPU twin takes the
+    compiled small calls (xpbank.table.fast), the device buffer what applies there."""
+    devs = ("cpu", dev)
+    rbs = [ReplayBuffer(16, storing_device=d, sampler=Table("max_heap"), seed=0) for d in devs]
+    for rb, d in zip(rbs, devs, strict=True):
+        rb.extend({"obs": torch.arange(10.0, device=d)})
+        prios = torch.tensor([3.0, 1, 4, 1, 5, 9, 2, 6, 5, 3], device=d)
+        rb.update_priority(torch.arange(10, device=d), prios)
+    for step in range(3):
+        got = [rb.sample(4, replace=False) for rb in rbs]
+        _all_on(got[1], dev)
+        assert got[0]["index"].tolist() == got[1]["index"].cpu().tolist()
+        assert got[0]["obs"].tolist() == got[1]["obs"].cpu().tolist()
+        for rb, d, batch in zip(rbs, devs, got, strict=True):
+            rb.update_priority(batch["index"], torch.full((4,), float(step), device=d))
+
+
 # -- banks and frames -----------------------------------------------------------------
 @pytest.mark.parametrize("dev", DEVICES)
 def test_bank_of_a_device_buffer_loads_bit_for_bit_anywhere(dev: str, tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "draw_records",
     "ids_of_rows",
     "read_run",
+    "try_first",
     "try_prioritized",
     "try_read",
     "try_records",
@@ -213,11 +214,15 @@ def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
     return rows, plan.reader
 
 
-def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDict | None:
+def try_read(
+    rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor], own_ids: bool = False
+) -> TensorDict | None:
     """Every field of the items in ``slots`` with the sampler's ``info``, as the general
     path reads them after another sampler's draw (the caller holds the lock and has
     checked that no n-step option or relabelling applies), or ``None``: ``slots`` or
-    ``info`` are not CPU tensors of one batch dim (the general path reads them)."""
+    ``info`` are not CPU tensors of one batch dim (the general path reads them).
+    ``own_ids``: the ring keeps each slot's id (a :class:`~xpbank.Table`'s ring, whose
+    slots are reused out of order): the ids are read from it."""
     plan = _plan(rb)
     if plan is None or slots.ndim != 1:
         return None
@@ -230,7 +235,25 @@ def try_read(rb: Any, slots: torch.Tensor, info: dict[str, torch.Tensor]) -> Ten
     for value in info.values():  # a loop, not all(...): ~0.3 µs less for one entry
         if not value.is_cpu:
             return None
-    return _batch(plan, rb._ring, rows, slots.shape, info)
+    ring = rb._ring
+    return _batch(plan, ring, rows, slots.shape, info, ring.ids[rows] if own_ids else None)
+
+
+def try_first(rb: Any, take: Any, batch_size: Any) -> TensorDict | None:
+    """Every field of the items ``take(batch_size)`` takes (a heap table's first items:
+    :func:`xpbank.table.fast.take_first`, ``(slots, ids)`` or ``None``), as the general
+    path reads them, or ``None`` with nothing taken where the fast path does not apply.
+    The caller holds the lock and has checked that no field list or option applies."""
+    if type(batch_size) is not int or batch_size > _MAX_BATCH:
+        return None
+    plan = _plan(rb)
+    if plan is None:
+        return None
+    got = take(batch_size)
+    if got is None:
+        return None
+    rows, ids = got
+    return _batch(plan, rb._ring, rows, torch.Size((rows.shape[0],)), None, ids)
 
 
 def read_run(rb: Any, start: int, ids: np.ndarray) -> TensorDict | None:

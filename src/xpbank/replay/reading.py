@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xpbank.errors import BufferChangedError, CapacityError, EmptyBufferError, SpecError, check_positive_int
-from xpbank.replay.fast_read import read_run, try_prioritized, try_read, try_records, try_sample
+from xpbank.replay.fast_read import read_run, try_first, try_prioritized, try_read, try_records, try_sample
 from xpbank.replay.parts import BufferParts
 from xpbank.replay.to_device import rows_to, slots_and_ids_to
 from xpbank.ring.ids import Ring
@@ -137,6 +137,11 @@ def sample(
         taken = take(batch_size, replace)
         if taken is not None:
             return _read_run(rb, *taken)
+    first = rb.__dict__.get("_take_first")  # a heap table's first items: xpbank.table.fast
+    if first is not None and not replace and fields is None and not options:
+        batch = try_first(rb, first, batch_size)
+        if batch is not None:
+            return batch
     if replace and fields is None and not options:
         kind = type(rb._sampler)
         if kind is UniformSampler:
@@ -148,11 +153,12 @@ def sample(
         if batch is not None:
             return batch
     keys, slots, info = _draw_slots(rb, batch_size, replace, fields, options)
-    plain = keys is None and rb._nstep is None and type(rb._ring) is Ring  # a Table's ring: own ids
-    if plain and getattr(rb._sampler, "relabel", None) is None:
-        batch = try_read(rb, slots, info)  # e.g. a prioritized sample: see fast_read.py
-        if batch is not None:
-            return batch
+    if keys is None and rb._nstep is None and getattr(rb._sampler, "relabel", None) is None:
+        plain = type(rb._ring) is Ring
+        if plain or getattr(rb._ring, "keeps_ids", False):  # a Table's ring: its own ids
+            batch = try_read(rb, slots, info, not plain)  # e.g. a prioritized sample: see fast_read.py
+            if batch is not None:
+                return batch
     return gather(rb, *_read_plan(rb, keys, slots, info))
 
 

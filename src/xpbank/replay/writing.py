@@ -142,11 +142,15 @@ def keep_last(
 def update_priority(rb: BufferParts, indices: Any, priorities: Any, stale: str) -> None:
     """:meth:`ReplayBuffer.update_priority <xpbank.ReplayBuffer.update_priority>`'s work
     (the caller holds the lock): the prioritized sampler's compiled small-call update
-    where it takes the call (:func:`~xpbank.sampler.prioritized_fast.update_ids`), else
+    where it takes the call (:func:`~xpbank.sampler.prioritized_fast.update_ids`; a
+    table's: :func:`~xpbank.table.fast.update_ids`), else
     every input checked (:func:`~xpbank.sampler.priorities.check_update`), then the
     sampler's ``update_priority``."""
     sampler = rb._sampler
     if type(sampler) is PrioritizedSampler and update_ids(sampler, rb._ring, indices, priorities, stale):
+        return
+    table_update = rb.__dict__.get("_update_ids")  # a Table's compiled update: xpbank.table.fast
+    if table_update is not None and table_update(indices, priorities, stale):
         return
     update = getattr(sampler, "update_priority", None)
     if update is None:

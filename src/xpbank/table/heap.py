@@ -6,25 +6,26 @@ max-heap selectors and removers, the versions' index) are this. The leaves are t
 slots: each slot's key (:func:`order_bits` of the float key: int64 in the same order)
 and seq, ``(EMPTY, EMPTY)`` for a slot not in the tree, which loses to every item. Each
 node above holds the winner of its 16 children (key, seq, slot; ``(EMPTY, EMPTY, -1)``
-when none), each leaf group also its runner-up. A node's children are 16 contiguous
-entries (128 bytes of keys), so at 1M slots the tree is 5 levels (62,500 leaf groups ->
-3,907 -> 245 -> 16 -> 1) and only the leaves and their groups miss the cache. Ties are
-broken by the ring's ``seq`` (insertion order), so the order is total: the same items
-come first as from :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without
-numba, and the reference the tests compare this one with). Every node is a function of
-its children, so the tree is the same whatever the order of the changes that built it
-(a runner-up once its winner was taken is marked used until its group is recomputed).
+when none), each leaf group also its runner-up (or *used*: unknown until the group is
+read again). A node's children are 16 contiguous entries (128 bytes of keys): at 1M
+slots, 5 levels (62,500 leaf groups -> 3,907 -> 245 -> 16 -> 1). Ties are broken by the
+ring's ``seq`` (insertion order): the order is total, the same items come first as from
+:class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without numba, and the
+reference the tests compare this one with), whatever the changes that built the tree.
 
-- Setting a slot (insert, priority change, removal) recomputes its group and the nodes
-  above, up to the first that stays the same. A batch prefetches the leaf groups of the
-  items a few ahead, so their cache misses overlap. One compiled call per batch.
+- Changing or removing a slot recomputes its group and the nodes above, up to the first
+  that stays the same; a slot entering (an insert, a taken item put back) only meets its
+  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
+  items a few ahead read. One compiled call per batch. The hot loops have no branches
+  to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
-  taken out of the tree (its group's runner-up takes its place) and set aside as
-  *taken*. Taken items still count: a priority update of one only sets its kept key, a
-  removal only drops it; the next call that reads the order (``best``, ``below``) first
-  puts the taken ones back. So a sample of the first ``k`` followed by a priority update
-  of those ``k`` (the usual loop) replays each path once, with the new key, and a
-  consume-once table's removal of them costs nothing more.
+  taken out of the tree (its group's runner-up takes its place, or a used one's group is
+  read again) and set aside as *taken*, the likely next winner's lines prefetched. Taken
+  items still count: a priority update of one only sets its kept key, a removal only
+  drops it; the next call that reads the order (``best``, ``below``) first puts the
+  taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
+  of those ``k``) enters each once with its new key, and a consume-once table's removal
+  of them costs nothing more.
 
 The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
 """
@@ -52,23 +53,34 @@ AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 def _win(k: Any, q: Any, lo: Any, skip: Any) -> Any:
     """The first of entries ``[lo, lo + 16)`` but position ``skip``, by ``(k, q)``:
-    ``(key, seq, position)``; seqs are read on a tie only."""
-    bk, bq, at = EMPTY, EMPTY, lo + B
+    ``(key, seq, position)``: the smallest key, then the smallest seq among its holders."""
+    bk = EMPTY
     for i in range(lo, lo + B):
-        if i != skip and (k[i] < bk or (k[i] == bk and q[i] < bq)):
-            bk, bq, at = k[i], q[i], i
-    if at == lo + B:  # every entry empty (their seqs too): the first
-        at = lo if skip != lo else lo + 1
+        bk = min(bk, k[i] if i != skip else EMPTY)
+    bq, at = EMPTY, lo if skip != lo else lo + 1  # every entry empty (their seqs too): the first
+    for i in range(lo, lo + B):
+        x = k[i] == bk and q[i] < bq and i != skip
+        bq = q[i] if x else bq
+        at = i if x else at
     return bk, bq, at
 
 
 def _best(k: Any, q: Any, lo: Any) -> Any:
     """:func:`_win` with nothing skipped."""
-    bk, bq, at = EMPTY, EMPTY, lo
+    bk = k[lo]
+    for i in range(lo + 1, lo + B):
+        bk = min(bk, k[i])
+    bq, at = EMPTY, lo
     for i in range(lo, lo + B):
-        if k[i] < bk or (k[i] == bk and q[i] < bq):
-            bk, bq, at = k[i], q[i], i
+        x = k[i] == bk and q[i] < bq
+        bq = q[i] if x else bq
+        at = i if x else at
     return bk, bq, at
+
+
+def _other(k: Any, q: Any, lo: Any, skip: Any) -> Any:
+    """:func:`_win`, called rather than inlined (numba's inliner trips over it in a branch)."""
+    return _win(k, q, lo, skip)
 
 
 def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
@@ -84,6 +96,31 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
+def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
+    """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
+    it becomes the winner (the old one the runner-up) or the runner-up, or changes
+    nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
+    while it beats the node above (a child that only got better: no scan). Without
+    branches: every store is a select (a mispredicted branch costs more than the stores)."""
+    lk, lq, nk, nq, ns, rk, rq, rs = a  # the tree's first 8 arrays
+    g = s >> SHIFT
+    lk[s], lq[s] = key, seq
+    wk, wq, ws = nk[g], nq[g], ns[g]
+    xk, xq, xs = rk[g], rq[g], rs[g]
+    win = key < wk or (key == wk and seq < wq)
+    second = xs != USED and (key < xk or (key == xk and seq < xq))
+    nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
+    rk[g] = wk if win else (key if second else xk)
+    rq[g] = wq if win else (seq if second else xq)
+    rs[g] = ws if win else (s if second else xs)
+    for level in range(1, off.shape[0] - 1):
+        g >>= SHIFT
+        at = off[level] + g
+        wk, wq = nk[at], nq[at]
+        win = win and (key < wk or (key == wk and seq < wq))
+        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
+
+
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
     """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
@@ -96,16 +133,44 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
-def _ahead(lk: Any, taken: Any, slots: Any, j: Any) -> None:
-    """Prefetch the leaf group (keys) and the taken index of ``slots[j + AHEAD]``
-    (``lk``, ``taken``: the arrays' addresses; ``.ctypes`` is slow, read it once a call)."""
+def _at(t: Any) -> Any:
+    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call)."""
+    return (
+        np.int64(t[0].ctypes.data), np.int64(t[1].ctypes.data), np.int64(t[9].ctypes.data),
+        np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
+        np.int64(t[5].ctypes.data), np.int64(t[6].ctypes.data), np.int64(t[7].ctypes.data),
+    )  # fmt: skip
+
+
+def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
+    """Prefetch what setting or taking slot ``s`` reads: its keys and seqs (``whole``: its
+    group's), taken index, group's winner and runner-up (``siblings``: its parent's 16)."""
+    g = s >> SHIFT
+    line = (g << SHIFT) * 8 if whole else s * 8
+    for a in at[:2]:
+        prefetch(a + line)
+        if whole:
+            prefetch(a + line + 64)
+    prefetch(at[2] + s * 8)
+    for a in at[3:]:
+        prefetch(a + g * 8)
+    if siblings:
+        line = ((g >> SHIFT) << SHIFT) * 8
+        for a in at[3:6]:
+            prefetch(a + line)
+            prefetch(a + line + 64)
+
+
+def _ahead(at: Any, slots: Any, j: Any, mode: Any) -> None:
+    """Prefetch what ``mode`` (:func:`_apply`) reads for ``slots[j + AHEAD]``, if any."""
     if j + AHEAD < slots.shape[0]:
         s = slots[j + AHEAD]
         if s >= 0:
-            line = lk + ((s >> SHIFT) << SHIFT) * 8
-            prefetch(line)
-            prefetch(line + 64)
-            prefetch(taken + s * 8)
+            if mode == 1:
+                prefetch(at[2] + s * 8)
+                prefetch(at[0] + s * 8)
+            else:
+                _lines(at, s, mode == 2, False)
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -114,17 +179,18 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     for good (neither in nor taken: skipped), 3 put back the taken ones (``slots`` is
     their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
-    lk_at, taken_at = np.int64(lk.ctypes.data), np.int64(taken.ctypes.data)
+    at = _at(t)
     for j in range(slots.shape[0]):
-        _ahead(lk_at, taken_at, slots, j)
+        _ahead(at, slots, j, mode)
         s = slots[j]
         if mode == 0 or mode == 3:
             if s < 0:  # (3) removed while taken
                 continue
-            lk[s], lq[s] = keys[j], seqs[j]
             n[0] += 1
             if mode == 3:
                 taken[s] = -1
+            _enter(t[:8], off, s, keys[j], seqs[j])
+            continue
         elif mode == 1:
             if taken[s] >= 0:
                 tk[taken[s]] = keys[j]
@@ -181,23 +247,25 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
-    for j in range(m):  # the leaves are marked after the loop (stores off the chain of pops)
+    at, top = _at(t), off.shape[0] - 3  # the level below the root (none: -1)
+    for j in range(m):
         w = ns[root]
         out[j] = w
+        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
+            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
+            if ns[i] >= 0:
+                _lines(at, ns[i], True, True)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
+        lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
             nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
             rs[g] = USED
-        else:  # read the group again, the items taken from it so far marked out
-            for i in range(j + 1):
-                if out[i] >> SHIFT == g:
-                    lk[out[i]], lq[out[i]] = EMPTY, EMPTY
+        else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
         _up(nk, nq, ns, off, g)
     for j in range(m):
         taken[out[j]] = j
-        lk[out[j]], lq[out[j]] = EMPTY, EMPTY
     n[0] -= m
     n[1] = m
     return m
@@ -239,15 +307,9 @@ def load() -> SimpleNamespace | None:
     """The compiled kernels (compiled on first use), or ``None`` without numba."""
     global _KERNELS, _LOADED
     if not _LOADED:
-        fns = _jit.compile_kernels(
-            push,
-            rekey,
-            remove,
-            first,
-            below,
-            build,
-            helpers=(_bits, _win, _best, _group, _up, _ahead, _apply, _settle),
-        )
+        kernels = (push, rekey, remove, first, below, build)
+        helpers = (_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True

@@ -41,6 +41,8 @@ class TableRing(Ring):
     ``rows``: slots ``[0, rows)`` hold every live item (what a state or a bank saves).
     """
 
+    keeps_ids = True  # each slot's id is ``ids[slot]`` (the buffer's fast read looks it up there)
+
     def __init__(self, capacity: int):
         super().__init__(capacity)
         c = capacity

@@ -22,7 +22,7 @@ from xpbank.sampler import sumtree
 from xpbank.sampler.registry import register_sampler
 from xpbank.spec.keys import NestedKey, normalize_key
 from xpbank.spec.spec import Spec
-from xpbank.table import heap, ops, runs
+from xpbank.table import fast, heap, ops, runs
 from xpbank.table import state as table_state
 from xpbank.table.options import (
     REMOVERS,
@@ -231,6 +231,8 @@ class Table:
         rb.__dict__["_place"] = self.write  # the write path's hook (xpbank.replay.writing.write)
         rb.__dict__["_runs"] = (partial(runs.run_start, self), partial(runs.run_written, self))  # fast path
         rb.__dict__["_take_run"] = partial(runs.take_run, self)  # the read path's (a queue's oldest)
+        rb.__dict__["_update_ids"] = partial(fast.update_ids, self)  # update_priority's compiled path
+        rb.__dict__["_take_first"] = partial(fast.take_first, self)  # the read path's (a heap's first)
         self._rb = rb
         limiter = self.rate_limiter
         self.limiter = (

@@ -1,0 +1,153 @@
+"""A :class:`~xpbank.table.Table`'s small calls on its compiled heaps (numba): a
+priority update, and the first items of a heap selector.
+
+``rb.update_priority(ids, p)`` on a heap table was a chain of small NumPy steps (the
+values' checks, the ids' never-issued and liveness checks, the repeated-slot check, the
+priority write, the restamp, the heaps' keys), ~50 µs of glue around a ~9 µs heap
+kernel for 256 ids. :func:`update_ids` does the checks and the writes in one compiled
+pass (:func:`live_table`), then the heaps' upkeep, the way
+:func:`xpbank.sampler.prioritized_fast.update_ids` does for the prioritized sampler.
+
+It takes the usual call only: CPU int64 ids, all live and distinct, float32/float64
+priorities, finite, ``>= 0``, one per id, at least one, and a table without a sum-tree
+(the prioritized selector and remover keep their own path). Anything else returns
+``False`` with nothing written, and the general path (:func:`~xpbank.sampler.priorities.check_update`, then
+:func:`~xpbank.table.ops.set_priorities`) takes the call and raises what it raises. Both
+paths leave the same arrays: the same priorities (float64), stamps and heap keys.
+
+:func:`take_first` is a heap selector's ``sample(B, replace=False)`` without the general
+path's steps around the heap: the first ``B`` items, each counted once, and their ids,
+as :func:`~xpbank.table.ops.sample` takes them (no rate limiter, no draw limit: nothing
+to wait for or remove); anything else returns ``None`` with nothing taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from xpbank import _jit
+from xpbank._jit.prefetch import prefetch
+from xpbank.sampler.priorities import host_arrays
+
+__all__ = ["live_table", "take_first", "update_ids"]
+
+AHEAD = 8  # the check prefetches the lines of the id this far ahead
+
+
+def live_table(
+    ids: Any,
+    values: Any,
+    ring_ids: Any,
+    live: Any,
+    next_id: Any,
+    priority: Any,
+    stamp: Any,
+    stamps: Any,
+    slots: Any,
+    keys: Any,
+    old: Any,
+) -> Any:
+    """Check a priority update and write it: every id issued (``< next_id``) and live
+    (its slot's id), every value finite and ``>= 0``, no slot twice; then each slot's
+    priority (into ``keys`` too) and stamp (``stamps + j``). Returns whether it wrote;
+    ``False``: nothing written (``old``: the stamps, kept to put back on a repeat)."""
+    n = ids.shape[0]
+    capacity = live.shape[0]
+    lines = (ring_ids.ctypes.data, live.ctypes.data, stamp.ctypes.data, priority.ctypes.data)
+    for j in range(n):
+        if j + AHEAD < n:  # the slot's lines a few ids ahead, so that their misses overlap
+            s = ids[j + AHEAD] % capacity
+            prefetch(lines[0] + s * 8)
+            prefetch(lines[1] + s)
+            prefetch(lines[2] + s * 8)
+            prefetch(lines[3] + s * 8)
+        i = ids[j]
+        v = np.float64(values[j])
+        if i < 0 or i >= next_id or not (v >= 0.0 and v < np.inf):
+            return False
+        s = i % capacity
+        if not live[s] or ring_ids[s] != i:
+            return False
+        slots[j] = s
+        keys[j] = v
+    for j in range(n):  # issued stamps are below ``stamps``: one at or above it is this call's
+        s = slots[j]
+        if stamp[s] >= stamps:  # a repeated slot: the stamps written so far put back
+            for r in range(j - 1, -1, -1):
+                stamp[slots[r]] = old[r]
+            return False
+        old[j] = stamp[s]
+        stamp[s] = stamps + j
+    for j in range(n):
+        priority[slots[j]] = keys[j]
+    return True
+
+
+_KERNEL: list[Any] = []
+
+
+def _kernel() -> Any:
+    """The compiled :func:`live_table` (compiled on first use), or ``None`` without numba."""
+    if not _KERNEL:
+        fns = _jit.compile_kernels(live_table)
+        _KERNEL.append(None if fns is None else fns[0])
+    return _KERNEL[0]
+
+
+def update_ids(t: Any, indices: Any, priorities: Any, stale: str) -> bool:
+    """``rb.update_priority(indices, priorities, stale)`` on table ``t`` for the usual
+    call (see the module docstring). Returns whether it wrote them; ``False``: the
+    general path takes the call."""
+    ring = t.ring
+    if t.tree is not None or t._heap_kernels is None or stale not in ("raise", "skip") or ring is None:
+        return False
+    arrays = host_arrays(indices, priorities)
+    if arrays is None or arrays[0].shape[0] == 0:
+        return False
+    kernel = _kernel()
+    if kernel is None:
+        return False
+    ids, values = arrays
+    n = ids.shape[0]
+    slots, keys, old = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n, dtype=np.int64)
+    stamp = ring.stamp
+    if not kernel(
+        ids, values, ring.ids, ring.live, ring.next_id, ring.priority, stamp, ring.stamps, slots, keys, old
+    ):
+        return False
+    ring.stamps += n
+    if t.min_heap is not None:
+        t.min_heap.rekey(ring, slots, keys)
+    if t.max_heap is not None:
+        t.max_heap.rekey(ring, slots, -keys)
+    return True
+
+
+def take_first(t: Any, batch_size: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``sample(batch_size, replace=False)`` on table ``t`` as :func:`ops.sample
+    <xpbank.table.ops.sample>` takes it, where that is the first ``batch_size`` items of
+    a compiled heap selector without a rate limiter or ``max_times_sampled``: ``(slots,
+    ids)``, each item counted as drawn once; else ``None`` with nothing taken (the
+    general path samples, or raises)."""
+    ring = t.ring
+    if (
+        ring is None
+        or t._heap_kernels is None
+        or t.limiter is not None
+        or t.max_times_sampled is not None
+        or type(batch_size) is not int
+        or not 0 < batch_size <= ring.size
+    ):
+        return None
+    kind = t.selector
+    if kind == "max_heap":
+        slots = t.max_heap.best(ring, batch_size)
+    elif kind == "min_heap":
+        slots = t.min_heap.best(ring, batch_size)
+    else:
+        return None
+    ring.times[slots] += 1
+    t.notify()
+    return slots, ring.ids[slots]
