@@ -161,12 +161,10 @@ def pointers(checks: list[tuple[Any, ...]], src: Any) -> tuple[int, ...] | None:
         # it has 2+ dims), data_ptr() of every other layout raises (sparse, mkldnn; a
         # jagged nested tensor is a subclass); tests/test_fast_write_raw*.py check each
         try:
-            if shape:
-                if v.shape != shape or not (one or v.is_contiguous()):
+            if one:  # one value (an add's 0-d field: dim(), ~30 ns less than shape)
+                if (v.shape != shape if shape else v.dim()) or v.is_neg():
                     return None
-            elif v.dim():  # an add's 0-d field: dim() is ~30 ns cheaper than shape
-                return None
-            if v.is_neg():
+            elif v.shape != shape or not v.is_contiguous() or v.is_neg():
                 return None
             out.append(v.data_ptr())
         except (RuntimeError, TypeError, NotImplementedError):
