@@ -9,13 +9,15 @@ full path with the same result or error. The same tests run without numba
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from test_fast_write import assert_same, call, pair
+from test_fast_write import SPEC as FW_SPEC
+from test_fast_write import assert_same, call, item, pair
 from test_fast_write_raw import COMPILED, DTYPES, _spec, _values
-from xpbank import Field, Spec
+from xpbank import Field, NStep, Spec
 from xpbank.replay import raw_rows
 
 
@@ -142,7 +144,22 @@ def test_a_change_of_signature_is_keyed_anew():
     fast, slow = pair(8, SPEC)
     items = [_item(i) for i in range(4)]
     items[2] = {k: v.numpy() if v.dim() else v for k, v in items[2].items()}  # arrays for 1-d fields
-    for item in items:
-        assert call(fast, "add", item) == call(slow, "add", item)
+    for it in items:
+        assert call(fast, "add", it) == call(slow, "add", it)
     assert_same(fast, slow)
     assert (fast.__dict__["_signature"].raw is not None) == COMPILED
+
+
+@pytest.mark.parametrize("kind", ["torch", "td"])
+@pytest.mark.parametrize("nstep", [False, True])
+def test_an_add_with_an_episode_index_matches_the_full_path(kind, nstep):
+    """One lockstep step of one env: the rows copied, then the index reads the ends."""
+    kw = {"num_envs": 1, **({"nstep": lambda: NStep(3, 0.9)} if nstep else {})}
+    fast, slow = pair(12, FW_SPEC, **kw)
+    rng = np.random.default_rng(3)
+    for _ in range(30):  # episode ends, and wraps of the ring
+        it = item(rng, kind, end=0.3)
+        assert call(fast, "add", it) == call(slow, "add", it)
+        assert_same(fast, slow)
+    sig = fast.__dict__["_signature"]
+    assert (sig.raw is not None) == COMPILED  # no numba: no compiled step, the index plans

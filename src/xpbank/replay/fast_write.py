@@ -128,7 +128,7 @@ class Signature:
         self.keys = [e[0] for e in entries]
         self.views = [block.np_views[key] for key in self.keys]
         self.records = block.np_records
-        # every field a torch tensor (an extend): dense CPU ones copied in one compiled call
+        # every field a torch tensor (an add or extend): dense CPU ones copied in one compiled call
         self.raw = None
         if episodes is None or self.step is not None:  # no plan reads the values
             self.raw = raw_rows.plan(block, entries, n, (_TENSOR0, _TENSOR_LIST, _TENSOR))
