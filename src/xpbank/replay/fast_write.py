@@ -30,11 +30,12 @@ What still runs on every fast call, because it depends on values, not signatures
 A torch tensor's values are read as the cheapest exact conversion allows: a 0-d tensor
 or a 1-d one of up to 8 values through ``tolist()`` (Python numbers, exact for every
 dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one through
-``numpy()`` (a view of a CPU tensor without grad). An ``extend`` whose fields are all
-torch tensors skips both where every tensor is dense in memory: one compiled call copies
-their bytes into the rows (:mod:`xpbank.replay.raw_rows`; any other tensor, or no numba,
-takes the readers above). ``tolist()`` raises for a sparse,
-mkldnn or meta tensor and a nested tensor has no shape, so each of those declines.
+``numpy()`` (a view of a CPU tensor without grad). An ``add`` or ``extend`` whose fields
+are all torch tensors skips both where every tensor is dense in memory on the CPU: one
+compiled call copies their bytes into the rows (:mod:`xpbank.replay.raw_rows`; any
+other tensor, a CUDA one included, or no numba, takes the readers above). ``tolist()``
+raises for a sparse, mkldnn or meta tensor and a nested tensor has no shape, so each of
+those declines.
 
 The fast path never raises for bad input: it only declines, so every bad batch gets the
 same error as before, with nothing written. It writes only where the storage exposes one
@@ -127,7 +128,7 @@ class Signature:
         self.keys = [e[0] for e in entries]
         self.views = [block.np_views[key] for key in self.keys]
         self.records = block.np_records
-        # every field a torch tensor (an extend): dense CPU ones copied in one compiled call
+        # every field a torch tensor (an add or extend): dense CPU ones copied in one compiled call
         self.raw = None
         if episodes is None or self.step is not None:  # no plan reads the values
             self.raw = raw_rows.plan(block, entries, n, (_TENSOR0, _TENSOR_LIST, _TENSOR))
@@ -343,7 +344,7 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
         except XpbankError:
             return None
     if ptrs is not None:  # one compiled copy; False (an overlap): nothing written
-        if not raw[0](raw[1], slot, n, ptrs):
+        if not raw[0](raw[1], slot, rows, ptrs):
             return None
     elif n == 0:
         sig.records[slot] = tuple(values)

@@ -1,5 +1,5 @@
 """A batch of plain CPU torch tensors copied into the packed rows in one compiled call:
-the write fast path's torch ``extend`` (:mod:`xpbank.replay.fast_write`).
+the write fast path's torch ``extend`` and ``add`` (:mod:`xpbank.replay.fast_write`).
 
 Where every field of a signature is a torch tensor, the fast path's per-field cost is
 the tensor's conversion (``numpy()``, ~0.55 µs, or ``tolist()``, ~0.2 µs) and then a
@@ -12,7 +12,10 @@ layout other than strided fails ``shape`` or ``data_ptr()``) and takes its
 into its columns of the rows (aligned 8- or 4-byte words where it can). One ``[8]``
 env step of six fields: the whole ``extend`` ~4.5 µs instead of ~8.2 µs
 (``benchmarks/ab_small_writes.py``); the checks are most of what is left (~0.45 µs a
-field: each torch attribute read is ~40-80 ns).
+field: each torch attribute read is ~40-80 ns). An ``add`` of one transition is one row
+(each tensor without the batch dim): six 0-d / 1-d fields, ~4.9 µs through ``tolist()``
+and a record store, ~4 µs here. A field of one value skips ``is_contiguous()`` (a strided
+tensor of one value always is), and a 0-d one reads ``dim()`` instead of ``shape``.
 
 The kernel refuses, before it writes a byte, a null pointer (a tensor without storage)
 and a source that overlaps the block (a view of the buffer's own rows: NumPy's store
@@ -29,6 +32,7 @@ dtype, unchanged (a tensor that requires grad included: the full path stores its
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -118,9 +122,10 @@ def plan(
 ) -> tuple[Any, ...] | None:
     """What :func:`pointers` and the copy take for a signature of ``n`` rows (an
     ``extend``) whose ``entries`` are all torch tensors (kinds in ``tensor_kinds``), or
-    ``None``: no numba, an ``add``, or a field of another kind."""
+    ``None``: no numba or a field of another kind. ``n == 0``: an ``add`` (one row, each
+    tensor without the batch dim)."""
     data = block.np_data  # the block (kept by the signature) keeps its address valid
-    if _kernel is None or n == 0 or data is None or any(e[1] not in tensor_kinds for e in entries):
+    if _kernel is None or data is None or any(e[1] not in tensor_kinds for e in entries):
         return None
     if data.ndim != 2 or data.dtype != np.uint8 or not data.flags.c_contiguous:
         return None  # the copy addresses rows as base + row * row_bytes
@@ -128,7 +133,8 @@ def plan(
     rows = [[members[e[0]].start, members[e[0]].nbytes] for e in entries]
     rows += [[data.ctypes.data, data.shape[1]], [data.shape[0], 0]]
     layout = np.array(rows, dtype=np.int64)
-    checks = [(e[0], e[2], e[3]) for e in entries]
+    # a tensor of one value is contiguous wherever it is strided: no is_contiguous() (~50 ns)
+    checks = [(e[0], e[2], e[3], math.prod(e[3]) <= 1) for e in entries]
     from numba import typeof  # type: ignore[import-untyped, unused-ignore]
 
     args = (layout, 0, 0, tuple(0 for _ in entries))
@@ -147,15 +153,18 @@ def pointers(checks: list[tuple[Any, ...]], src: Any) -> tuple[int, ...] | None:
     out = []
     get = src.get
     tensor = torch.Tensor
-    for key, want, shape in checks:
+    for key, want, shape, one in checks:
         v = get(key)
         if type(v) is not tensor or v.dtype is not want or not v.is_cpu:
             return None
-        # no layout check (~40 ns a field): a strided nested tensor's shape raises, and
-        # so does data_ptr() of every other layout (sparse, mkldnn; a jagged nested
-        # tensor is a subclass); tests/test_fast_write_raw.py checks each of them
+        # no layout check (~40 ns a field): a strided nested tensor's shape raises (and
+        # it has 2+ dims), data_ptr() of every other layout raises (sparse, mkldnn; a
+        # jagged nested tensor is a subclass); tests/test_fast_write_raw*.py check each
         try:
-            if v.shape != shape or not v.is_contiguous() or v.is_neg():
+            if one:  # one value (an add's 0-d field: dim(), ~30 ns less than shape)
+                if (v.shape != shape if shape else v.dim()) or v.is_neg():
+                    return None
+            elif v.shape != shape or not v.is_contiguous() or v.is_neg():
                 return None
             out.append(v.data_ptr())
         except (RuntimeError, TypeError, NotImplementedError):
