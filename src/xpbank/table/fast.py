@@ -143,11 +143,10 @@ def take_first(t: Any, batch_size: Any) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     kind = t.selector
     if kind == "max_heap":
-        slots = t.max_heap.best(ring, batch_size)
+        got = t.max_heap.take(ring, batch_size)
     elif kind == "min_heap":
-        slots = t.min_heap.best(ring, batch_size)
+        got = t.min_heap.take(ring, batch_size)
     else:
         return None
-    ring.times[slots] += 1
     t.notify()
-    return slots, ring.ids[slots]
+    return got

@@ -39,15 +39,10 @@ import numpy as np
 
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
-from xpbank.table.slots import TableRing
+from xpbank.table.heap_store import B, EMPTY, MASK, SHIFT, USED, IndexedHeap, order_bits
 
 __all__ = ["IndexedHeap", "load", "order_bits"]
 
-B = 16  # children per node: 16 int64 keys are two cache lines
-SHIFT = 4  # log2(B)
-EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
-MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
-USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
 AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 
@@ -76,11 +71,6 @@ def _best(k: Any, q: Any, lo: Any) -> Any:
         bq = q[i] if x else bq
         at = i if x else at
     return bk, bq, at
-
-
-def _other(k: Any, q: Any, lo: Any, skip: Any) -> Any:
-    """:func:`_win`, called rather than inlined (numba's inliner trips over it in a branch)."""
-    return _win(k, q, lo, skip)
 
 
 def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
@@ -113,24 +103,39 @@ def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
     rk[g] = wk if win else (key if second else xk)
     rq[g] = wq if win else (seq if second else xq)
     rs[g] = ws if win else (s if second else xs)
-    for level in range(1, off.shape[0] - 1):
-        g >>= SHIFT
+    for level in range(1, off.shape[0] - 1):  # a node's runner-up: as a leaf group's, but a winner
+        g >>= SHIFT  # from the newcomer's own child leaves it as it was
         at = off[level] + g
-        wk, wq = nk[at], nq[at]
-        win = win and (key < wk or (key == wk and seq < wq))
-        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
+        wk, wq, ws = nk[at], nq[at], ns[at]
+        xk, xq, xs = rk[at], rq[at], rs[at]
+        same = (ws >> (SHIFT * level)) == (s >> (SHIFT * level))
+        reached, win = win, win and (key < wk or (key == wk and seq < wq))
+        second = reached and xs != USED and (key < xk or (key == xk and seq < xq))
+        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ws
+        rk[at] = (xk if same else wk) if win else (key if second else xk)
+        rq[at] = (xq if same else wq) if win else (seq if second else xq)
+        rs[at] = (xs if same else ws) if win else (s if second else xs)
 
 
-def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
-    """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
+def _up(nk: Any, nq: Any, ns: Any, rs: Any, off: Any, g: Any) -> None:
+    """Recompute the nodes above leaf group ``g``, up to the first that stays the same
+    (their runner-ups used)."""
     for level in range(1, off.shape[0] - 1):
         child = off[level - 1] + ((g >> SHIFT) << SHIFT)
         g >>= SHIFT
         bk, bq, i = _best(nk, nq, child)
         at = off[level] + g
+        rs[at] = USED
         if nk[at] == bk and nq[at] == bq and ns[at] == ns[i]:
             return
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
+
+
+def _fill(nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, at: Any, lo: Any, c: Any) -> None:
+    """Node ``at``'s runner-up: the first of its children ``[lo, lo + 16)`` but ``c``
+    (its winner's)."""
+    rk[at], rq[at], i = _win(nk, nq, lo, c)
+    rs[at] = ns[i]
 
 
 def _at(t: Any) -> Any:
@@ -207,7 +212,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] -= 1
         g = s >> SHIFT
         if _group(lk, lq, nk, nq, ns, rk, rq, rs, g):
-            _up(nk, nq, ns, off, g)
+            _up(nk, nq, ns, rs, off, g)
 
 
 def _settle(t: Any, n: Any) -> None:
@@ -240,10 +245,12 @@ def remove(t: Any, n: Any, slots: Any) -> None:
     _apply(t, n, slots, slots, slots, 2)
 
 
-def first(t: Any, n: Any, k: Any, out: Any) -> Any:
+def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> Any:
     """The ``k`` first slots in order into ``out`` (fewer if fewer are in); they are
-    taken (see the module docstring). Returns how many."""
+    taken (see the module docstring). Where ``got`` is not empty, also each one's id
+    (``ids[slot]``) into it, and its ``times`` counted up by one. Returns how many."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk, tq = t
+    count, lines = got.shape[0] > 0, (ids.ctypes.data, times.ctypes.data)
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
@@ -251,11 +258,19 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
     for j in range(m):
         w = ns[root]
         out[j] = w
-        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
-            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
-            if ns[i] >= 0:
-                _lines(at, ns[i], True, True)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
+        taken[w] = j
+        if count:
+            got[j] = ids[w]
+            times[w] += 1
+        if top >= 0:  # the next winner is most likely the root's runner-up
+            if rs[root] == USED:
+                _fill(nk, nq, ns, rk, rq, rs, root, off[top], off[top] + (w >> (SHIFT * (top + 1))))
+            if j + 1 < m and rs[root] >= 0:
+                _lines(at, rs[root], True, True)
+                if count:
+                    prefetch(lines[0] + rs[root] * 8)
+                    prefetch(lines[1] + rs[root] * 8)
         lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
@@ -263,9 +278,16 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
             rs[g] = USED
         else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
-        _up(nk, nq, ns, off, g)
-    for j in range(m):
-        taken[out[j]] = j
+        for level in range(1, top + 2):  # each node above: its child's new winner or its runner-up
+            c = off[level - 1] + (w >> (SHIFT * level))
+            node = off[level] + (w >> (SHIFT * (level + 1)))
+            if rs[node] == USED:
+                _fill(nk, nq, ns, rk, rq, rs, node, c - (c - off[level - 1]) % B, c)
+            ck, cq, cs = nk[c], nq[c], ns[c]
+            xk, xq, xs = rk[node], rq[node], rs[node]
+            x = xk < ck or (xk == ck and xq < cq)
+            nk[node], nq[node], ns[node] = xk if x else ck, xq if x else cq, xs if x else cs
+            rs[node] = USED if x else xs
     n[0] -= m
     n[1] = m
     return m
@@ -297,6 +319,7 @@ def build(t: Any) -> None:
             at = off[level] + g
             nk[at], nq[at], i = _best(nk, nq, off[level - 1] + (g << SHIFT))
             ns[at] = ns[i]
+            _fill(nk, nq, ns, rk, rq, rs, at, off[level - 1] + (g << SHIFT), i)
 
 
 _KERNELS: SimpleNamespace | None = None
@@ -308,92 +331,9 @@ def load() -> SimpleNamespace | None:
     global _KERNELS, _LOADED
     if not _LOADED:
         kernels = (push, rekey, remove, first, below, build)
-        helpers = (_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
-        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
+        helpers = (_bits, _win, _fill, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _fill, _group, _enter, _up))
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True
     return _KERNELS
-
-
-def order_bits(keys: Any) -> np.ndarray:
-    """Finite float keys as int64s in the same order (``-0.0`` as ``0.0``): the float's
-    bits, those of a negative one with all but the sign flipped; equal floats, equal ints.
-
-    Example:
-        >>> order_bits(np.array([-2.0, -0.0, 0.0, 1e-300, 3.0])).argsort(kind="stable").tolist()
-        [0, 1, 2, 3, 4]
-    """
-    bits = (np.asarray(keys, dtype=np.float64) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
-    return bits ^ ((bits >> 63) & MASK)
-
-
-def _aligned(n: int) -> np.ndarray:
-    """``n`` int64 entries starting on a 128-byte boundary (a group of 16 in two lines)."""
-    raw = np.empty(n + B, dtype=np.int64)
-    skip = (-raw.ctypes.data % 128) // 8
-    return raw[skip : skip + n]
-
-
-def _offsets(capacity: int) -> np.ndarray:
-    """Where each level of nodes starts in the node arrays, bottom up, plus the end; every
-    level is padded to whole groups of 16 (empty nodes), the top one a single node."""
-    off, size, at = [0], capacity, 0
-    while True:
-        size = -(-size // B)
-        at += -(-size // B) * B
-        off.append(at)
-        if size == 1:
-            return np.array(off, dtype=np.int64)
-
-
-class IndexedHeap:
-    """The priority queue a :class:`~xpbank.table.Table` keeps with numba: same calls as
-    :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). ``t`` holds the
-    arrays the kernels share: each slot's key and seq (``lk``, ``lq``), each node's
-    winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
-    each leaf group's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
-    slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
-    tree, items taken."""
-
-    def __init__(self, capacity: int, kernels: SimpleNamespace):
-        self.k = kernels
-        off = _offsets(capacity)
-        groups = -(-capacity // B)
-        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3 + (int(off[1]),) * 3]
-        taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
-        self.t = (*arrays, off, *taken)
-        self.n = np.zeros(2, dtype=np.int64)
-        self.out = np.zeros(capacity, dtype=np.int64)
-        self.clear()
-
-    def clear(self) -> None:
-        for a in self.t[:8]:
-            a[:] = EMPTY
-        for a in (self.t[4], self.t[7], self.t[9]):  # no winner, no runner-up, none taken
-            a[:] = -1
-        self.n[:] = 0
-
-    def push(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.push(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64), ring.seq[slots])
-
-    def rekey(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.rekey(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64))
-
-    def remove(self, ring: TableRing, slots: np.ndarray) -> None:
-        self.k.remove(self.t, self.n, slots)
-
-    def rebuild(self, ring: TableRing, keys: np.ndarray) -> None:
-        live = np.flatnonzero(ring.live)
-        self.clear()
-        self.t[0][live], self.t[1][live] = order_bits(keys[live]), ring.seq[live]
-        self.n[0] = live.shape[0]
-        self.k.build(self.t)
-
-    def best(self, ring: TableRing, k: int) -> np.ndarray:
-        m = self.k.first(self.t, self.n, k, self.out)
-        return self.out[:m].copy()
-
-    def below(self, ring: TableRing, bound: float) -> np.ndarray:
-        m = self.k.below(self.t, self.n, order_bits(np.array([bound]))[0], self.out)
-        return self.out[:m].copy()
