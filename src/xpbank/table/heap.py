@@ -39,7 +39,7 @@ import numpy as np
 
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
-from xpbank.table.heap_store import B, EMPTY, MASK, SHIFT, USED, IndexedHeap, order_bits
+from xpbank.table.heap_store import EMPTY, MASK, SHIFT, USED, B, IndexedHeap, order_bits
 
 __all__ = ["IndexedHeap", "load", "order_bits"]
 
@@ -332,7 +332,8 @@ def load() -> SimpleNamespace | None:
     if not _LOADED:
         kernels = (push, rekey, remove, first, below, build)
         helpers = (_bits, _win, _fill, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
-        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _fill, _group, _enter, _up))
+        inline = (_best, _win, _fill, _group, _enter, _up)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True

@@ -5,19 +5,20 @@ kernels that read and change them are in :mod:`~xpbank.table.heap`."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
 from xpbank.table.slots import TableRing
 
-__all__ = ["B", "EMPTY", "MASK", "SHIFT", "USED", "IndexedHeap", "order_bits"]
+__all__ = ["B", "EMPTY", "MASK", "NONE", "SHIFT", "USED", "IndexedHeap", "order_bits"]
 
 B = 16  # children per node: 16 int64 keys are two cache lines
 SHIFT = 4  # log2(B)
 EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
 MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
 USED = -2  # a node's runner-up slot once its winner was taken (stale until recomputed)
-_NONE = np.empty(0, dtype=np.int64)  # no ids to read, no times to count
+NONE = np.empty(0, dtype=np.int64)  # no ids to read, no times to count
 
 
 def order_bits(keys: Any) -> np.ndarray:
@@ -95,7 +96,7 @@ class IndexedHeap:
         self.k.build(self.t)
 
     def best(self, ring: TableRing, k: int) -> np.ndarray:
-        m = self.k.first(self.t, self.n, k, self.out, _NONE, _NONE, _NONE)
+        m = self.k.first(self.t, self.n, k, self.out, NONE, NONE, NONE)
         return self.out[:m].copy()
 
     def take(self, ring: TableRing, k: int) -> tuple[np.ndarray, np.ndarray]:
