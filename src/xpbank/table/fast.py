@@ -5,7 +5,8 @@ priority update, and the first items of a heap selector.
 values' checks, the ids' never-issued and liveness checks, the repeated-slot check, the
 priority write, the restamp, the heaps' keys), ~50 µs of glue around a ~9 µs heap
 kernel for 256 ids. :func:`update_ids` does the checks and the writes in one compiled
-pass (:func:`live_table`), then the heaps' upkeep, the way
+pass (:func:`live_table`), with the keys the heaps' taken items keep (after a sample of
+a heap's first items, all of them: no heap call), else then the heaps' rekey, the way
 :func:`xpbank.sampler.prioritized_fast.update_ids` does for the prioritized sampler.
 
 It takes the usual call only: CPU int64 ids, all live and distinct, float32/float64
@@ -18,7 +19,9 @@ paths leave the same arrays: the same priorities (float64), stamps and heap keys
 :func:`take_first` is a heap selector's ``sample(B, replace=False)`` without the general
 path's steps around the heap: the first ``B`` items, each counted once, and their ids,
 as :func:`~xpbank.table.ops.sample` takes them (no rate limiter, no draw limit: nothing
-to wait for or remove); anything else returns ``None`` with nothing taken.
+to wait for or remove); anything else returns ``None`` with nothing taken The ids and the
+draw counts come from the heap's own compiled call (:meth:`IndexedHeap.take
+<xpbank.table.heap_store.IndexedHeap.take>`).
 """
 
 from __future__ import annotations

@@ -6,21 +6,24 @@ max-heap selectors and removers, the versions' index) are this. The leaves are t
 slots: each slot's key (:func:`order_bits` of the float key: int64 in the same order)
 and seq, ``(EMPTY, EMPTY)`` for a slot not in the tree, which loses to every item. Each
 node above holds the winner of its 16 children (key, seq, slot; ``(EMPTY, EMPTY, -1)``
-when none), each leaf group also its runner-up (or *used*: unknown until the group is
-read again). A node's children are 16 contiguous entries (128 bytes of keys): at 1M
-slots, 5 levels (62,500 leaf groups -> 3,907 -> 245 -> 16 -> 1). Ties are broken by the
-ring's ``seq`` (insertion order): the order is total, the same items come first as from
+when none) and its runner-up: the best of the children but the winner's (or *used*:
+unknown until the node's children are read again). A node's children are 16
+contiguous entries (128 bytes of keys): at 1M slots, 5 levels (62,500 leaf groups ->
+3,907 -> 245 -> 16 -> 1). Ties are broken by the ring's ``seq`` (insertion order): the
+order is total, the same items come first as from
 :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without numba, and the
 reference the tests compare this one with), whatever the changes that built the tree.
 
 - Changing or removing a slot recomputes its group and the nodes above, up to the first
-  that stays the same; a slot entering (an insert, a taken item put back) only meets its
-  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
+  that stays the same (their runner-ups used); a slot entering (an insert, a taken item
+  put back) only meets each node's winner and runner-up, and climbs while it wins. A batch prefetches what the
   items a few ahead read. One compiled call per batch. The hot loops have no branches
   to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
-  taken out of the tree (its group's runner-up takes its place, or a used one's group is
-  read again) and set aside as *taken*, the likely next winner's lines prefetched. Taken
+  taken out of the tree (at each node on its path, the node's runner-up or its child's
+  new winner takes its place, a used runner-up read first) and set aside as *taken*, the
+  likely next winner (the root's runner-up) prefetched; :meth:`IndexedHeap.take` also
+  reads their ids and counts their draws in the same call. Taken
   items still count: a priority update of one only sets its kept key, a removal only
   drops it; the next call that reads the order (``best``, ``below``) first puts the
   taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
