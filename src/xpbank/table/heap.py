@@ -6,26 +6,24 @@ max-heap selectors and removers, the versions' index) are this. The leaves are t
 slots: each slot's key (:func:`order_bits` of the float key: int64 in the same order)
 and seq, ``(EMPTY, EMPTY)`` for a slot not in the tree, which loses to every item. Each
 node above holds the winner of its 16 children (key, seq, slot; ``(EMPTY, EMPTY, -1)``
-when none) and its runner-up: the best of the children but the winner's (or *used*:
-unknown until the node's children are read again). A node's children are 16
-contiguous entries (128 bytes of keys): at 1M slots, 5 levels (62,500 leaf groups ->
-3,907 -> 245 -> 16 -> 1). Ties are broken by the ring's ``seq`` (insertion order): the
-order is total, the same items come first as from
+when none), each leaf group also its runner-up (or *used*: unknown until the group is
+read again). A node's children are 16 contiguous entries (128 bytes of keys): at 1M
+slots, 5 levels (62,500 leaf groups -> 3,907 -> 245 -> 16 -> 1). Ties are broken by the
+ring's ``seq`` (insertion order): the order is total, the same items come first as from
 :class:`~xpbank.table.orders.LazyHeap` (``heapq``, the path without numba, and the
 reference the tests compare this one with), whatever the changes that built the tree.
 
 - Changing or removing a slot recomputes its group and the nodes above, up to the first
-  that stays the same (their runner-ups used); a slot entering (an insert, a taken item
-  put back) only meets each node's winner and runner-up, and climbs while it wins. A batch prefetches what the
+  that stays the same; a slot entering (an insert, a taken item put back) only meets its
+  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
   items a few ahead read. One compiled call per batch. The hot loops have no branches
   to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
-  taken out of the tree (at each node on its path, the node's runner-up or its child's
-  new winner takes its place, a used runner-up read first) and set aside as *taken*, the
-  likely next winner (the root's runner-up) prefetched; :meth:`IndexedHeap.take` also
-  reads their ids and counts their draws in the same call. Taken
-  items still count: a priority update of one only sets its kept key, a removal only
-  drops it; the next call that reads the order (``best``, ``below``) first puts the
+  taken out of the tree (its group's runner-up takes its place, or a used one's group is
+  read again) and set aside as *taken*, the likely next winner's lines prefetched;
+  :meth:`IndexedHeap.take` also reads their ids and counts their draws in the same call.
+  Taken items still count: a priority update of one only sets its kept key, a removal
+  only drops it; the next call that reads the order (``best``, ``below``) first puts the
   taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
   of those ``k``) enters each once with its new key, and a consume-once table's removal
   of them costs nothing more.
@@ -76,6 +74,11 @@ def _best(k: Any, q: Any, lo: Any) -> Any:
     return bk, bq, at
 
 
+def _other(k: Any, q: Any, lo: Any, skip: Any) -> Any:
+    """:func:`_win`, called rather than inlined (numba's inliner trips over it in a branch)."""
+    return _win(k, q, lo, skip)
+
+
 def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, g: Any) -> Any:
     """Recompute leaf group ``g``'s winner and runner-up; whether its winner changed."""
     lo = g << SHIFT
@@ -106,39 +109,24 @@ def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
     rk[g] = wk if win else (key if second else xk)
     rq[g] = wq if win else (seq if second else xq)
     rs[g] = ws if win else (s if second else xs)
-    for level in range(1, off.shape[0] - 1):  # a node's runner-up: as a leaf group's, but a winner
-        g >>= SHIFT  # from the newcomer's own child leaves it as it was
+    for level in range(1, off.shape[0] - 1):
+        g >>= SHIFT
         at = off[level] + g
-        wk, wq, ws = nk[at], nq[at], ns[at]
-        xk, xq, xs = rk[at], rq[at], rs[at]
-        same = (ws >> (SHIFT * level)) == (s >> (SHIFT * level))
-        reached, win = win, win and (key < wk or (key == wk and seq < wq))
-        second = reached and xs != USED and (key < xk or (key == xk and seq < xq))
-        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ws
-        rk[at] = (xk if same else wk) if win else (key if second else xk)
-        rq[at] = (xq if same else wq) if win else (seq if second else xq)
-        rs[at] = (xs if same else ws) if win else (s if second else xs)
+        wk, wq = nk[at], nq[at]
+        win = win and (key < wk or (key == wk and seq < wq))
+        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
 
 
-def _up(nk: Any, nq: Any, ns: Any, rs: Any, off: Any, g: Any) -> None:
-    """Recompute the nodes above leaf group ``g``, up to the first that stays the same
-    (their runner-ups used)."""
+def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
+    """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
         child = off[level - 1] + ((g >> SHIFT) << SHIFT)
         g >>= SHIFT
         bk, bq, i = _best(nk, nq, child)
         at = off[level] + g
-        rs[at] = USED
         if nk[at] == bk and nq[at] == bq and ns[at] == ns[i]:
             return
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
-
-
-def _fill(nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: Any, at: Any, lo: Any, c: Any) -> None:
-    """Node ``at``'s runner-up: the first of its children ``[lo, lo + 16)`` but ``c``
-    (its winner's)."""
-    rk[at], rq[at], i = _win(nk, nq, lo, c)
-    rs[at] = ns[i]
 
 
 def _at(t: Any) -> Any:
@@ -215,7 +203,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] -= 1
         g = s >> SHIFT
         if _group(lk, lq, nk, nq, ns, rk, rq, rs, g):
-            _up(nk, nq, ns, rs, off, g)
+            _up(nk, nq, ns, off, g)
 
 
 def _settle(t: Any, n: Any) -> None:
@@ -261,19 +249,18 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
     for j in range(m):
         w = ns[root]
         out[j] = w
+        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
+            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
+            if ns[i] >= 0:
+                _lines(at, ns[i], True, True)
+                if count:
+                    prefetch(lines[0] + ns[i] * 8)
+                    prefetch(lines[1] + ns[i] * 8)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
         taken[w] = j
         if count:
             got[j] = ids[w]
             times[w] += 1
-        if top >= 0:  # the next winner is most likely the root's runner-up
-            if rs[root] == USED:
-                _fill(nk, nq, ns, rk, rq, rs, root, off[top], off[top] + (w >> (SHIFT * (top + 1))))
-            if j + 1 < m and rs[root] >= 0:
-                _lines(at, rs[root], True, True)
-                if count:
-                    prefetch(lines[0] + rs[root] * 8)
-                    prefetch(lines[1] + rs[root] * 8)
         lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
@@ -281,16 +268,7 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
             rs[g] = USED
         else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
-        for level in range(1, top + 2):  # each node above: its child's new winner or its runner-up
-            c = off[level - 1] + (w >> (SHIFT * level))
-            node = off[level] + (w >> (SHIFT * (level + 1)))
-            if rs[node] == USED:
-                _fill(nk, nq, ns, rk, rq, rs, node, c - (c - off[level - 1]) % B, c)
-            ck, cq, cs = nk[c], nq[c], ns[c]
-            xk, xq, xs = rk[node], rq[node], rs[node]
-            x = xk < ck or (xk == ck and xq < cq)
-            nk[node], nq[node], ns[node] = xk if x else ck, xq if x else cq, xs if x else cs
-            rs[node] = USED if x else xs
+        _up(nk, nq, ns, off, g)
     n[0] -= m
     n[1] = m
     return m
@@ -322,7 +300,6 @@ def build(t: Any) -> None:
             at = off[level] + g
             nk[at], nq[at], i = _best(nk, nq, off[level - 1] + (g << SHIFT))
             ns[at] = ns[i]
-            _fill(nk, nq, ns, rk, rq, rs, at, off[level - 1] + (g << SHIFT), i)
 
 
 _KERNELS: SimpleNamespace | None = None
@@ -334,9 +311,8 @@ def load() -> SimpleNamespace | None:
     global _KERNELS, _LOADED
     if not _LOADED:
         kernels = (push, rekey, remove, first, below, build)
-        helpers = (_bits, _win, _fill, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
-        inline = (_best, _win, _fill, _group, _enter, _up)
-        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
+        helpers = (_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
         names = ("push", "rekey", "remove", "first", "below", "build")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True

@@ -17,7 +17,7 @@ B = 16  # children per node: 16 int64 keys are two cache lines
 SHIFT = 4  # log2(B)
 EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
 MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
-USED = -2  # a node's runner-up slot once its winner was taken (stale until recomputed)
+USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
 NONE = np.empty(0, dtype=np.int64)  # no ids to read, no times to count
 
 
@@ -57,7 +57,7 @@ class IndexedHeap:
     :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). ``t`` holds the
     arrays the kernels share: each slot's key and seq (``lk``, ``lq``), each node's
     winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
-    each node's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
+    each leaf group's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
     slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
     tree, items taken."""
 
@@ -65,7 +65,7 @@ class IndexedHeap:
         self.k = kernels
         off = _offsets(capacity)
         groups = -(-capacity // B)
-        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 6]
+        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3 + (int(off[1]),) * 3]
         taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
         self.t = (*arrays, off, *taken)
         self.n = np.zeros(2, dtype=np.int64)
