@@ -5,7 +5,8 @@ priority update, and the first items of a heap selector.
 values' checks, the ids' never-issued and liveness checks, the repeated-slot check, the
 priority write, the restamp, the heaps' keys), ~50 µs of glue around a ~9 µs heap
 kernel for 256 ids. :func:`update_ids` does the checks and the writes in one compiled
-pass (:func:`live_table`), then the heaps' upkeep, the way
+pass (:func:`live_table`), with the keys the heaps' taken items keep (after a sample of
+a heap's first items, all of them: no heap call), else then the heaps' rekey, the way
 :func:`xpbank.sampler.prioritized_fast.update_ids` does for the prioritized sampler.
 
 It takes the usual call only: CPU int64 ids, all live and distinct, float32/float64
@@ -18,7 +19,9 @@ paths leave the same arrays: the same priorities (float64), stamps and heap keys
 :func:`take_first` is a heap selector's ``sample(B, replace=False)`` without the general
 path's steps around the heap: the first ``B`` items, each counted once, and their ids,
 as :func:`~xpbank.table.ops.sample` takes them (no rate limiter, no draw limit: nothing
-to wait for or remove); anything else returns ``None`` with nothing taken.
+to wait for or remove); anything else returns ``None`` with nothing taken The ids and the
+draw counts come from the heap's own compiled call (:meth:`IndexedHeap.take
+<xpbank.table.heap_store.IndexedHeap.take>`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
 from xpbank.sampler.priorities import host_arrays
+from xpbank.table.heap_store import MASK, NONE
 
 __all__ = ["live_table", "take_first", "update_ids"]
 
@@ -48,11 +52,17 @@ def live_table(
     slots: Any,
     keys: Any,
     old: Any,
+    taken: Any,
+    kept: Any,
 ) -> Any:
     """Check a priority update and write it: every id issued (``< next_id``) and live
     (its slot's id), every value finite and ``>= 0``, no slot twice; then each slot's
-    priority (into ``keys`` too) and stamp (``stamps + j``). Returns whether it wrote;
-    ``False``: nothing written (``old``: the stamps, kept to put back on a repeat)."""
+    priority (into ``keys`` too) and stamp (``stamps + j``), and for each heap's taken
+    items (``taken``: a min-heap's then a max-heap's, each slot's index among them or
+    -1; empty: no such heap) the key they keep (``kept``, :func:`~xpbank.table.heap_store.order_bits`
+    of the priority, a max-heap's of minus it). Returns how many (slot, heap) pairs
+    were not taken (their heap rekeys them), or -1: nothing written (``old``: the
+    stamps, kept to put back on a repeat)."""
     n = ids.shape[0]
     capacity = live.shape[0]
     lines = (ring_ids.ctypes.data, live.ctypes.data, stamp.ctypes.data, priority.ctypes.data)
@@ -66,10 +76,10 @@ def live_table(
         i = ids[j]
         v = np.float64(values[j])
         if i < 0 or i >= next_id or not (v >= 0.0 and v < np.inf):
-            return False
+            return -1
         s = i % capacity
         if not live[s] or ring_ids[s] != i:
-            return False
+            return -1
         slots[j] = s
         keys[j] = v
     for j in range(n):  # issued stamps are below ``stamps``: one at or above it is this call's
@@ -77,12 +87,22 @@ def live_table(
         if stamp[s] >= stamps:  # a repeated slot: the stamps written so far put back
             for r in range(j - 1, -1, -1):
                 stamp[slots[r]] = old[r]
-            return False
+            return -1
         old[j] = stamp[s]
         stamp[s] = stamps + j
     for j in range(n):
         priority[slots[j]] = keys[j]
-    return True
+    rest = 0
+    for h in range(2):
+        if taken[h].shape[0] > 0:
+            bits = ((keys if h == 0 else -keys) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
+            bits ^= (bits >> 63) & MASK
+            for j in range(n):
+                i = taken[h][slots[j]]
+                if i >= 0:
+                    kept[h][i] = bits[j]
+                rest += i < 0
+    return rest
 
 
 _KERNEL: list[Any] = []
@@ -113,15 +133,19 @@ def update_ids(t: Any, indices: Any, priorities: Any, stale: str) -> bool:
     n = ids.shape[0]
     slots, keys, old = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n, dtype=np.int64)
     stamp = ring.stamp
-    if not kernel(
-        ids, values, ring.ids, ring.live, ring.next_id, ring.priority, stamp, ring.stamps, slots, keys, old
-    ):
+    heaps = (t.min_heap, t.max_heap)
+    taken = tuple(NONE if h is None else h.t[9] for h in heaps)
+    kept = tuple(NONE if h is None else h.t[11] for h in heaps)
+    state = (ring.ids, ring.live, ring.next_id, ring.priority, stamp, ring.stamps)
+    rest = kernel(ids, values, *state, slots, keys, old, taken, kept)
+    if rest < 0:
         return False
     ring.stamps += n
-    if t.min_heap is not None:
-        t.min_heap.rekey(ring, slots, keys)
-    if t.max_heap is not None:
-        t.max_heap.rekey(ring, slots, -keys)
+    if rest:  # some are in a heap's tree (not taken): the heap rekeys them
+        if t.min_heap is not None:
+            t.min_heap.rekey(ring, slots, keys)
+        if t.max_heap is not None:
+            t.max_heap.rekey(ring, slots, -keys)
     return True
 
 
@@ -143,11 +167,10 @@ def take_first(t: Any, batch_size: Any) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     kind = t.selector
     if kind == "max_heap":
-        slots = t.max_heap.best(ring, batch_size)
+        got = t.max_heap.take(ring, batch_size)
     elif kind == "min_heap":
-        slots = t.min_heap.best(ring, batch_size)
+        got = t.min_heap.take(ring, batch_size)
     else:
         return None
-    ring.times[slots] += 1
     t.notify()
-    return slots, ring.ids[slots]
+    return got

@@ -20,9 +20,10 @@ reference the tests compare this one with), whatever the changes that built the 
   to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
   taken out of the tree (its group's runner-up takes its place, or a used one's group is
-  read again) and set aside as *taken*, the likely next winner's lines prefetched. Taken
-  items still count: a priority update of one only sets its kept key, a removal only
-  drops it; the next call that reads the order (``best``, ``below``) first puts the
+  read again) and set aside as *taken*, the likely next winner's lines prefetched;
+  :meth:`IndexedHeap.take` also reads their ids and counts their draws in the same call.
+  Taken items still count: a priority update of one only sets its kept key, a removal
+  only drops it; the next call that reads the order (``best``, ``below``) first puts the
   taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
   of those ``k``) enters each once with its new key, and a consume-once table's removal
   of them costs nothing more.
@@ -39,15 +40,10 @@ import numpy as np
 
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch
-from xpbank.table.slots import TableRing
+from xpbank.table.heap_store import EMPTY, MASK, SHIFT, USED, B, IndexedHeap, order_bits
 
 __all__ = ["IndexedHeap", "load", "order_bits"]
 
-B = 16  # children per node: 16 int64 keys are two cache lines
-SHIFT = 4  # log2(B)
-EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
-MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
-USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
 AHEAD = 8  # a batch prefetches the leaf group of the item this far ahead
 
 
@@ -240,10 +236,12 @@ def remove(t: Any, n: Any, slots: Any) -> None:
     _apply(t, n, slots, slots, slots, 2)
 
 
-def first(t: Any, n: Any, k: Any, out: Any) -> Any:
+def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> Any:
     """The ``k`` first slots in order into ``out`` (fewer if fewer are in); they are
-    taken (see the module docstring). Returns how many."""
+    taken (see the module docstring). Where ``got`` is not empty, also each one's id
+    (``ids[slot]``) into it, and its ``times`` counted up by one. Returns how many."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk, tq = t
+    count, lines = got.shape[0] > 0, (ids.ctypes.data, times.ctypes.data)
     _settle(t, n)
     m = min(k, n[0])
     root = off[off.shape[0] - 2]
@@ -255,7 +253,14 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
             _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
             if ns[i] >= 0:
                 _lines(at, ns[i], True, True)
+                if count:
+                    prefetch(lines[0] + ns[i] * 8)
+                    prefetch(lines[1] + ns[i] * 8)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
+        taken[w] = j
+        if count:
+            got[j] = ids[w]
+            times[w] += 1
         lk[w], lq[w] = EMPTY, EMPTY
         g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
@@ -264,8 +269,6 @@ def first(t: Any, n: Any, k: Any, out: Any) -> Any:
         else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
         _up(nk, nq, ns, off, g)
-    for j in range(m):
-        taken[out[j]] = j
     n[0] -= m
     n[1] = m
     return m
@@ -314,86 +317,3 @@ def load() -> SimpleNamespace | None:
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True
     return _KERNELS
-
-
-def order_bits(keys: Any) -> np.ndarray:
-    """Finite float keys as int64s in the same order (``-0.0`` as ``0.0``): the float's
-    bits, those of a negative one with all but the sign flipped; equal floats, equal ints.
-
-    Example:
-        >>> order_bits(np.array([-2.0, -0.0, 0.0, 1e-300, 3.0])).argsort(kind="stable").tolist()
-        [0, 1, 2, 3, 4]
-    """
-    bits = (np.asarray(keys, dtype=np.float64) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
-    return bits ^ ((bits >> 63) & MASK)
-
-
-def _aligned(n: int) -> np.ndarray:
-    """``n`` int64 entries starting on a 128-byte boundary (a group of 16 in two lines)."""
-    raw = np.empty(n + B, dtype=np.int64)
-    skip = (-raw.ctypes.data % 128) // 8
-    return raw[skip : skip + n]
-
-
-def _offsets(capacity: int) -> np.ndarray:
-    """Where each level of nodes starts in the node arrays, bottom up, plus the end; every
-    level is padded to whole groups of 16 (empty nodes), the top one a single node."""
-    off, size, at = [0], capacity, 0
-    while True:
-        size = -(-size // B)
-        at += -(-size // B) * B
-        off.append(at)
-        if size == 1:
-            return np.array(off, dtype=np.int64)
-
-
-class IndexedHeap:
-    """The priority queue a :class:`~xpbank.table.Table` keeps with numba: same calls as
-    :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). ``t`` holds the
-    arrays the kernels share: each slot's key and seq (``lk``, ``lq``), each node's
-    winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
-    each leaf group's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
-    slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
-    tree, items taken."""
-
-    def __init__(self, capacity: int, kernels: SimpleNamespace):
-        self.k = kernels
-        off = _offsets(capacity)
-        groups = -(-capacity // B)
-        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3 + (int(off[1]),) * 3]
-        taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
-        self.t = (*arrays, off, *taken)
-        self.n = np.zeros(2, dtype=np.int64)
-        self.out = np.zeros(capacity, dtype=np.int64)
-        self.clear()
-
-    def clear(self) -> None:
-        for a in self.t[:8]:
-            a[:] = EMPTY
-        for a in (self.t[4], self.t[7], self.t[9]):  # no winner, no runner-up, none taken
-            a[:] = -1
-        self.n[:] = 0
-
-    def push(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.push(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64), ring.seq[slots])
-
-    def rekey(self, ring: TableRing, slots: np.ndarray, keys: np.ndarray) -> None:
-        self.k.rekey(self.t, self.n, slots, np.ascontiguousarray(keys, dtype=np.float64))
-
-    def remove(self, ring: TableRing, slots: np.ndarray) -> None:
-        self.k.remove(self.t, self.n, slots)
-
-    def rebuild(self, ring: TableRing, keys: np.ndarray) -> None:
-        live = np.flatnonzero(ring.live)
-        self.clear()
-        self.t[0][live], self.t[1][live] = order_bits(keys[live]), ring.seq[live]
-        self.n[0] = live.shape[0]
-        self.k.build(self.t)
-
-    def best(self, ring: TableRing, k: int) -> np.ndarray:
-        m = self.k.first(self.t, self.n, k, self.out)
-        return self.out[:m].copy()
-
-    def below(self, ring: TableRing, bound: float) -> np.ndarray:
-        m = self.k.below(self.t, self.n, order_bits(np.array([bound]))[0], self.out)
-        return self.out[:m].copy()
