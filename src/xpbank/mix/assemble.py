@@ -75,20 +75,20 @@ def draw_share(s: int, rb: ReplayBuffer, k: int, replace: bool, fields: Any) -> 
             return s, entries, tuple(slots.shape), (taken, reader, None)
         flat = reading.gather_flat(rb, slots, ids, keys, info, flat)
     if storage.device != rb.device:  # batches delivered elsewhere (e.g. pinned CPU -> CUDA)
-        flat = {key: v.to(rb.device, non_blocking=rb.device.type == "cuda") for key, v in flat.items()}
+        flat = _on(flat, rb.device)
     return s, flat, tuple(slots.shape), None
+
+
+def _on(entries: dict[Any, torch.Tensor], device: torch.device) -> dict[Any, torch.Tensor]:
+    """``entries`` with every tensor on ``device`` (those there already kept as they are)."""
+    fast = device.type == "cuda"
+    return {k: v if v.device == device else v.to(device, non_blocking=fast) for k, v in entries.items()}
 
 
 def _moved(part: Share, device: torch.device) -> Share:
     """``part`` (its rows already apart) with every entry on ``device``."""
     s, entries, shape, rows = part
-    fast = device.type == "cuda"
-    return (
-        s,
-        {k: v if v.device == device else v.to(device, non_blocking=fast) for k, v in entries.items()},
-        shape,
-        rows,
-    )
+    return s, _on(entries, device), shape, rows
 
 
 def _rows_apart(part: Share) -> Share:

@@ -97,7 +97,6 @@ def gather_flat(
     storage's device, ``"index"`` and ``info`` included (a :class:`~xpbank.Mixture` joins
     several sources' entries into one batch)."""
     device = rb._storage.device
-    sent = None
     if flat is None:
         if device.type == "cuda":  # slots and ids to the GPU in one copy (see to_device)
             sent = slots_and_ids_to(slots, ids, device)
