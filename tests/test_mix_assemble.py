@@ -107,3 +107,20 @@ def test_a_plain_uniform_source_is_drawn_through_its_fast_sample(monkeypatch: py
     taken.clear()
     Mixture([a, b], [1, 1]).sample(8)
     assert taken == [None, None]
+
+
+def test_sources_on_two_devices_need_device_and_a_bad_device_is_refused() -> None:
+    """Without a GPU: a buffer on "meta" stands in for one on CUDA beside a CPU one."""
+    cpu = xpbank.ReplayBuffer(10, seed=0)
+    cpu.extend({"x": torch.arange(3.0)})
+    meta = xpbank.ReplayBuffer(10, storing_device="meta", seed=0)
+    meta.extend({"x": torch.zeros(3)})
+    with pytest.raises(xpbank.DeviceError, match=r"expected one device, got \['cpu', 'meta'\]; pass device="):
+        Mixture([cpu, meta], [1, 1])
+    with pytest.raises(
+        xpbank.DeviceError, match=r"^device: expected a torch device or its name, got 'gpu0'$"
+    ):
+        Mixture([cpu], [1], device="gpu0")
+    assert len(cpu) == len(meta) == 3 and cpu.sample_all()["x"].tolist() == [0.0, 1.0, 2.0]
+    mix = Mixture([cpu], [1], seed=0, device="cpu")  # the sources' own device: as without device=
+    assert mix.sample(4)["x"].device.type == "cpu"
