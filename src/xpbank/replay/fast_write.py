@@ -33,7 +33,11 @@ dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one thr
 ``numpy()`` (a view of a CPU tensor without grad). An ``add`` or ``extend`` whose fields
 are all torch tensors skips both where every tensor is dense in memory on the CPU: one
 compiled call copies their bytes into the rows (:mod:`xpbank.replay.raw_rows`; any
-other tensor, a CUDA one included, or no numba, takes the readers above). ``tolist()``
+other tensor, a CUDA one included, or no numba, takes the readers above). An ``extend``
+of NumPy arrays of their fields' dtypes (a vector env's step) is copied by the same
+kind of call, which reads the arrays' addresses itself (~0.5 µs for six fields, against
+~1.4 µs for six NumPy stores into strided columns); an array that is not C-contiguous
+or overlaps the rows is stored by NumPy as before. ``tolist()``
 raises for a sparse, mkldnn or meta tensor and a nested tensor has no shape, so each of
 those declines.
 
