@@ -44,7 +44,7 @@ import torch
 
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch, prefetch_l2
-from xpbank.her.goals import choose_goals, ends_table
+from xpbank.her.goals import choose_goals
 from xpbank.her.layout import RecordLayout
 from xpbank.her.relabel import _per_item
 from xpbank.replay.fast_read import ids_of_rows
@@ -57,6 +57,7 @@ _LINE = 64  # bytes per cache line, for the prefetches
 _AHEAD = 16  # records prefetched ahead of the copy
 _NO_U = np.zeros(0, dtype=np.float64)  # the arguments of a batch with no relabelled item
 _NO_LEFT = np.zeros(0, dtype=np.int64)
+_INT64 = np.dtype(np.int64)
 _FUSED_LIMIT = 1 << 28  # torch's random_(0, n) takes 32 bits a value below this n, 64 from it
 _fusion: list[bool] = []  # [_fusion_holds()'s answer] once checked
 _MASK53, _EPS53 = (1 << 53) - 1, 2.0**-53  # a float64 uniform_ draw: 53 bits of a 64-bit word
@@ -151,9 +152,7 @@ def _drawn_loop(
     raw: Any,
     size: Any,
     src: Any,
-    rows: Any,
     first: Any,
-    uniform: Any,
     left_table: Any,
     stride: Any,
     next_id: Any,
@@ -161,17 +160,19 @@ def _drawn_loop(
     achieved: Any,
     goal_at: Any,
     out: Any,
-    goal: Any,
-    reached: Any,
-    ids: Any,
-    goal_ids: Any,
+    pair: Any,
+    index: Any,
 ) -> None:  # pragma: no cover - run compiled
-    """:func:`_decode` the fused draw ``raw`` into ``rows`` and ``uniform``, then
-    :func:`_records_loop` (one call instead of two draws and a pass)."""
+    """:func:`_decode` the fused draw ``raw`` into the slots and goal offsets (scratch
+    arrays of its own), then :func:`_records_loop` into ``out``, ``pair`` ``[2, m, g]``
+    (the items' next achieved goals, then their goals) and ``index`` ``[2, B]`` (the
+    ids, then the goal ids): one call instead of two draws and a pass."""
+    b, m = out.shape[0], pair.shape[1]
+    rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
     _decode(raw, rows, size, uniform)
     _records_loop(
-        src, rows, first, uniform, left_table, stride, next_id, final, achieved, goal_at, out, goal, reached,
-        ids, goal_ids,
+        src, rows, first, uniform, left_table, stride, next_id, final, achieved, goal_at, out, pair[1], pair[0],
+        index[0], index[1],
     )  # fmt: skip
 
 
@@ -271,32 +272,29 @@ def sample_records(
         layout = her._records = RecordLayout(reader, her._resolve(spec, episodes), spec, episodes)
     if not layout.usable:
         return None
-    slots, rows, _ = plan.draw(batch_size)
     m = int(her.relabel_fraction * batch_size)
-    out = np.empty((batch_size, layout.words.shape[1]), dtype=layout.word)
-    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
-    ids, goal_index = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.int64)
-    pair = np.empty((2, m, layout.goal_words), dtype=layout.word)  # one allocation
-    left = ends_table(episodes, ring, layout.stride).left if m else _NO_LEFT
+    out = np.empty((batch_size, layout.width), layout.word)
+    index = np.empty((2, batch_size), _INT64)  # the ids, then the goal ids: one allocation
+    pair = np.empty((2, m, layout.goal_words), layout.word)  # next achieved goals, then goals
+    left = layout.ends(ring) if m else _NO_LEFT
     kernels = _kernels()
     raw = None if kernels is None else fused_draw(layout, ring.size, batch_size, m, generator)
     if raw is not None and kernels is not None:  # both draws in one: decoded by the kernel
-        uniform = layout.scratch(m)
         kernels[1](
-            raw, ring.size, layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride,
-            ring.next_id, her.strategy == "final", layout.achieved, layout.goal_at, out, pair[1], pair[0],
-            ids, goal_index,
+            raw, ring.size, layout.words, ring.next_id - ring.size, left, layout.stride, ring.next_id,
+            her.strategy == "final", layout.achieved, layout.goal_at, out, pair, index,
         )  # fmt: skip
     else:
+        slots, rows, _ = plan.draw(batch_size)
         her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
         uniform = her._draw(m, generator) if m else _NO_U
         if kernels is None:
-            _numpy_pass(layout, ring, rows, uniform, her.strategy, out, pair[1], pair[0], ids, goal_index)
+            _numpy_pass(layout, ring, rows, uniform, her.strategy, out, pair[1], pair[0], index[0], index[1])
         else:
             kernels[0](
                 layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-                her.strategy == "final", layout.achieved, layout.goal_at, out, pair[1], pair[0], ids,
-                goal_index,
+                her.strategy == "final", layout.achieved, layout.goal_at, out, pair[1], pair[0], index[0],
+                index[1],
             )  # fmt: skip
     if m:
         goals = pair.view(layout.goal_dtype)  # one view of both
@@ -305,9 +303,9 @@ def sample_records(
         value = reward(goals[0], goals[1], None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        field = records[layout.reward_name][:m]  # (0.4 µs where the records are in cache)
-        field[...] = value if field.ndim == 1 else value.reshape(field.shape)
-    return records, ids, {"her_goal": torch.from_numpy(goal_index)}
+        layout.put_rewards(out, m, value)
+    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
+    return records, index[0], {"her_goal": torch.from_numpy(index[1])}
 
 
 def _numpy_pass(
