@@ -64,8 +64,9 @@ class RecordLayout:
         reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
         # the reward as one column of the rows viewed as its dtype, where it is one
         self.reward_type, self.reward_at = reward_type, -1
-        if reward_type.shape == () and reward_at % reward_type.itemsize == 0 == self.row % reward_type.itemsize:
-            self.reward_at = reward_at // reward_type.itemsize
+        unit = reward_type.itemsize
+        if reward_type.shape == () and reward_at % unit == 0 == self.row % unit:
+            self.reward_at = reward_at // unit
         # [C, row / size] words, a view of the storage's block
         self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
         self.width = self.words.shape[1]
@@ -79,7 +80,7 @@ class RecordLayout:
         table = self.episodes.derived.get(self._ends_key)
         if table is None or table.seen != ring.next_id:
             table = ends_table(self.episodes, ring, self.stride)
-        return table.left  # type: ignore[no-any-return]
+        return table.left
 
     def put_rewards(self, out: np.ndarray, m: int, value: np.ndarray) -> None:
         """``value`` ``[m]`` into the reward field of the first ``m`` rows of ``out`` (``[B,

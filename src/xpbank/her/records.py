@@ -13,7 +13,7 @@ sample does, plus the relabelling:
   <xpbank.her.HerSampler>`), in the general path's order: the same batch for a seed;
   with numba, for an even batch, both in one torch call (:func:`fused_draw`: the same
   words of the generator, decoded in the compiled call; ~1.5 µs less);
-- one compiled call (:func:`_records_loop`): it prefetches the relabelled items' cells
+- one compiled call (:func:`xpbank.her.kernel._records_loop`): it prefetches the relabelled items' cells
   of the ends table; then, item by item, prefetches the record a few items ahead,
   chooses the goal (the arithmetic of :func:`xpbank.her.kernel._goals_loop`, to the
   bit), prefetches its row and copies a record whole into fresh memory; then copies
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank import _jit
-from xpbank._jit.prefetch import prefetch, prefetch_l2
 from xpbank.her.goals import choose_goals
+from xpbank.her.kernel import _decode, record_kernels
+from xpbank.her.kernel import _records_loop as _records_loop  # (its source: the tests run it)
 from xpbank.her.layout import RecordLayout
 from xpbank.her.relabel import _per_item
 from xpbank.replay.fast_read import ids_of_rows
@@ -52,145 +52,30 @@ from xpbank.sampler.uniform import UniformSampler
 
 __all__ = ["RecordLayout", "drawn_kernel", "fused_draw", "kernel", "sample_records"]
 
-_compiled: list[tuple[Callable[..., Any], Callable[..., Any]] | None] = []  # [] until the first kernel() call
-_LINE = 64  # bytes per cache line, for the prefetches
-_AHEAD = 16  # records prefetched ahead of the copy
+_compiled: list[tuple[Callable[..., Any], Callable[..., Any]] | None] = []  # [] until _kernels() is called
 _NO_U = np.zeros(0, dtype=np.float64)  # the arguments of a batch with no relabelled item
 _NO_LEFT = np.zeros(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
 _FUSED_LIMIT = 1 << 28  # torch's random_(0, n) takes 32 bits a value below this n, 64 from it
 _fusion: list[bool] = []  # [_fusion_holds()'s answer] once checked
-_MASK53, _EPS53 = (1 << 53) - 1, 2.0**-53  # a float64 uniform_ draw: 53 bits of a 64-bit word
-
-
-def _records_loop(
-    src: Any,
-    rows: Any,
-    first: Any,
-    uniform: Any,
-    left_table: Any,
-    stride: Any,
-    next_id: Any,
-    final: Any,
-    achieved: Any,
-    goal_at: Any,
-    out: Any,
-    goal: Any,
-    reached: Any,
-    ids: Any,
-    goal_ids: Any,
-) -> None:  # pragma: no cover - run compiled; the tests also run it as Python
-    """Records ``rows`` of ``src`` ``[C, W]`` (words of the goal's itemsize) into ``out``
-    ``[B, W]``; their ids (the oldest live id is ``first``) into ``ids``. The first ``m =
-    goal.shape[0]`` items get a goal (``goal_ids[m:]`` are ``-1``): its id into
-    ``goal_ids``, its ``g = goal.shape[1]`` words (from word ``achieved`` of the goal's
-    record) into ``goal`` and over words ``goal_at[j] ..`` of the item's record; the
-    item's own next achieved goal into ``reached``."""
-    b, m, g, capacity = rows.shape[0], goal.shape[0], goal.shape[1], src.shape[0]
-    src_base, step = np.int64(src.ctypes.data), np.int64(src.strides[0])
-    w = src.shape[1]
-    row_bytes = np.int64(w * src.itemsize)
-    left_base = np.int64(left_table.ctypes.data)
-    offset = first % capacity  # the oldest item's slot
-    for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
-        prefetch(left_base + np.int64(rows[i]) * 8)
-    for i in range(b + _AHEAD):
-        if i < b:  # the record copied _AHEAD items later, and the item's id
-            at = src_base + np.int64(rows[i]) * step
-            for off in range(0, row_bytes, _LINE):
-                prefetch_l2(at + off)  # (into L2: copied _AHEAD items later)
-            prefetch_l2(at + row_bytes - 1)
-            back = np.int64(rows[i]) - offset
-            ids[i] = first + (back + capacity if back < 0 else back)
-        if i < m:  # item i's goal, as _goals_loop chooses it; its row prefetched
-            item = ids[i]
-            left = np.int64(left_table[rows[i]])
-            if left == 0:  # the env's open episode: up to its newest item
-                left = (next_id - 1 - item) // stride + 1
-            pick = stride * (left - 1 if final else np.int64(uniform[i] * left))
-            goal_ids[i] = item + pick
-            s = np.int64(rows[i]) + pick  # pick < capacity (the goal is live): no division
-            if s >= capacity:
-                s -= capacity
-            at = src_base + s * step + np.int64(achieved) * src.itemsize
-            prefetch_l2(at)
-            prefetch_l2(at + g * src.itemsize - 1)  # a goal may cross a line
-        elif i < b:
-            goal_ids[i] = -1
-        j = i - _AHEAD
-        if j >= 0:
-            s = rows[j]
-            for k in range(w):
-                out[j, k] = src[s, k]
-    for i in range(m):  # the goal's slot from the item's (no division: the goal is live)
-        s = np.int64(rows[i]) + (goal_ids[i] - ids[i])
-        if s >= capacity:
-            s -= capacity
-        for k in range(g):
-            reached[i, k] = out[i, achieved + k]
-            v = src[s, achieved + k]
-            goal[i, k] = v
-            for j in range(goal_at.shape[0]):
-                out[i, goal_at[j] + k] = v
-
-
-def _decode(raw: Any, rows: Any, size: Any, uniform: Any) -> None:  # pragma: no cover - compiled in
-    """:func:`fused_draw`'s words as the two draws they replace: ``rows[i]`` the ``i``-th
-    32-bit word mod ``size`` (``random_(0, size)``'s value), then each ``uniform[i]`` the
-    low 53 bits of a whole 64-bit word times ``2**-53`` (``uniform_``'s float64 value)."""
-    b = rows.shape[0]
-    for i in range(b):  # word i: the high half of raw[i // 2] when i is even (drawn first)
-        v = np.int64(raw[i >> 1])
-        word = (v >> 32) & 0xFFFFFFFF if i & 1 == 0 else v & 0xFFFFFFFF
-        rows[i] = word % size
-    half = b >> 1
-    for i in range(uniform.shape[0]):
-        uniform[i] = np.float64(np.int64(raw[half + i]) & _MASK53) * _EPS53
-
-
-def _drawn_loop(
-    raw: Any,
-    size: Any,
-    src: Any,
-    first: Any,
-    left_table: Any,
-    stride: Any,
-    next_id: Any,
-    final: Any,
-    achieved: Any,
-    goal_at: Any,
-    out: Any,
-    pair: Any,
-    index: Any,
-) -> None:  # pragma: no cover - run compiled
-    """:func:`_decode` the fused draw ``raw`` into the slots and goal offsets (scratch
-    arrays of its own), then :func:`_records_loop` into ``out``, ``pair`` ``[2, m, g]``
-    (the items' next achieved goals, then their goals) and ``index`` ``[2, B]`` (the
-    ids, then the goal ids): one call instead of two draws and a pass."""
-    b, m = out.shape[0], pair.shape[1]
-    rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
-    _decode(raw, rows, size, uniform)
-    _records_loop(
-        src, rows, first, uniform, left_table, stride, next_id, final, achieved, goal_at, out, pair[1], pair[0],
-        index[0], index[1],
-    )  # fmt: skip
 
 
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     if not _compiled:
-        kernels = _jit.compile_kernels(_records_loop, _drawn_loop, helpers=(_decode, _records_loop))
-        _compiled.append(None if kernels is None else (kernels[0], kernels[1]))
+        _compiled.append(record_kernels())
     return _compiled[0]
 
 
 def kernel() -> Callable[..., Any] | None:
-    """The compiled :func:`_records_loop` (numba, cached on disk), or ``None`` without numba."""
+    """The compiled :func:`xpbank.her.kernel._records_loop` (numba, cached on disk), or
+    ``None`` without numba."""
     kernels = _kernels()
     return None if kernels is None else kernels[0]
 
 
 def drawn_kernel() -> Callable[..., Any] | None:
-    """The compiled :func:`_drawn_loop` (numba, cached on disk), or ``None`` without numba."""
+    """The compiled :func:`xpbank.her.kernel._drawn_loop` (numba, cached on disk), or
+    ``None`` without numba."""
     kernels = _kernels()
     return None if kernels is None else kernels[1]
 
@@ -201,7 +86,7 @@ def fused_draw(
     """The uniform base sampler's slot draw (``random_(0, size)`` of ``batch_size``) and
     the ``m`` goal offsets (``uniform_`` of ``m`` float64) in one torch call: the words
     they would take from ``generator``, in the same order, as ``batch_size / 2 + m``
-    int64 (a tensor kept on ``layout``), for :func:`_decode`; the generator ends where
+    int64 (a tensor kept on ``layout``), for :func:`~xpbank.her.kernel._decode`; the generator ends where
     the two draws leave it. ``None`` (nothing drawn) where that does not hold: an odd
     batch (it would take a word more), ``size`` from ``2**28`` (torch then takes 64 bits
     a slot), or a torch whose draws :func:`_fusion_holds` finds different."""
@@ -320,7 +205,7 @@ def _numpy_pass(
     ids: np.ndarray,
     goal_ids: np.ndarray,
 ) -> None:
-    """:func:`_records_loop`'s work in NumPy, where numba is missing: the same records,
+    """:func:`~xpbank.her.kernel._records_loop`'s work in NumPy, where numba is missing: the same records,
     ids, goals (:func:`~xpbank.her.goals.choose_goals`, the kernel's reference) and rows."""
     m, g, a = goal.shape[0], goal.shape[1], layout.achieved
     np.take(layout.words, rows, axis=0, out=out)  # whole rows, one call
