@@ -8,20 +8,23 @@ Where the storage keeps every field in one packed CPU block (the buffer's read p
 :mod:`xpbank.replay.fast_read`), :func:`sample_records` does it the way a uniform
 sample does, plus the relabelling:
 
-- the uniform draw into the plan's kept slot tensor (the same draws as the wrapped
-  :class:`~xpbank.UniformSampler`), then the relabelling draw (:meth:`HerSampler._draw
-  <xpbank.her.HerSampler>`), in the general path's order: the same batch for a seed;
-  with numba, for an even batch, both in one torch call (:func:`fused_draw`: the same
-  words of the generator, decoded in the compiled call; ~1.5 µs less);
-- one compiled call (:func:`xpbank.her.kernel._records_loop`): it prefetches the relabelled items' cells
-  of the ends table; then, item by item, prefetches the record a few items ahead,
-  chooses the goal (the arithmetic of :func:`xpbank.her.kernel._goals_loop`, to the
-  bit), prefetches its row and copies a record whole into fresh memory; then copies
-  each goal (the goal step's next achieved goal) over the record's desired goal and
-  next desired goal, and into a fresh ``[m, ...]`` array, and the item's own next
-  achieved goal into another;
+- the uniform draw (the same draws as the wrapped :class:`~xpbank.UniformSampler`),
+  then the relabelling draw (:meth:`HerSampler._draw <xpbank.her.HerSampler>`), in the
+  general path's order: the same batch for a seed; with numba, for an even batch, both
+  in one torch call (:func:`fused_draw`: the same words of the generator, decoded in
+  the compiled call; ~1.5 µs less);
+- one compiled call (:func:`xpbank.her.kernel._drawn_loop`, or ``_records_loop`` after
+  two draws): it prefetches the relabelled items' cells of the ends table; then, item
+  by item, prefetches the record a few items ahead, chooses the goal (the rule of
+  :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row and copies a
+  record whole into fresh memory; then copies each goal (the goal step's next achieved
+  goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
+  ...]`` array beside the item's own next achieved goal; the ids and goal ids go into
+  one fresh ``[2, B]`` array;
 - the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
-  two fresh contiguous arrays), its rewards written into the records' reward field;
+  two halves of that array, each contiguous), its rewards written into the records'
+  reward field (:meth:`RecordLayout.put_rewards
+  <xpbank.her.layout.RecordLayout.put_rewards>`: one column of the rows where it can);
 - the batch split from the records as the fast read does (:meth:`RecordReader.split
   <xpbank.storage.blocks.RecordReader.split>`): the same keys, order, dtypes and values
   as the general path (the tests compare the two).
