@@ -46,6 +46,7 @@ from xpbank.ring.ids import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights, power
+from xpbank.sampler.prioritized_calls import TreeCalls
 from xpbank.sampler.prioritized_fast import DrawArrays, draw_into, write
 from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
@@ -145,6 +146,7 @@ class PrioritizedSampler:
         self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
         self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
         self._arrays = DrawArrays()  # a sample's uniforms (torch.rand's bits) and weights' bases, reused
+        self._calls = TreeCalls()  # the trees' compiled small calls (prioritized_calls), made on use
 
     @property
     def beta(self) -> float:
@@ -209,10 +211,10 @@ class PrioritizedSampler:
             )
         if self._trees is not None:
             return self._sample_torch(self._trees, ring, batch_size, generator)
-        slots = np.empty(batch_size, dtype=np.int64)
-        drawn = draw_into(self, ring, slots, generator)  # the same draw in one compiled call
+        kept = torch.empty(batch_size, dtype=torch.int64)
+        drawn = draw_into(self, ring, kept, generator)  # the same draw in one compiled call
         if drawn is not None:
-            return torch.from_numpy(slots), {"weight": drawn[1]}
+            return kept, {"weight": drawn[1]}
         if self._cums is None:  # without numba (or nothing to draw: raised below)
             self._cums = sumtree.top_prefix(self._sum)
         if not self._cums[-1] > 0:
