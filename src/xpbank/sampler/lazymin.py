@@ -22,6 +22,14 @@ likely to be drawn and updated) the min-tree costs next to nothing. Every leaf i
 value it would hold under eager updates, and a minimum does not depend on the order of
 its operands, so a flushed tree is bit-identical to one rebuilt from the leaves.
 
+A compiled update (:func:`xpbank.sampler.prioritized_calls.write`, the buffer's small
+calls) keeps the min-tree up to date for the leaves it writes (~32 minima of 16 per
+level, next to the sum-tree's own upkeep) and reports them with :meth:`kept_up`: none
+becomes pending, and where the tree was up to date before (:attr:`in_sync`) and the
+minimum's leaf may have been raised, the call reads the new minimum off the top. In a
+DQN loop the lazy flush cost ~40-90 µs about every 60 steps (~1-1.5 µs a step); the
+eager upkeep costs less than that. Writes of new items (``changed``) stay lazy.
+
 Example:
     >>> import numpy as np
     >>> leaves = np.zeros(100)

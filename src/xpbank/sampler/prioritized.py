@@ -11,12 +11,16 @@ min-tree is only brought up to date when a write raised the minimum's leaf. The 
 prefix sums are kept between samples until the next write.
 
 With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is one
-compiled call (:func:`~xpbank.sampler.sumtree_numba.draw_fresh`: fractions, descent, weights)
-and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
-ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
-NumPy path, which stays the reference. Those calls and the buffer's small-call paths
-(a sample's draw into kept arrays, an update checked and written in two compiled
-calls) are in :mod:`~xpbank.sampler.prioritized_fast`.
+compiled call (:func:`~xpbank.sampler.prioritized_calls.draw`: fractions, descent,
+weights' bases, ids) and so is a priority update's tree write
+(:func:`~xpbank.sampler.sumtree_numba.update`, or for the buffer's tensor update
+:func:`~xpbank.sampler.prioritized_calls.write`, which keeps the min-tree up to date
+too), with the same slots, weights and trees as the NumPy path, which stays the
+reference. Those calls and the buffer's small-call paths (a sample's draw into kept
+arrays, an update checked and written in two compiled calls) are in
+:mod:`~xpbank.sampler.prioritized_fast`; the kernels that take addresses, and the
+context of a tree's addresses they read (``_calls``, made anew with new trees), in
+:mod:`~xpbank.sampler.prioritized_calls`.
 
 With ``tree_device`` a torch device the trees are torch tensors there instead
 (:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
