@@ -203,20 +203,20 @@ def write(
     for k in range(n):
         largest = max(largest, sh[k])
         leaves[sl[k]] = st[k]
-    width = 1
+    shift = 0
     for j in range(1, depth):
-        width *= 16
-        refresh_level(level(c, j - 1), level(c, j), width, sl)
+        shift += 4
+        refresh_level(level(c, j - 1), level(c, j), shift, sl)
     low = math.inf
     for k in range(n):
         x = leaves[sl[k]]
         low_leaves[sl[k]] = x if x > 0 else math.inf
         if x > 0 and x < low:
             low = x
-    width = 1
+    shift = 0
     for j in range(1, depth):
-        width *= 16
-        min_refresh_level(min_level(c, j - 1), min_level(c, j), width, sl)
+        shift += 4
+        min_refresh_level(min_level(c, j - 1), min_level(c, j), shift, sl)
     exact = math.nan
     if in_sync and hit and low > smallest:
         top = min_level(c, depth - 1)
@@ -226,15 +226,32 @@ def write(
     return largest, low, hit, exact
 
 
-def min_refresh_level(child: np.ndarray, parent: np.ndarray, width: int, slots: np.ndarray) -> None:
+def min_refresh_level(child: np.ndarray, parent: np.ndarray, shift: int, slots: np.ndarray) -> None:
     """Recompute the nodes of the min-tree level ``parent`` above leaves ``slots``
-    (``width``: leaves per node) as the minimum of their 16 children in ``child``."""
+    (``2 ** shift``: leaves per node) as the minimum of their 16 children in ``child``."""
     for k in range(slots.shape[0]):
-        p = slots[k] // width
-        m = child[p * 16]
-        for i in range(1, 16):
-            m = min(m, child[p * 16 + i])
-        parent[p] = m
+        p = slots[k] >> shift  # slots >= 0: their // 16**j, without a division
+        parent[p] = smallest_of_16(child, p * 16)
+
+
+def smallest_of_16(x: np.ndarray, at: int) -> float:
+    """The smallest of ``x[at : at + 16]`` (no NaN there), in a tree of pairs: 4 steps
+    deep instead of 15 (a minimum is exact: any order gives the same value)."""
+    a0 = x[at] if x[at] < x[at + 1] else x[at + 1]
+    a1 = x[at + 2] if x[at + 2] < x[at + 3] else x[at + 3]
+    a2 = x[at + 4] if x[at + 4] < x[at + 5] else x[at + 5]
+    a3 = x[at + 6] if x[at + 6] < x[at + 7] else x[at + 7]
+    a4 = x[at + 8] if x[at + 8] < x[at + 9] else x[at + 9]
+    a5 = x[at + 10] if x[at + 10] < x[at + 11] else x[at + 11]
+    a6 = x[at + 12] if x[at + 12] < x[at + 13] else x[at + 13]
+    a7 = x[at + 14] if x[at + 14] < x[at + 15] else x[at + 15]
+    b0 = a0 if a0 < a1 else a1
+    b1 = a2 if a2 < a3 else a3
+    b2 = a4 if a4 < a5 else a5
+    b3 = a6 if a6 < a7 else a7
+    c0 = b0 if b0 < b1 else b1
+    c1 = b2 if b2 < b3 else b3
+    return c0 if c0 < c1 else c1
 
 
 def min_refresh(tree: tuple[np.ndarray, ...], leaves: np.ndarray, slots: np.ndarray) -> None:
@@ -245,10 +262,10 @@ def min_refresh(tree: tuple[np.ndarray, ...], leaves: np.ndarray, slots: np.ndar
     for k in range(slots.shape[0]):
         x = leaves[slots[k]]
         low[slots[k]] = x if x > 0 else math.inf
-    width = 1
+    shift = 0
     for j in range(1, len(tree)):
-        width *= 16
-        min_refresh_level(tree[j - 1], tree[j], width, slots)
+        shift += 4
+        min_refresh_level(tree[j - 1], tree[j], shift, slots)
 
 
 def min_rebuild(tree: tuple[np.ndarray, ...], leaves: np.ndarray) -> None:
@@ -261,10 +278,7 @@ def min_rebuild(tree: tuple[np.ndarray, ...], leaves: np.ndarray) -> None:
     for j in range(1, len(tree)):
         child, parent = tree[j - 1], tree[j]
         for p in range(parent.shape[0]):
-            m = child[p * 16]
-            for c in range(1, 16):
-                m = min(m, child[p * 16 + c])
-            parent[p] = m
+            parent[p] = smallest_of_16(child, p * 16)
 
 
 # -- loading --------------------------------------------------------------------------
@@ -299,7 +313,7 @@ def _compile() -> Any:
         _f64s, _f32s, _i64s = ptrs  # the kernels' globals, resolved when they compile
         _carray = numba.carray
         fns = (draw, check, write, min_refresh, min_rebuild)
-        helpers = (level, min_level, context, min_refresh_level)
+        helpers = (level, min_level, context, min_refresh_level, smallest_of_16)
         kernels: Any = _jit.compile_kernels(*fns, helpers=helpers, inline=helpers)
         if kernels is None:
             return None

@@ -176,11 +176,11 @@ def draw_body(
         ratios[i] = (scale * leaves[slots[i]]) / divisor
 
 
-def refresh_level(child: np.ndarray, parent: np.ndarray, width: int, slots: np.ndarray) -> None:
-    """Recompute the nodes of ``parent`` above leaves ``slots`` (``width``: leaves per
+def refresh_level(child: np.ndarray, parent: np.ndarray, shift: int, slots: np.ndarray) -> None:
+    """Recompute the nodes of ``parent`` above leaves ``slots`` (``2 ** shift``: leaves per
     node of ``parent``) from their 16 children in ``child``, added pairwise."""
     for k in range(slots.shape[0]):
-        p = slots[k] // width
+        p = slots[k] >> shift  # slots >= 0: their // 16**j, without a division (~0.4 µs at 32)
         x = child[p * 16 : p * 16 + 16]
         parent[p] = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))) + (
             ((x[8] + x[9]) + (x[10] + x[11])) + ((x[12] + x[13]) + (x[14] + x[15]))
@@ -189,10 +189,10 @@ def refresh_level(child: np.ndarray, parent: np.ndarray, width: int, slots: np.n
 
 def refresh(levels: tuple[np.ndarray, ...], slots: np.ndarray) -> None:
     """Recompute the ancestors of leaves ``slots``, level by level."""
-    width = 1
+    shift = 0
     for j in range(1, len(levels)):
-        width *= 16
-        refresh_level(levels[j - 1], levels[j], width, slots)
+        shift += 4
+        refresh_level(levels[j - 1], levels[j], shift, slots)
 
 
 # -- kernels (their sources: plain Python, compiled by load()) ------------------------
