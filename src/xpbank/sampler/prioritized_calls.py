@@ -219,10 +219,7 @@ def write(
         min_refresh_level(min_level(c, j - 1), min_level(c, j), shift, sl)
     exact = math.nan
     if in_sync and hit and low > smallest:
-        top = min_level(c, depth - 1)
-        exact = top[0]
-        for i in range(1, top.shape[0]):
-            exact = min(exact, top[i])
+        exact = smallest_of(min_level(c, depth - 1))
     return largest, low, hit, exact
 
 
@@ -232,6 +229,26 @@ def min_refresh_level(child: np.ndarray, parent: np.ndarray, shift: int, slots: 
     for k in range(slots.shape[0]):
         p = slots[k] >> shift  # slots >= 0: their // 16**j, without a division
         parent[p] = smallest_of_16(child, p * 16)
+
+
+def smallest_of(x: np.ndarray) -> float:
+    """The smallest of ``x`` (no NaN there; ``inf`` if empty), in four running minima (a
+    1M-leaf tree's top is 4,096 nodes: one chain of minima would be 4,096 steps long)."""
+    m0 = m1 = m2 = m3 = math.inf
+    n = x.shape[0]
+    i = 0
+    while i + 4 <= n:
+        m0 = x[i] if x[i] < m0 else m0
+        m1 = x[i + 1] if x[i + 1] < m1 else m1
+        m2 = x[i + 2] if x[i + 2] < m2 else m2
+        m3 = x[i + 3] if x[i + 3] < m3 else m3
+        i += 4
+    while i < n:
+        m0 = x[i] if x[i] < m0 else m0
+        i += 1
+    m0 = m0 if m0 < m1 else m1
+    m2 = m2 if m2 < m3 else m3
+    return m0 if m0 < m2 else m2
 
 
 def smallest_of_16(x: np.ndarray, at: int) -> float:
@@ -313,7 +330,7 @@ def _compile() -> Any:
         _f64s, _f32s, _i64s = ptrs  # the kernels' globals, resolved when they compile
         _carray = numba.carray
         fns = (draw, check, write, min_refresh, min_rebuild)
-        helpers = (level, min_level, context, min_refresh_level, smallest_of_16)
+        helpers = (level, min_level, context, min_refresh_level, smallest_of, smallest_of_16)
         kernels: Any = _jit.compile_kernels(*fns, helpers=helpers, inline=helpers)
         if kernels is None:
             return None
