@@ -46,7 +46,6 @@ PHASES = [
     ("draw (prioritized_fast.draw_into)", 2),
     ("top prefix sums (top_prefix)", 3),
     ("smallest priority (LazyMin flush)", 3),
-    ("uniforms (DrawArrays.fill: torch's generator)", 3),
     ("compiled draw (prioritized_calls.draw)", 3),
     ("compiled draw (sumtree_numba.draw_fresh)", 3),
     ("weights: power, float32 (prioritized_fast._weights)", 3),
@@ -143,7 +142,6 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     plan = fast_read._plan(rb)
     if plan is not None:
         patches.append((plan.reader, "read", "records (RecordReader.read)"))
-    patches.append((sampler._arrays, "fill", "uniforms (DrawArrays.fill: torch's generator)"))
     for owner, name, label in patches:
         setattr(owner, name, timed(acc, label, getattr(owner, name)))
 
