@@ -27,7 +27,10 @@ ids and trees, bit for bit.
   few hundred leaves cost ~100 µs; it runs about once in 60 steps of a DQN loop).
 
 The caller keeps every array alive and every index in bounds; without numba
-:func:`load` gives ``None`` and the callers keep their paths.
+:func:`load` gives ``None`` and the callers keep their paths. These kernels compile
+``sumtree_numba``'s helpers in, and numba's disk cache is keyed on this file's source
+only: after editing those helpers, delete ``src/xpbank/**/__pycache__/*.nb[ic]``
+(:mod:`xpbank._jit`), or the cached kernels here keep the old code.
 """
 
 from __future__ import annotations
