@@ -267,3 +267,16 @@ def test_copies_rebuild_their_calls(calls: object) -> None:
         assert_same(rb, twin)
         assert twin.sampler._calls.levels is twin.sampler._levels  # type: ignore[attr-defined]
         rb = twin
+
+
+def test_a_negative_view_of_priorities_is_read_by_value() -> None:
+    """A priority tensor with the negative bit (the imaginary part of a conjugate) raised
+    torch's RuntimeError from ``numpy()``; it now sets the priorities its values say."""
+    ids = torch.tensor([30, 31, 40])
+    values = torch.tensor([1.0, 2.0, 3.5])
+    z = torch.complex(torch.zeros(3), -values).conj()  # imaginary part: +values, negative bit
+    assert z.imag.is_neg()
+    rb, ref = buffer(), buffer()
+    rb.update_priority(ids, z.imag)
+    ref.update_priority(ids, values.clone())
+    assert_same(rb, ref)
