@@ -347,8 +347,20 @@ def load() -> SimpleNamespace | None:
 
             (_int64s,), _carray = ptrs, carray  # type: ignore[assignment]  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
-        helpers = (_bits, _win, _other, _best, _group, _enter, _up, _at, _lines, _ahead, _apply, _settle)
-        helpers += (first,)  # first_at calls it
+        helpers: tuple[Any, ...] = (
+            _bits,
+            _win,
+            _other,
+            _best,
+            _group,
+            _enter,
+            _up,
+            _at,
+            _lines,
+            _ahead,
+            _apply,
+        )
+        helpers += (_settle, first)  # first: first_at calls it
         fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
