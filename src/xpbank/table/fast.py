@@ -55,13 +55,17 @@ def live_table(
     old: Any,
     taken: Any,
     kept: Any,
+    lists: Any,
+    counts: Any,
 ) -> Any:
     """Check a priority update and write it: every id issued (``< next_id``) and live
     (its slot's id), every value finite and ``>= 0``, no slot twice; then each slot's
     priority (into ``keys`` too) and stamp (``stamps + j``), and for each heap's taken
     items (``taken``: a min-heap's then a max-heap's, each slot's index among them or
     -1; empty: no such heap) the key they keep (``kept``, :func:`~xpbank.table.heap_store.order_bits`
-    of the priority, a max-heap's of minus it). Returns how many (slot, heap) pairs
+    of the priority, a max-heap's of minus it; ``lists``, ``counts``: each heap's taken
+    slots in order and how many, so that an update of the sample just taken, in its
+    order, reads no ``taken`` entry). Returns how many (slot, heap) pairs
     were not taken (their heap rekeys them), or -1: nothing written (``old``: the
     stamps, kept to put back on a repeat)."""
     n = ids.shape[0]
@@ -98,8 +102,8 @@ def live_table(
         if taken[h].shape[0] > 0:
             bits = ((keys if h == 0 else -keys) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
             bits ^= (bits >> 63) & MASK
-            for j in range(n):
-                i = taken[h][slots[j]]
+            for j in range(n):  # the usual update: the ids of the sample just taken, in its order
+                i = j if j < counts[h] and lists[h][j] == slots[j] else taken[h][slots[j]]
                 if i >= 0:
                     kept[h][i] = bits[j]
                 rest += i < 0
@@ -120,8 +124,24 @@ def live_at(ctx: Any, ids: Any, values: Any, next_id: Any, stamps: Any) -> Any:
         _carray(_float64s(ctx[13]), m),
         _carray(_int64s(ctx[14]), m),
     )
+    lists = (_carray(_int64s(ctx[15]), ctx[1]), _carray(_int64s(ctx[16]), ctx[2]))
+    counts = (_carray(_int64s(ctx[17]), 2)[1], _carray(_int64s(ctx[18]), 2)[1])
     return live_table(
-        ids, values, ring_ids, live, next_id, priority, stamp, stamps, slots, keys, old, taken, kept
+        ids,
+        values,
+        ring_ids,
+        live,
+        next_id,
+        priority,
+        stamp,
+        stamps,
+        slots,
+        keys,
+        old,
+        taken,
+        kept,
+        lists,
+        counts,
     )
 
 
@@ -151,6 +171,7 @@ def _kernel() -> Any:
     return _KERNEL[0]
 
 
+_NO_COUNT = np.zeros(2, dtype=np.int64)  # no heap: none taken
 _CONTEXTS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], np.ndarray, np.ndarray]] = (
     weakref.WeakKeyDictionary()
 )
@@ -179,7 +200,9 @@ def _context(t: Any, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     work = np.empty((3, rows), dtype=np.int64)
     taken = [NONE if h is None else h.t[9] for h in heaps]
     kept = [NONE if h is None else h.t[11] for h in heaps]
-    at = [a.ctypes.data for a in (*arrays[:4], *taken, *kept, work[0], work[1], work[2])]
+    lists = [NONE if h is None else h.t[10] for h in heaps]
+    counts = [_NO_COUNT if h is None else h.n for h in heaps]
+    at = [a.ctypes.data for a in (*arrays[:4], *taken, *kept, *work, *lists, *counts)]
     ctx = np.array([ring.capacity, taken[0].shape[0], taken[1].shape[0], rows, *at], dtype=np.int64)
     _CONTEXTS[t] = (arrays, ctx, work)
     return ctx, work
