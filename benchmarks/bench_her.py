@@ -202,8 +202,7 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     pre-drawn batches (fresh random items per call, as a real sample), interleaved with
     whole uniform and HER samples; the phases call what the HER read fast path
     (``xpbank.her.records.sample_records``, then ``fast_read.try_records``) calls."""
-    from xpbank.her.goals import ends_table
-    from xpbank.her.records import drawn_kernel, fused_draw, kernel, sample_records
+    from xpbank.her.records import _decode, drawn_kernel, fused_draw, kernel, sample_records
     from xpbank.replay.fast_read import _plan
 
     data = make_data(size)
@@ -221,31 +220,31 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         if raw is None:
             raise SystemExit("--profile: the fused draw does not apply here")
         raws.append(raw.copy())
-    rows, draws = np.empty((calls, BATCH), dtype=np.int64), np.empty((calls, m))
-    left = ends_table(ring.episodes, ring, layout.stride).left
+    rows = np.empty((calls, BATCH), dtype=np.int64)  # the slots, for the uniform take below
+    for i, raw in enumerate(raws):
+        _decode(raw, rows[i], ring.size, np.empty(m))  # (its source, run as Python: not timed)
+    left = layout.ends(ring)
     run = drawn_kernel()
     assert run is not None
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = np.empty((BATCH, layout.words.shape[1]), dtype=layout.word)
-        records = np.ndarray(BATCH, layout.record, out)
-        ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
-        pair = np.empty((2, m, layout.goal_words), dtype=layout.word)
+        out = np.empty((BATCH, layout.width), layout.word)
+        index = np.empty((2, BATCH), dtype=np.int64)
+        pair = np.empty((2, m, layout.goal_words), layout.word)
         run(
-            raws[i], ring.size, layout.words, rows[i], ring.next_id - ring.size, draws[i], left,
-            layout.stride, ring.next_id, False, layout.achieved, layout.goal_at, out, pair[1], pair[0],
-            ids, goal_ids,
+            raws[i], ring.size, layout.words, ring.next_id - ring.size, left, layout.stride, ring.next_id,
+            False, layout.achieved, layout.goal_at, out, pair, index,
         )  # fmt: skip
         goals = pair.view(layout.goal_dtype)
-        return records, goals[0], goals[1]
+        return out, goals[0], goals[1]
 
     read_out = [read(i) for i in range(calls)]
     rewards = [compute_reward(a, g, None) for _, a, g in read_out]
 
-    def write(i: int) -> None:  # (on records no longer in cache: ~0.4 µs in a sample, where they are)
-        field = read_out[i][0][layout.reward_name][:m]
-        field[...] = rewards[i]
+    def write(i: int) -> None:  # (on records no longer in cache: less in a sample, where they are)
+        layout.put_rewards(read_out[i][0], m, rewards[i])
 
+    records = [np.ndarray(BATCH, layout.record, out) for out, _, _ in read_out]
     index = np.zeros(BATCH, dtype=np.int64)  # stand-ins for the ids and goal ids (from_numpy'd)
 
     phases: dict[str, Callable[[int], object]] = {
@@ -256,9 +255,9 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         "    decode the draws + read records + choose goals + goal rows (one compiled pass)": read,
         "    the user's compute_reward": lambda i: compute_reward(read_out[i][1], read_out[i][2], None),
         "    write the rewards": write,
-        "  split the records + TensorDict": lambda i: _assemble(plan, read_out[i][0], index, index),
+        "  split the records + TensorDict": lambda i: _assemble(plan, records[i], index, index),
         "  (uniform: take of the records)": lambda i: plan.reader.records.take(rows[i]),
-        "  (uniform: split the records + TensorDict)": lambda i: _assemble(plan, read_out[i][0], index),
+        "  (uniform: split the records + TensorDict)": lambda i: _assemble(plan, records[i], index),
     }
     times: dict[str, list[float]] = {k: [] for k in phases}
     for r in range(rounds):

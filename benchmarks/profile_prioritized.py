@@ -46,7 +46,11 @@ PHASES = [
     ("draw (prioritized_fast.draw_into)", 2),
     ("top prefix sums (top_prefix)", 3),
     ("smallest priority (LazyMin flush)", 3),
+    ("compiled draw (prioritized_calls.draw)", 3),
     ("compiled draw (sumtree_numba.draw_fresh)", 3),
+    ("weights: power, float32 (prioritized_fast._weights)", 3),
+    ("records (RecordReader.read)", 2),
+    ("TensorDict (flat_tensordict)", 2),
     ("batch: ids, records, TensorDict (fast_read._batch)", 2),
     ("general path: sampler.sample", 1),
     ("descent (find_prefix_sum)", 2),
@@ -54,6 +58,11 @@ PHASES = [
     ("ring.ids_of_slots", 1),
     ("rb.update_priority", 0),
     ("compiled update (prioritized_fast.update_ids)", 1),
+    ("tensor path (prioritized_fast._update_tensors)", 2),
+    ("compiled check (prioritized_calls.check)", 3),
+    ("power (priorities.power_into)", 3),
+    ("compiled tree + min-tree write (prioritized_calls.write)", 3),
+    ("smallest priority upkeep (LazyMin.kept_up)", 3),
     ("host views (priorities.host_arrays)", 2),
     ("compiled check (sumtree_numba.live_priorities)", 2),
     ("power + tree write (prioritized_fast.write)", 2),
@@ -95,6 +104,11 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
         (reading, "try_prioritized", "fast sample (fast_read.try_prioritized)"),
         (fast_read, "draw_into", "draw (prioritized_fast.draw_into)"),
         (fast_read, "_batch", "batch: ids, records, TensorDict (fast_read._batch)"),
+        (fast_read, "flat_tensordict", "TensorDict (flat_tensordict)"),
+        (prioritized_fast, "_weights", "weights: power, float32 (prioritized_fast._weights)"),
+        (prioritized_fast, "_update_tensors", "tensor path (prioritized_fast._update_tensors)"),
+        (prioritized_fast, "power_into", "power (priorities.power_into)"),
+        (lazymin.LazyMin, "kept_up", "smallest priority upkeep (LazyMin.kept_up)"),
         (sampler, "sample", "general path: sampler.sample"),
         (sampler, "update_priority", "general path: sampler.update_priority"),
         (sumtree, "top_prefix", "top prefix sums (top_prefix)"),
@@ -118,6 +132,16 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
             (kernels, "live_priorities", "compiled check (sumtree_numba.live_priorities)"),
             (kernels, "update", "compiled tree write (sumtree_numba.update)"),
         ]
+    calls = prioritized_fast.tree_calls(sampler)  # the compiled small calls' entry points
+    if calls is not None:
+        patches += [
+            (calls, "draw", "compiled draw (prioritized_calls.draw)"),
+            (calls, "check", "compiled check (prioritized_calls.check)"),
+            (calls, "write", "compiled tree + min-tree write (prioritized_calls.write)"),
+        ]
+    plan = fast_read._plan(rb)
+    if plan is not None:
+        patches.append((plan.reader, "read", "records (RecordReader.read)"))
     for owner, name, label in patches:
         setattr(owner, name, timed(acc, label, getattr(owner, name)))
 

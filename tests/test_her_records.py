@@ -148,6 +148,37 @@ def test_the_fast_path_gives_the_general_batch(
     assert rbs[1].sampler._records is None
 
 
+@pytest.mark.parametrize(("shape", "dtype"), [((1,), torch.float32), ((), torch.float64), ((), torch.bool)])
+def test_a_reward_field_of_any_layout_gets_the_general_rewards(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """The rewards go into the records as one column of the rows (a scalar reward whose
+    offset and row fit its itemsize) or through the field (here: a reward of shape
+    ``[1]``); either way the general path's batch, cast to the field's dtype."""
+    rng = np.random.default_rng(8)
+    rbs = []
+    for fast in (True, False):
+        rb = ReplayBuffer(60, num_envs=2, seed=4, sampler=HerSampler(compute_reward=gap))
+        rb._fast_read = fast
+        rbs.append(rb)
+    for step in range(6):
+        n = 2 * int(rng.integers(1, 9))
+        ids = torch.arange(step * 100, step * 100 + n, dtype=torch.float32)[:, None]
+        data = {
+            "desired_goal": torch.full((n, 3), -7.0),
+            "next_achieved_goal": (ids + 0.5).expand(n, 3).contiguous(),
+            "reward": torch.zeros((n, *shape), dtype=dtype),
+            "terminated": torch.from_numpy(rng.random(n) < 0.2),
+        }
+        for rb in rbs:
+            rb.extend(data)
+        for b in (2, 37):
+            assert_same(rbs[0].sample(b), rbs[1].sample(b))
+    layout = rbs[0].sampler._records
+    assert layout is not None and layout.usable
+    assert (layout.reward_at < 0) == (shape != ())
+
+
 @pytest.mark.parametrize(
     "case",
     ["compute_terminated", "info_keys", "episode", "prioritized", "nstep"],

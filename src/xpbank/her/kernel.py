@@ -1,4 +1,4 @@
-"""An optional compiled kernel (numba) for the common hindsight draw: goals and goal rows in one pass.
+"""Optional compiled kernels (numba) for the common hindsight draw: goals and goal rows in one pass.
 
 For a lockstep index and the ``future`` or ``final`` strategy, choosing each relabelled
 item's goal (:func:`xpbank.her.goals.choose_goals`) is a ``take`` of the ends table and
@@ -16,6 +16,13 @@ one float64 product, as NumPy computes it; rows are copied as machine words of t
 field's itemsize. Where numba is missing, ``XPBANK_NO_NUMBA=1`` was set, or the field
 has no NumPy host view of a NumPy dtype whose rows are contiguous, :func:`choose_rows`
 returns ``None`` and the caller takes the NumPy path.
+
+The read fast path's kernels (:func:`record_kernels`, for :mod:`xpbank.her.records`)
+are here too: :func:`_records_loop` copies the sampled records and their goals in one
+pass, :func:`_drawn_loop` first decodes the fused draw (:func:`_decode`). Both choose a
+goal by the one rule, :func:`_goal_step` (inlined into each kernel): numba's disk cache
+checks a kernel's own source file only, so a helper shared from another module could
+leave a cached kernel running its old code.
 
 Example:
     >>> import numpy as np
@@ -37,11 +44,16 @@ from typing import Any
 import numpy as np
 
 from xpbank import _jit
-from xpbank._jit.prefetch import prefetch
+from xpbank._jit.prefetch import prefetch, prefetch_l2
 
-__all__ = ["choose_rows", "copy_rows", "kernel", "word_rows"]
+__all__ = ["choose_rows", "copy_rows", "kernel", "record_kernels", "word_rows"]
 
 _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() call
+# [] until the first record_kernels() call
+_record_compiled: list[tuple[Callable[..., Any], Callable[..., Any]] | None] = []
+_LINE = 64  # bytes per cache line, for the prefetches
+_AHEAD = 16  # records prefetched ahead of the copy
+_MASK53, _EPS53 = (1 << 53) - 1, 2.0**-53  # a float64 uniform_ draw: 53 bits of a 64-bit word
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _NO_IDS = np.zeros(0, dtype=np.int64)  # arguments a phase does not read
 _NO_U = np.zeros(0, dtype=np.float64)
@@ -77,10 +89,7 @@ def _goals_loop(
         prefetch(left_base + np.int64(slots[i]) * 8)
     for i in range(m):
         item = np.int64(ids[i])
-        left = np.int64(left_table[slots[i]])
-        if left == 0:  # the env's open episode: up to its newest item
-            left = (next_id - 1 - item) // stride + 1
-        step = stride * (left - 1 if final else np.int64(uniform[i] * left))
+        step = _goal_step(item, np.int64(left_table[slots[i]]), uniform, i, stride, next_id, final)
         goal_ids[i] = item + step
         s = np.int64(slots[i]) + step  # step < capacity (the goal is live): no division
         if s >= capacity:
@@ -92,6 +101,18 @@ def _goals_loop(
         _copy(src, rows, goal)
 
 
+def _goal_step(
+    item: Any, left: Any, uniform: Any, i: Any, stride: Any, next_id: Any, final: Any
+) -> Any:  # pragma: no cover - inlined into the kernels
+    """Ids from item ``item`` (``i``-th of the batch, ``left`` steps to its episode's last
+    written step, ``0``: its env's open episode) to its goal step: ``stride * int(u *
+    left)`` with ``u = uniform[i]`` (one float64 product, as NumPy computes it), or
+    ``stride * (left - 1)`` for ``final`` (``uniform`` not read)."""
+    if left == 0:  # the env's open episode: up to its newest item
+        left = (next_id - 1 - item) // stride + 1
+    return stride * (left - 1 if final else np.int64(uniform[i] * left))
+
+
 def _copy(src: Any, rows: Any, goal: Any) -> None:  # pragma: no cover - compiled into the kernel
     for i in range(rows.shape[0]):
         s = rows[i]
@@ -99,12 +120,133 @@ def _copy(src: Any, rows: Any, goal: Any) -> None:  # pragma: no cover - compile
             goal[i, k] = src[s, k]
 
 
+def _records_loop(
+    src: Any,
+    rows: Any,
+    first: Any,
+    uniform: Any,
+    left_table: Any,
+    stride: Any,
+    next_id: Any,
+    final: Any,
+    achieved: Any,
+    goal_at: Any,
+    out: Any,
+    goal: Any,
+    reached: Any,
+    ids: Any,
+    goal_ids: Any,
+) -> None:  # pragma: no cover - run compiled; the tests also run it as Python
+    """Records ``rows`` of ``src`` ``[C, W]`` (words of the goal's itemsize) into ``out``
+    ``[B, W]``; their ids (the oldest live id is ``first``) into ``ids``. The first ``m =
+    goal.shape[0]`` items get a goal (``goal_ids[m:]`` are ``-1``): its id into
+    ``goal_ids``, its ``g = goal.shape[1]`` words (from word ``achieved`` of the goal's
+    record) into ``goal`` and over words ``goal_at[j] ..`` of the item's record; the
+    item's own next achieved goal into ``reached``."""
+    b, m, g, capacity = rows.shape[0], goal.shape[0], goal.shape[1], src.shape[0]
+    src_base, step = np.int64(src.ctypes.data), np.int64(src.strides[0])
+    w = src.shape[1]
+    row_bytes = np.int64(w * src.itemsize)
+    left_base = np.int64(left_table.ctypes.data)
+    offset = first % capacity  # the oldest item's slot
+    for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
+        prefetch(left_base + np.int64(rows[i]) * 8)
+    for i in range(b + _AHEAD):
+        if i < b:  # the record copied _AHEAD items later, and the item's id
+            at = src_base + np.int64(rows[i]) * step
+            for off in range(0, row_bytes, _LINE):
+                prefetch_l2(at + off)  # (into L2: copied _AHEAD items later)
+            prefetch_l2(at + row_bytes - 1)
+            back = np.int64(rows[i]) - offset
+            ids[i] = first + (back + capacity if back < 0 else back)
+        if i < m:  # item i's goal (as _goals_loop chooses it); its row prefetched
+            item = ids[i]
+            pick = _goal_step(item, np.int64(left_table[rows[i]]), uniform, i, stride, next_id, final)
+            goal_ids[i] = item + pick
+            s = np.int64(rows[i]) + pick  # pick < capacity (the goal is live): no division
+            if s >= capacity:
+                s -= capacity
+            at = src_base + s * step + np.int64(achieved) * src.itemsize
+            prefetch_l2(at)
+            prefetch_l2(at + g * src.itemsize - 1)  # a goal may cross a line
+        elif i < b:
+            goal_ids[i] = -1
+        j = i - _AHEAD
+        if j >= 0:
+            s = rows[j]
+            for k in range(w):
+                out[j, k] = src[s, k]
+    for i in range(m):  # the goal's slot from the item's (no division: the goal is live)
+        s = np.int64(rows[i]) + (goal_ids[i] - ids[i])
+        if s >= capacity:
+            s -= capacity
+        for k in range(g):
+            reached[i, k] = out[i, achieved + k]
+            v = src[s, achieved + k]
+            goal[i, k] = v
+            for j in range(goal_at.shape[0]):
+                out[i, goal_at[j] + k] = v
+
+
+def _decode(raw: Any, rows: Any, size: Any, uniform: Any) -> None:  # pragma: no cover - compiled in
+    """:func:`xpbank.her.records.fused_draw`'s words as the two draws they replace: ``rows[i]`` the ``i``-th
+    32-bit word mod ``size`` (``random_(0, size)``'s value), then each ``uniform[i]`` the
+    low 53 bits of a whole 64-bit word times ``2**-53`` (``uniform_``'s float64 value)."""
+    b = rows.shape[0]
+    for i in range(b):  # word i: the high half of raw[i // 2] when i is even (drawn first)
+        v = np.int64(raw[i >> 1])
+        word = (v >> 32) & 0xFFFFFFFF if i & 1 == 0 else v & 0xFFFFFFFF
+        rows[i] = word % size
+    half = b >> 1
+    for i in range(uniform.shape[0]):
+        uniform[i] = np.float64(np.int64(raw[half + i]) & _MASK53) * _EPS53
+
+
+def _drawn_loop(
+    raw: Any,
+    size: Any,
+    src: Any,
+    first: Any,
+    left_table: Any,
+    stride: Any,
+    next_id: Any,
+    final: Any,
+    achieved: Any,
+    goal_at: Any,
+    out: Any,
+    pair: Any,
+    index: Any,
+) -> None:  # pragma: no cover - run compiled
+    """:func:`_decode` the fused draw ``raw`` into the slots and goal offsets (scratch
+    arrays of its own), then :func:`_records_loop` into ``out``, ``pair`` ``[2, m, g]``
+    (the items' next achieved goals, then their goals) and ``index`` ``[2, B]`` (the
+    ids, then the goal ids): one call instead of two draws and a pass."""
+    b, m = out.shape[0], pair.shape[1]
+    rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
+    _decode(raw, rows, size, uniform)
+    _records_loop(
+        src, rows, first, uniform, left_table, stride, next_id, final, achieved, goal_at, out, pair[1],
+        pair[0], index[0], index[1],
+    )  # fmt: skip
+
+
 def kernel() -> Callable[..., Any] | None:
     """The compiled kernel (numba, ``cache=True``; compiled on first use), or ``None``."""
     if not _compiled:
-        kernels = _jit.compile_kernels(_goals_loop, helpers=(_copy,))
+        kernels = _jit.compile_kernels(_goals_loop, helpers=(_copy, _goal_step), inline=(_goal_step,))
         _compiled.append(None if kernels is None else kernels[0])
     return _compiled[0]
+
+
+def record_kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """The compiled :func:`_records_loop` and :func:`_drawn_loop` (numba, cached on disk;
+    compiled on first use), or ``None`` without numba."""
+    if not _record_compiled:
+        kernels = _jit.compile_kernels(
+            _records_loop, _drawn_loop, helpers=(_decode, _records_loop, _goal_step), inline=(_goal_step,)
+        )
+        _record_compiled.append(None if kernels is None else (kernels[0], kernels[1]))
+    return _record_compiled[0]
 
 
 def word_rows(host: np.ndarray) -> np.ndarray | None:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from xpbank.her.goals import ends_table
+
 __all__ = ["RecordLayout"]
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -31,7 +33,6 @@ class RecordLayout:
     def __init__(self, reader: Any, resolved: tuple[Any, ...], spec: Any, episodes: Any):
         self.reader, self.spec, self.episodes = reader, spec, episodes
         self.draw: tuple[torch.Tensor, np.ndarray] | None = None  # fused_draw's kept tensor
-        self._uniform: np.ndarray | None = None  # scratch()'s array
         keys, self.stride = resolved[1], resolved[2]
         self.usable = False
         native = {key: name for key, name, bits in reader.fields if bits is None}  # NumPy's own dtypes
@@ -60,16 +61,35 @@ class RecordLayout:
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
         self.reward_name = name["reward"]
+        reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
+        # the reward as one column of the rows viewed as its dtype, where it is one
+        self.reward_type, self.reward_at = reward_type, -1
+        unit = reward_type.itemsize
+        if reward_type.shape == () and reward_at % unit == 0 == self.row % unit:
+            self.reward_at = reward_at // unit
         # [C, row / size] words, a view of the storage's block
         self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
+        self.width = self.words.shape[1]
+        self._ends_key = ("her_ends", self.stride)
         self.usable = True
 
-    def scratch(self, m: int) -> np.ndarray:
-        """A kept float64 ``[m]`` array for the decoded goal offsets (read before the next call)."""
-        kept = self._uniform
-        if kept is None or kept.shape[0] != m:
-            kept = self._uniform = np.empty(m, dtype=np.float64)
-        return kept
+    def ends(self, ring: Any) -> np.ndarray:
+        """The episode index's :class:`~xpbank.her.goals.EpisodeEnds` table ``left``, caught
+        up (:func:`~xpbank.her.goals.ends_table`; nothing to look at where no item was
+        written since the last catch-up)."""
+        table = self.episodes.derived.get(self._ends_key)
+        if table is None or table.seen != ring.next_id:
+            table = ends_table(self.episodes, ring, self.stride)
+        return table.left
+
+    def put_rewards(self, out: np.ndarray, m: int, value: np.ndarray) -> None:
+        """``value`` ``[m]`` into the reward field of the first ``m`` rows of ``out`` (``[B,
+        width]`` words of records of this layout), cast to the field's dtype."""
+        if self.reward_at >= 0:  # one column of the rows as the reward's dtype
+            out.view(self.reward_type)[:m, self.reward_at] = value
+            return
+        field = np.ndarray(out.shape[0], self.record, out)[self.reward_name][:m]
+        field[...] = value if field.ndim == 1 else value.reshape(field.shape)
 
     def as_goals(self, words: np.ndarray) -> np.ndarray:
         """``[m, goal_words]`` words as ``[m, *goal shape]`` goals (a view)."""

@@ -83,6 +83,9 @@ class ReadPlan:
         self.uniform = type(rb._sampler) is UniformSampler  # try_sample draws for it
         self.prioritized = type(rb._sampler) is PrioritizedSampler  # try_prioritized draws for it
         self.flat = self.usable and all(type(k) is str for k in reader.keys)  # no nested keys
+        # the records' address and row size, for a draw's prefetch (prioritized_fast.draw_into)
+        records = reader.records if self.usable else None
+        self.records_at = (0, 0) if records is None else (int(records.ctypes.data), records.strides[0])
         # batch size -> (slot tensor, its NumPy view, the batch's torch.Size)
         self.draws: dict[int, tuple[torch.Tensor, Any, torch.Size]] = {}
 
@@ -156,7 +159,7 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
 
 def _prioritized_draw(
     rb: Any, batch_size: Any
-) -> tuple[ReadPlan, np.ndarray, torch.Size, np.ndarray, torch.Tensor] | None:
+) -> tuple[ReadPlan, np.ndarray, torch.Size, torch.Tensor, torch.Tensor] | None:
     """The prioritized sampler's draw with replacement into the plan's kept slot tensor:
     ``(plan, the slots as NumPy rows, the batch's size, the items' ids, their weights)``,
     or ``None`` before anything is drawn (the caller holds the lock)."""
@@ -168,8 +171,8 @@ def _prioritized_draw(
     plan = _plan(rb)
     if plan is None or not plan.prioritized:
         return None
-    _, rows, size = plan.draw(batch_size)
-    drawn = draw_into(plan.sampler, ring, rows, rb._generator)
+    slots, rows, size = plan.draw(batch_size)
+    drawn = draw_into(plan.sampler, ring, slots, rb._generator, plan.records_at)
     if drawn is None:
         return None
     return plan, rows, size, drawn[0], drawn[1]
@@ -183,7 +186,12 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     if drawn is None:
         return None
     plan, rows, size, ids, weights = drawn
-    return _batch(plan, rb._ring, rows, size, {"weight": weights}, ids)
+    flat = plan.reader.read(rows)  # _batch's batch, with the ids the draw wrote
+    flat["index"] = ids
+    flat["weight"] = weights
+    if plan.flat:
+        return flat_tensordict(flat, size, plan.device)
+    return to_tensordict(flat, size, plan.device)
 
 
 def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:

@@ -33,7 +33,11 @@ dtype stored here; ~0.2 µs against ~0.55 µs for ``numpy()``), a larger one thr
 ``numpy()`` (a view of a CPU tensor without grad). An ``add`` or ``extend`` whose fields
 are all torch tensors skips both where every tensor is dense in memory on the CPU: one
 compiled call copies their bytes into the rows (:mod:`xpbank.replay.raw_rows`; any
-other tensor, a CUDA one included, or no numba, takes the readers above). ``tolist()``
+other tensor, a CUDA one included, or no numba, takes the readers above). An ``extend``
+of NumPy arrays of their fields' dtypes (a vector env's step) is copied by the same
+kind of call, which reads the arrays' addresses itself (~0.5 µs for six fields, against
+~1.4 µs for six NumPy stores into strided columns); an array that is not C-contiguous
+or overlaps the rows is stored by NumPy as before. ``tolist()``
 raises for a sparse, mkldnn or meta tensor and a nested tensor has no shape, so each of
 those declines.
 
@@ -130,8 +134,13 @@ class Signature:
         self.records = block.np_records
         # every field a torch tensor (an add or extend): dense CPU ones copied in one compiled call
         self.raw = None
+        # an extend of NumPy arrays (each of its field's dtype): the same copy, its
+        # addresses read in the compiled call (one call, ~0.5 µs, not a store a field)
+        self.arrays = None
         if episodes is None or self.step is not None:  # no plan reads the values
             self.raw = raw_rows.plan(block, entries, n, (_TENSOR0, _TENSOR_LIST, _TENSOR))
+            if n:
+                self.arrays = raw_rows.plan_arrays(block, entries, _ARRAY)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # it holds NumPy views of the storage: a pickled copy would write into copies
@@ -348,8 +357,8 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
             return None
     elif n == 0:
         sig.records[slot] = tuple(values)
-    else:
-        written = slice(slot, slot + n)  # made once, not per field
+    elif (arrays := sig.arrays) is None or not arrays[0](arrays[1], slot, n, tuple(values)):
+        written = slice(slot, slot + n)  # made once, not per field; False above: nothing written
         for view, v in zip(sig.views, values, strict=True):
             view[written] = v
     if sig.runs is not None:

@@ -40,7 +40,7 @@ import torch
 
 from xpbank import _jit
 
-__all__ = ["copy_rows", "plan", "pointers"]
+__all__ = ["copy_arrays", "copy_rows", "plan", "plan_arrays", "pointers"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,40 @@ def _halfwords(addr: int) -> Any:  # pragma: no cover
     raise NotImplementedError("compiled code only")
 
 
+def _clear(p: int, nbytes: int, lo: int, hi: int) -> bool:
+    """Whether a source of ``nbytes`` at ``p`` may be copied: not null, and not within the
+    block's bytes ``lo .. hi`` (NumPy's store copies such a source first; this copy would
+    not)."""
+    return p != 0 and not (p < hi and p + nbytes > lo)
+
+
+def _copy_field(p: int, size: int, dst: int, row_bytes: int, n: int) -> None:
+    """``n`` rows of ``size`` bytes each, C-contiguous at ``p``, into the rows from
+    address ``dst`` (``row_bytes`` apart): aligned 8- or 4-byte words where every
+    address and size allows, else bytes."""
+    every = size | p | dst | row_bytes
+    if every & 7 == 0:
+        w = size >> 3
+        s8 = _words(p)
+        for r in range(n):
+            d8 = _words(dst + r * row_bytes)
+            for b in range(w):
+                d8[b] = s8[r * w + b]
+    elif every & 3 == 0:
+        w = size >> 2
+        s4 = _halfwords(p)
+        for r in range(n):
+            d4 = _halfwords(dst + r * row_bytes)
+            for b in range(w):
+                d4[b] = s4[r * w + b]
+    else:
+        s1 = _bytes(p)
+        for r in range(n):
+            d1 = _bytes(dst + r * row_bytes)
+            for b in range(size):
+                d1[b] = s1[r * size + b]
+
+
 def copy_rows(layout: np.ndarray, slot: int, n: int, ptrs: tuple[int, ...]) -> bool:
     """Copy ``n`` rows of each field ``j`` from ``ptrs[j]`` (its ``[n, *shape]``
     C-contiguous bytes) into rows ``slot .. slot + n - 1`` of the block at bytes
@@ -73,48 +107,80 @@ def copy_rows(layout: np.ndarray, slot: int, n: int, ptrs: tuple[int, ...]) -> b
     row_bytes = layout[k, 1]
     hi = lo + layout[k + 1, 0] * row_bytes
     for j in range(k):
-        p = ptrs[j]
-        if p == 0 or (p < hi and p + n * layout[j, 1] > lo):
+        if not _clear(ptrs[j], n * layout[j, 1], lo, hi):
             return False
+    base = lo + slot * row_bytes
     for j in range(k):
-        p = ptrs[j]
-        size = layout[j, 1]
-        dst = lo + slot * row_bytes + layout[j, 0]
-        every = size | p | dst | row_bytes
-        if every & 7 == 0:
-            w = size >> 3
-            s8 = _words(p)
-            for r in range(n):
-                d8 = _words(dst + r * row_bytes)
-                for b in range(w):
-                    d8[b] = s8[r * w + b]
-        elif every & 3 == 0:
-            w = size >> 2
-            s4 = _halfwords(p)
-            for r in range(n):
-                d4 = _halfwords(dst + r * row_bytes)
-                for b in range(w):
-                    d4[b] = s4[r * w + b]
-        else:
-            s1 = _bytes(p)
-            for r in range(n):
-                d1 = _bytes(dst + r * row_bytes)
-                for b in range(size):
-                    d1[b] = s1[r * size + b]
+        _copy_field(ptrs[j], layout[j, 1], base + layout[j, 0], row_bytes, n)
     return True
 
 
-def _compile() -> Any:
-    global _bytes, _words, _halfwords
+def copy_arrays(layout: np.ndarray, slot: int, n: int, arrays: tuple[np.ndarray, ...]) -> bool:
+    """:func:`copy_rows` for NumPy arrays (``arrays[j]``: field ``j``'s ``[n, *shape]``
+    values, of its dtype and shape, which the caller checked: numba's unboxing trusts
+    both), their addresses read here. False, with nothing written, where an array is
+    not C-contiguous, or as :func:`copy_rows`."""
+    k = layout.shape[0] - 2
+    lo = layout[k, 0]
+    row_bytes = layout[k, 1]
+    hi = lo + layout[k + 1, 0] * row_bytes
+    j = 0
+    for a in literal_unroll(arrays):
+        if not a.flags.c_contiguous or not _clear(a.ctypes.data, n * layout[j, 1], lo, hi):
+            return False
+        j += 1  # noqa: SIM113 - numba unrolls no enumerate() of literal_unroll
+    base = lo + slot * row_bytes
+    j = 0
+    for a in literal_unroll(arrays):
+        _copy_field(a.ctypes.data, layout[j, 1], base + layout[j, 0], row_bytes, n)
+        j += 1  # noqa: SIM113
+    return True
+
+
+def literal_unroll(items: Any) -> Any:  # pragma: no cover - numba's, once compiled
+    """A heterogeneous tuple's items, one loop body each (numba's ``literal_unroll``)."""
+    return items
+
+
+def _compile() -> tuple[Any, ...] | None:
+    global _bytes, _words, _halfwords, literal_unroll
     ptrs = _jit.pointers("uint8", "uint64", "uint32")
     if ptrs is None:
         return None
-    _bytes, _words, _halfwords = ptrs  # the kernel's globals, resolved when it compiles
-    kernels = _jit.compile_kernels(copy_rows)
-    return None if kernels is None else kernels[0]
+    _bytes, _words, _halfwords = ptrs  # the kernels' globals, resolved when they compile
+    from numba import literal_unroll as unroll  # type: ignore[import-untyped, unused-ignore]
+
+    literal_unroll = unroll  # type: ignore[assignment]
+    # _clear takes only ints: LLVM inlines it anyway (numba's own inlining of it into a
+    # literal_unroll loop warns of its IR)
+    return _jit.compile_kernels(copy_rows, copy_arrays, helpers=(_clear, _copy_field), inline=(_copy_field,))
 
 
-_kernel = _compile()
+_kernels = _compile()
+_kernel, _array_kernel = (None, None) if _kernels is None else _kernels
+
+
+def _layout(block: Any, entries: list[tuple[Any, ...]]) -> np.ndarray | None:
+    """The copy's ``layout`` for ``entries`` (each field's start and bytes in a row, then
+    the block's address and row bytes, its capacity), or ``None``: the block is not
+    one C-contiguous 2-D array of bytes (the copy addresses rows as base + row * row_bytes)."""
+    data = block.np_data  # the block (kept by the signature) keeps its address valid
+    if data is None or data.ndim != 2 or data.dtype != np.uint8 or not data.flags.c_contiguous:
+        return None
+    members = {m.key: m for m in block.members}
+    rows = [[members[e[0]].start, members[e[0]].nbytes] for e in entries]
+    rows += [[data.ctypes.data, data.shape[1]], [data.shape[0], 0]]
+    return np.array(rows, dtype=np.int64)
+
+
+def _compiled(kernel: Any, types: tuple[Any, ...]) -> Any:
+    """``kernel``'s compiled function for argument ``types`` (called without numba's type
+    dispatch), or ``None``: it does not compile (the caller's other path runs)."""
+    try:
+        return kernel.compile(types)
+    except Exception:
+        log.debug("raw_rows: no compiled copy for %s", types, exc_info=True)
+        return None
 
 
 def plan(
@@ -124,27 +190,40 @@ def plan(
     ``extend``) whose ``entries`` are all torch tensors (kinds in ``tensor_kinds``), or
     ``None``: no numba or a field of another kind. ``n == 0``: an ``add`` (one row, each
     tensor without the batch dim)."""
-    data = block.np_data  # the block (kept by the signature) keeps its address valid
-    if _kernel is None or data is None or any(e[1] not in tensor_kinds for e in entries):
+    if _kernel is None or any(e[1] not in tensor_kinds for e in entries):
         return None
-    if data.ndim != 2 or data.dtype != np.uint8 or not data.flags.c_contiguous:
-        return None  # the copy addresses rows as base + row * row_bytes
-    members = {m.key: m for m in block.members}
-    rows = [[members[e[0]].start, members[e[0]].nbytes] for e in entries]
-    rows += [[data.ctypes.data, data.shape[1]], [data.shape[0], 0]]
-    layout = np.array(rows, dtype=np.int64)
+    layout = _layout(block, entries)
+    if layout is None:
+        return None
     # a tensor of one value is contiguous wherever it is strided: no is_contiguous() (~50 ns)
     checks = [(e[0], e[2], e[3], math.prod(e[3]) <= 1) for e in entries]
     from numba import typeof  # type: ignore[import-untyped, unused-ignore]
 
-    args = (layout, 0, 0, tuple(0 for _ in entries))
-    kernel: Any = _kernel
-    try:  # the compiled function for these types: no type dispatch per call
-        call = kernel.compile(tuple(typeof(x) for x in args))
-    except Exception:  # not compiled: the fast path's other readers take the tensors
-        log.debug("raw_rows: no compiled copy for %s", args[:2], exc_info=True)
+    call = _compiled(_kernel, tuple(typeof(x) for x in (layout, 0, 0, tuple(0 for _ in entries))))
+    return None if call is None else (call, layout, checks)
+
+
+def plan_arrays(block: Any, entries: list[tuple[Any, ...]], array_kind: int) -> tuple[Any, ...] | None:
+    """``(call, layout)`` for :func:`copy_arrays` where every one of ``entries`` (an
+    ``extend``'s) is a NumPy array of the field's dtype (kind ``array_kind``), else
+    ``None`` (no numba, another kind, an item size other than 1, 2, 4 or 8). ``call(layout,
+    slot, n, arrays)`` takes the arrays as the signature checked them: dtype and shape
+    (numba's unboxing trusts both), any strides (a non-C-contiguous one: False)."""
+    if _array_kernel is None or any(e[1] != array_kind for e in entries):
         return None
-    return call, layout, checks
+    layout = _layout(block, entries)
+    if layout is None:
+        return None
+    from numba import typeof, types  # type: ignore[import-untyped, unused-ignore]
+
+    # the copy reads only an array's address, shape and strides: each is typed as
+    # unsigned words of its item size (float16 has no numba type; fewer compilations)
+    words = {1: types.uint8, 2: types.uint16, 4: types.uint32, 8: types.uint64}
+    if any(np.dtype(e[2]).itemsize not in words for e in entries):
+        return None
+    arrays = types.Tuple(tuple(types.Array(words[np.dtype(e[2]).itemsize], len(e[3]), "A") for e in entries))
+    call = _compiled(_array_kernel, (typeof(layout), types.int64, types.int64, arrays))
+    return None if call is None else (call, layout)
 
 
 def pointers(checks: list[tuple[Any, ...]], src: Any) -> tuple[int, ...] | None:

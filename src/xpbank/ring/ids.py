@@ -149,8 +149,9 @@ def _to_numpy(values: Any) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         try:
             return values.numpy()  # no detach/cpu calls (~2 µs) for the usual CPU tensor
-        except (RuntimeError, TypeError):  # requires grad, not on the CPU, or bfloat16
-            values = values.detach().cpu()
+        except (RuntimeError, TypeError):  # requires grad, not on the CPU, bfloat16, or
+            # a negative view (the imaginary part of a conjugate): its values, resolved
+            values = values.detach().cpu().resolve_neg()
             return (values.float() if values.dtype == torch.bfloat16 else values).numpy()
     return np.asarray(values)
 

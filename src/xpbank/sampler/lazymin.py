@@ -22,6 +22,14 @@ likely to be drawn and updated) the min-tree costs next to nothing. Every leaf i
 value it would hold under eager updates, and a minimum does not depend on the order of
 its operands, so a flushed tree is bit-identical to one rebuilt from the leaves.
 
+A compiled update (:func:`xpbank.sampler.prioritized_calls.write`, the buffer's small
+calls) keeps the min-tree up to date for the leaves it writes (~32 minima of 16 per
+level, next to the sum-tree's own upkeep) and reports them with :meth:`kept_up`: none
+becomes pending, and where the tree was up to date before (:attr:`in_sync`) and the
+minimum's leaf may have been raised, the call reads the new minimum off the top. In a
+DQN loop the lazy flush cost ~40-90 µs about every 60 steps (~1-1.5 µs a step); the
+eager upkeep costs less than that. Writes of new items (``changed``) stay lazy.
+
 Example:
     >>> import numpy as np
     >>> leaves = np.zeros(100)
@@ -44,7 +52,7 @@ import math
 
 import numpy as np
 
-from xpbank.sampler import sumtree
+from xpbank.sampler import prioritized_calls, sumtree
 
 __all__ = ["LazyMin"]
 
@@ -134,6 +142,24 @@ class LazyMin:
             self._pending.append(slots)
 
     @property
+    def in_sync(self) -> bool:
+        """Whether the min-tree is up to date (no leaf pending): its top then holds the minimum."""
+        return self._count == 0 and not self._rebuild
+
+    def kept_up(self, low: float, hit: bool, exact: float) -> None:
+        """:meth:`noted` for leaves whose min-tree entries (and their ancestors) the caller
+        brought up to date itself (:func:`xpbank.sampler.prioritized_calls.write`), so
+        none is pending. ``exact``: the minimum read off the tree's top after that
+        (``nan``: not read; only an up-to-date tree's top is the minimum)."""
+        if exact == exact:
+            self._value, self._known = exact, True
+        elif self._known:
+            if low <= self._value:
+                self._value = low
+            elif hit:
+                self._known = False
+
+    @property
     def value(self) -> float:
         """The smallest positive leaf (``inf`` if none); the tree is used only if unknown."""
         if not self._known:
@@ -149,9 +175,13 @@ class LazyMin:
 
     def _flush(self) -> None:
         tree, leaves = self._tree, self._leaves
+        kernels = prioritized_calls.load()
         if self._rebuild:
-            tree[0][: leaves.shape[0]] = _positive(leaves)  # the padding stays inf
-            sumtree.rebuild(tree, np.minimum)
+            if kernels is not None:  # the same nodes (a minimum is exact), ~10x sooner
+                kernels.min_rebuild(tuple(tree), leaves)
+            else:
+                tree[0][: leaves.shape[0]] = _positive(leaves)  # the padding stays inf
+                sumtree.rebuild(tree, np.minimum)
         else:
             arrays = [s for s in self._pending if not isinstance(s, slice)]
             for s in self._pending:
@@ -160,5 +190,8 @@ class LazyMin:
                     sumtree.refresh_range(tree, s.start, s.stop, np.minimum)
             if arrays:
                 slots = np.concatenate(arrays)
-                sumtree.set_leaves(tree, slots, _positive(leaves[slots]), np.minimum)
+                if kernels is not None:
+                    kernels.min_refresh(tuple(tree), leaves, slots)
+                else:
+                    sumtree.set_leaves(tree, slots, _positive(leaves[slots]), np.minimum)
         self._pending, self._count, self._rebuild = [], 0, False

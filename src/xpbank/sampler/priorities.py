@@ -32,6 +32,7 @@ __all__ = [
     "host_arrays",
     "importance_weights",
     "power",
+    "power_into",
     "weight_ratio",
 ]
 
@@ -83,6 +84,21 @@ def power(x: Any, y: float) -> Any:
         [2.0, 3.0]
     """
     return x**y
+
+
+# exponents NumPy's ``x ** y`` may route to another routine than its power (square,
+# sqrt, reciprocal ...): power_into takes ``x ** y`` itself for them
+_SPECIAL = frozenset((-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0))
+
+
+def power_into(x: np.ndarray, y: float, out: np.ndarray) -> np.ndarray:
+    """:func:`power` of a float64 array written into ``out`` (float64, ``x``'s shape, not
+    overlapping it): the same values, bit for bit (NumPy's power ufunc, which ``x ** y``
+    calls for any other exponent), without a new array."""
+    if y in _SPECIAL:
+        out[...] = x**y
+        return out
+    return np.power(x, y, out=out)
 
 
 def beta_at(beta0: float, steps: int | None, done: int) -> float:

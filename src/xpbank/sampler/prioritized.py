@@ -11,12 +11,16 @@ min-tree is only brought up to date when a write raised the minimum's leaf. The 
 prefix sums are kept between samples until the next write.
 
 With numba (the ``fast`` extra; ``XPBANK_NO_NUMBA=1`` turns it off) a sample is one
-compiled call (:func:`~xpbank.sampler.sumtree_numba.draw_fresh`: fractions, descent, weights)
-and so is a priority update (:func:`~xpbank.sampler.sumtree_numba.update`: leaves,
-ancestors and what ``LazyMin`` needs), with the same slots, weights and trees as the
-NumPy path, which stays the reference. Those calls and the buffer's small-call paths
-(a sample's draw into kept arrays, an update checked and written in two compiled
-calls) are in :mod:`~xpbank.sampler.prioritized_fast`.
+compiled call (:func:`~xpbank.sampler.prioritized_calls.draw`: fractions, descent,
+weights' bases, ids) and so is a priority update's tree write
+(:func:`~xpbank.sampler.sumtree_numba.update`, or for the buffer's tensor update
+:func:`~xpbank.sampler.prioritized_calls.write`, which keeps the min-tree up to date
+too), with the same slots, weights and trees as the NumPy path, which stays the
+reference. Those calls and the buffer's small-call paths (a sample's draw into kept
+arrays, an update checked and written in two compiled calls) are in
+:mod:`~xpbank.sampler.prioritized_fast`; the kernels that take addresses, and the
+context of a tree's addresses they read (``_calls``, made anew with new trees), in
+:mod:`~xpbank.sampler.prioritized_calls`.
 
 With ``tree_device`` a torch device the trees are torch tensors there instead
 (:class:`~xpbank.sampler.prioritized_torch.TorchTrees`: the same levels, an eager
@@ -46,6 +50,7 @@ from xpbank.ring.ids import Ring
 from xpbank.sampler import sumtree, sumtree_numba
 from xpbank.sampler.lazymin import LazyMin
 from xpbank.sampler.priorities import beta_at, importance_weights, power
+from xpbank.sampler.prioritized_calls import TreeCalls
 from xpbank.sampler.prioritized_fast import DrawArrays, draw_into, write
 from xpbank.sampler.prioritized_torch import TorchTrees
 from xpbank.sampler.registry import register_sampler
@@ -145,6 +150,7 @@ class PrioritizedSampler:
         self._smallest = LazyMin(np.zeros(0))  # the smallest positive stored priority
         self._cums: np.ndarray | None = None  # the sum-tree's top prefix sums, until a write
         self._arrays = DrawArrays()  # a sample's uniforms (torch.rand's bits) and weights' bases, reused
+        self._calls = TreeCalls()  # the trees' compiled small calls (prioritized_calls), made on use
 
     @property
     def beta(self) -> float:
@@ -209,10 +215,10 @@ class PrioritizedSampler:
             )
         if self._trees is not None:
             return self._sample_torch(self._trees, ring, batch_size, generator)
-        slots = np.empty(batch_size, dtype=np.int64)
-        drawn = draw_into(self, ring, slots, generator)  # the same draw in one compiled call
+        kept = torch.empty(batch_size, dtype=torch.int64)
+        drawn = draw_into(self, ring, kept, generator)  # the same draw in one compiled call
         if drawn is not None:
-            return torch.from_numpy(slots), {"weight": drawn[1]}
+            return kept, {"weight": drawn[1]}
         if self._cums is None:  # without numba (or nothing to draw: raised below)
             self._cums = sumtree.top_prefix(self._sum)
         if not self._cums[-1] > 0:

@@ -7,22 +7,33 @@ call. Here each is what it must be:
 
 - a draw (:func:`draw_into`): the stratified uniforms from the buffer's generator into
   a float64 tensor kept per batch size (:class:`DrawArrays`: the same draws as
-  ``torch.rand(B, dtype=torch.float64)``), one compiled call
-  (:func:`~xpbank.sampler.sumtree_numba.draw_fresh`: after a write the top's prefix sums
-  into a kept array, then fractions, descent, the weights' bases) writing the slots
-  where the caller wants them, then the weights' power (NumPy's, see
-  :func:`~xpbank.sampler.priorities.power`). :meth:`PrioritizedSampler.sample
-  <xpbank.PrioritizedSampler.sample>` and the buffer's read fast path
-  (:mod:`xpbank.replay.fast_read`) both draw through it: same slots, weights and
-  schedule position;
-- an update (:func:`update_ids`): the ids' liveness and the values checked, ``eps``
-  added and the slots found in one compiled pass
-  (:func:`~xpbank.sampler.sumtree_numba.live_priorities`), the power, then both trees'
-  upkeep in one compiled call (:func:`write`, which the sampler's own
-  ``update_priority`` also ends with). Anything that pass does not accept (a stale or
-  never issued id, a bad value, other dtypes or shapes, the torch trees) returns
+  ``torch.rand(B, dtype=torch.float64)``), one compiled call at addresses
+  (:func:`~xpbank.sampler.prioritized_calls.draw`: after a write the top's prefix sums
+  into a kept array, then fractions, descent, the weights' bases, the ids; the drawn
+  records prefetched for the read) writing the slots into the caller's tensor, then the
+  weights' power (NumPy's, see :func:`~xpbank.sampler.priorities.power`).
+  :meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` and the
+  buffer's read fast path (:mod:`xpbank.replay.fast_read`) both draw through it: same
+  slots, weights and schedule position;
+- an update (:func:`update_ids`) of two plain CPU tensors (``batch["index"]`` and a TD
+  error): their dtypes, shapes, device, layout and bits checked in Python, then one
+  compiled call at their ``data_ptr()`` checks the ids' liveness and the values, adds
+  ``eps`` and finds the slots (:func:`~xpbank.sampler.prioritized_calls.check`), NumPy's
+  power, and one more writes both trees and the min-tree
+  (:func:`~xpbank.sampler.prioritized_calls.write`). Other arrays (NumPy) take the same
+  steps through the array kernels (:func:`~xpbank.sampler.sumtree_numba.live_priorities`,
+  then :func:`write`, which the sampler's own ``update_priority`` also ends with).
+  Anything those checks do not accept (a stale or never issued id, a bad value, other
+  dtypes, shapes or devices, a view with a negative bit, the torch trees) returns
   ``False`` before anything is written, and the buffer's general path takes the call:
   its checks raise the errors they raise, or skip stale ids.
+
+Where a step's time goes (``sample(32)`` + ``update_priority`` of its ids, 100k
+CartPole-sized items, thread CPU time): the draw's own work is ~1.5-3 µs (the uniforms
+from torch's generator ~1, the descent's cache misses), the weights' power ~1-2 (NumPy
+raises 32 values one by one where it has no vector routine), the new ids and weights
+tensors ~1.5; the rest is the batch the uniform sampler's read builds too (records,
+TensorDict) and the update's Python checks (~1.2) around its two calls.
 
 Without numba every function here declines or is not called: the NumPy path is the
 reference, unchanged. ``sampler`` is a :class:`~xpbank.PrioritizedSampler` throughout
@@ -37,13 +48,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from xpbank.sampler import sumtree, sumtree_numba
-from xpbank.sampler.priorities import host_arrays, power
+from xpbank.sampler import prioritized_calls, sumtree, sumtree_numba
+from xpbank.sampler.priorities import host_arrays, power, power_into
+from xpbank.sampler.prioritized_calls import TreeCalls
 
 if TYPE_CHECKING:
     from xpbank.ring.ids import Ring
 
-__all__ = ["DrawArrays", "draw_into", "update_ids", "write"]
+__all__ = ["DrawArrays", "draw_into", "tree_calls", "update_ids", "write"]
 
 
 class DrawArrays:
@@ -55,19 +67,14 @@ class DrawArrays:
         self.uniforms = torch.empty(0, dtype=torch.float64)
         self.draws = self.uniforms.numpy()
         self.ratios = np.empty(0)
-        self.cums = np.empty(0)  # the top's prefix sums, rewritten in place by draw_fresh
-
-    def prefix(self, length: int) -> np.ndarray:
-        """The kept array for a top's prefix sums (``length``: the top's length + 1)."""
-        if self.cums.shape[0] != length:
-            self.cums = np.empty(length)
-        return self.cums
+        self.draws_at = self.ratios_at = 0  # their addresses (prioritized_calls.draw)
 
     def of(self, batch_size: int) -> DrawArrays:
         """These arrays, sized for ``batch_size`` (reallocated only when it changes)."""
         if self.size != batch_size:
             self.uniforms = torch.empty(batch_size, dtype=torch.float64)
             self.draws, self.ratios = self.uniforms.numpy(), np.empty(batch_size)
+            self.draws_at, self.ratios_at = self.uniforms.data_ptr(), int(self.ratios.ctypes.data)
             self.size = batch_size
         return self
 
@@ -83,46 +90,67 @@ class DrawArrays:
 
 def _weights(sampler: Any, ratios: np.ndarray) -> np.ndarray:
     """The weights of the bases ``ratios`` (a new float32 array); the schedule moves on."""
-    weights = power(ratios, -sampler.beta).astype(np.float32)  # NumPy's power, as importance_weights
+    beta = sampler.beta0 if sampler.beta_steps is None else sampler.beta
+    weights = power(ratios, -beta).astype(np.float32)  # NumPy's power, as importance_weights
     sampler._samples += 1
     return weights
 
 
+def tree_calls(sampler: Any) -> TreeCalls | None:
+    """The sampler's :class:`~xpbank.sampler.prioritized_calls.TreeCalls` for its
+    current NumPy trees (made anew after they were replaced), or ``None``: no compiled
+    small calls, the torch trees, or no trees yet."""
+    calls = sampler._calls
+    if calls.levels is not sampler._levels or calls.smallest is not sampler._smallest:
+        if sampler._trees is not None or not sampler._levels or prioritized_calls.load() is None:
+            return None
+        calls = sampler._calls = TreeCalls(sampler._levels, sampler._smallest)
+        sampler._cums = None  # (a copy's kept sums are not these calls' array) summed anew
+    return calls if calls.draw is not None else None
+
+
 def draw_into(
-    sampler: Any, ring: Ring, slots: np.ndarray, generator: torch.Generator
-) -> tuple[np.ndarray, torch.Tensor] | None:
+    sampler: Any,
+    ring: Ring,
+    slots: torch.Tensor,
+    generator: torch.Generator,
+    records: tuple[int, int] = (0, 0),
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` with
-    replacement into ``slots`` (int64, the batch size long); returns the items' ids (a
-    new array) and weights, or ``None`` before any draw where the sampler's own
+    replacement into ``slots`` (a CPU int64 tensor, dense, the batch size long) in one
+    compiled call (:func:`~xpbank.sampler.prioritized_calls.draw`); returns the items'
+    ids (a new tensor) and weights, or ``None`` before any draw where the sampler's own
     ``sample`` must take the call (no numba, the torch trees, nothing written, every
-    priority 0: it raises)."""
-    kernels = sumtree_numba.load()
-    levels = sampler._levels
-    if kernels is None or sampler._trees is not None or not levels:
-        return None
-    cums = sampler._cums
-    fresh = cums is None  # a write since the last sample: the kernel sums the top first
+    priority 0: it raises). ``records``: the address and row size of the records the
+    batch reads next (prefetched), or ``(0, 0)``."""
+    calls = sampler._calls
+    if calls.levels is not sampler._levels or calls.smallest is not sampler._smallest or calls.draw is None:
+        calls = tree_calls(sampler)
+        if calls is None:
+            return None
+    fresh = sampler._cums is None  # a write since the last sample: the kernel sums the top first
     if sampler.normalize_weights:
         scale, divisor = 1.0, sampler._smallest.value
         if not divisor < math.inf:  # no positive leaf: the total is 0 (the sampler raises)
             return None
-        if fresh:
-            cums = sampler._cums = sampler._arrays.prefix(levels[-1].shape[0] + 1)
     else:
         if fresh:
-            cums = sampler._cums = sumtree.top_prefix(sampler._sum)
+            calls.cums[...] = sumtree.top_prefix(sampler._sum)
             fresh = False
-        scale, divisor = float(ring.size), float(cums[-1])
+        scale, divisor = float(ring.size), float(calls.cums[-1])
         if not divisor > 0:
             return None
     b = slots.shape[0]
-    arrays = sampler._arrays.of(b)
-    arrays.fill(generator)
-    ids = np.empty(b, dtype=np.int64)
-    first = ring.next_id - ring.size
-    kernels.draw_fresh(
-        levels, cums, fresh, arrays.draws, scale, divisor, slots, arrays.ratios, ids, first, ring.capacity
-    )
+    arrays = sampler._arrays
+    if arrays.size != b:
+        arrays.of(b)
+    arrays.uniforms.uniform_(generator=generator)  # (DrawArrays.fill, inline: one call less)
+    ids = torch.from_numpy(np.empty(b, dtype=np.int64))  # (~0.2 µs less than torch.empty)
+    calls.draw(
+        calls.address, arrays.draws_at, arrays.ratios_at, slots.data_ptr(), ids.data_ptr(), b,
+        fresh, scale, divisor, ring.next_id - ring.size, ring.capacity, *records,
+    )  # fmt: skip
+    sampler._cums = calls.cums  # the top's prefix sums, until the next write
     return ids, torch.from_numpy(_weights(sampler, arrays.ratios))
 
 
@@ -144,6 +172,10 @@ def update_ids(sampler: Any, ring: Ring, indices: Any, priorities: Any, stale: s
     one. Returns whether it wrote them; ``False``: nothing was checked to the end or
     written, and the general path (its checks, then ``sampler.update_priority``) takes
     the call."""
+    if type(indices) is torch.Tensor and type(priorities) is torch.Tensor and stale in ("raise", "skip"):
+        done = _update_tensors(sampler, ring, indices, priorities)
+        if done is not None:
+            return done
     kernels = sumtree_numba.load()
     if kernels is None or sampler._trees is not None or not sampler._levels or stale not in ("raise", "skip"):
         return False
@@ -159,4 +191,47 @@ def update_ids(sampler: Any, ring: Ring, indices: Any, priorities: Any, stale: s
     if not kernels.live_priorities(ids, values, first, stop, capacity, sampler.eps, slots, shifted):
         return False
     write(sampler, kernels, slots, shifted)
+    return True
+
+
+def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.Tensor) -> bool | None:
+    """:func:`update_ids` of two plain torch tensors where both are dense on the CPU
+    (int64 ids, float32/float64 values, one dim, one value per id, at least one): two
+    compiled calls at their ``data_ptr()`` (:mod:`~xpbank.sampler.prioritized_calls`:
+    the checks, then the trees' upkeep) around NumPy's power. ``None`` for any other
+    tensor (the array path then looks at it), ``False`` where the checks say no."""
+    kind = values.dtype
+    if ids.dtype is not torch.int64 or (kind is not torch.float32 and kind is not torch.float64):
+        return None
+    if ids.dim() != 1 or values.shape != ids.shape or values.requires_grad:
+        return None  # (requires_grad: numpy() refuses it; the general path reads it)
+    if not (ids.is_cpu and values.is_cpu and ids.is_contiguous() and values.is_contiguous()):
+        return None
+    if values.is_neg() or ids.is_neg():  # a negative view's bytes are not its values
+        return None
+    n = ids.shape[0]
+    calls = sampler._calls
+    if calls.levels is not sampler._levels or calls.smallest is not sampler._smallest or calls.draw is None:
+        calls = tree_calls(sampler)
+        if calls is None:
+            return None
+    if calls.size != n:
+        if n == 0:
+            return None
+        calls.update_arrays(n)
+    if not calls.check(
+        ids.data_ptr(), values.data_ptr(), kind is torch.float32, n, ring.first_id, ring.next_id,
+        ring.capacity, sampler.eps, calls.slots_at, calls.shifted_at,
+    ):  # fmt: skip
+        return False
+    power_into(calls.shifted, sampler.alpha, calls.stored)  # NumPy's power, as write's
+    smallest = sampler._smallest
+    in_sync = smallest._count == 0 and not smallest._rebuild  # (LazyMin.in_sync, inline)
+    largest, low, hit, exact = calls.write(
+        calls.address, calls.slots_at, calls.shifted_at, calls.stored_at, n, smallest._value, in_sync
+    )
+    if largest > sampler.max_priority:
+        sampler.max_priority = largest
+    smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
+    sampler._cums = None
     return True

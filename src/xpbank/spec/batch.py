@@ -85,7 +85,11 @@ def as_tensor(value: Any, key: NestedKey, dtype: torch.dtype | None = None) -> t
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             raise BatchTypeError(f"field {key_str(key)!r}: object arrays cannot be stored")
-        return torch.from_numpy(value) if value.flags.writeable else torch.as_tensor(value.copy())
+        if not value.dtype.isnative:  # the same values in this machine's byte order
+            value = value.astype(value.dtype.newbyteorder("="))
+        elif not value.flags.writeable or any(s < 0 for s in value.strides):
+            value = value.copy()  # torch shares neither (a reversed view: a[::-1])
+        return torch.from_numpy(value)
     if isinstance(value, np.generic):  # before float: np.float64 is a Python float too
         try:
             return torch.as_tensor(value)
