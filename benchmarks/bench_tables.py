@@ -32,7 +32,9 @@ min-heap selectors of a :class:`~xpbank.Table` (``replace=False``: the 256 highe
 lowest priorities, ties by insertion order; with replacement a heap hands out its top
 item 256 times, as Reverb's does).
 ``--chunks`` rounds each time one block of ``--calls`` calls of every buffer in turn; the
-fastest block of each is kept. No timing is asserted anywhere.
+fastest block of each is kept. ``--base COMMIT`` adds that commit's max- and min-heaps to
+the same rounds (an A/B in one process; five buffers of 1M items share the caches, so
+every time is higher than without). No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from _common import (
     log,
     markdown_table,
     run_main,
+    set_clock,
 )
 from bench_prioritized import interleaved
 from xpbank import Field, PrioritizedSampler, ReplayBuffer, Spec, Table
@@ -173,7 +176,9 @@ def part_a(args: argparse.Namespace) -> list[str]:
 
 
 # -- part (b): heap selectors ----------------------------------------------------------------
-def heap_buffers(capacity: int) -> dict[str, ReplayBuffer]:
+def heap_buffers(capacity: int, base: Any = None) -> dict[str, ReplayBuffer]:
+    """The prioritized sampler's buffer and the heaps' (``base``: also the heaps of that
+    package, ``--base``), the same items and priorities in each."""
     spec = Spec({"obs": Field((4,)), "reward": Field(())})
     rng = np.random.default_rng(1)
     per = PrioritizedSampler(alpha=0.6, beta=0.4)
@@ -182,6 +187,12 @@ def heap_buffers(capacity: int) -> dict[str, ReplayBuffer]:
         "max-heap": make_heap("max", capacity, spec),
         "min-heap": make_heap("min", capacity, spec),
     }
+    if base is not None:
+        base_spec = base.Spec({"obs": base.Field((4,)), "reward": base.Field(())})
+        for kind in ("max", "min"):
+            buffers[f"{kind}-heap (base)"] = base.ReplayBuffer(
+                capacity, base_spec, sampler=base.Table(f"{kind}_heap")
+            )
     for lo in range(0, capacity, 100_000):
         n = min(100_000, capacity - lo)
         obs = torch.from_numpy(rng.standard_normal((n, 4), dtype=np.float32))
@@ -198,12 +209,14 @@ def make_heap(kind: str, capacity: int, spec: Spec) -> ReplayBuffer:
 
 
 def part_b(args: argparse.Namespace) -> list[str]:
-    buffers = heap_buffers(args.items)
+    buffers = heap_buffers(args.items, args.base_module)
     prios = [torch.from_numpy(np.random.default_rng(i).exponential(size=BATCH)) for i in range(16)]
     freeze_heap()
 
     def step(rb: ReplayBuffer) -> Callable[[int], object]:
-        distinct = isinstance(rb.sampler, Table)  # a heap's first 256 (with replacement: its top 256 times)
+        distinct = (
+            type(rb.sampler).__name__ == "Table"
+        )  # a heap's first 256 (with replacement: its top 256 times)
 
         def call(i: int) -> None:
             batch = rb.sample(BATCH, replace=not distinct)
@@ -213,11 +226,13 @@ def part_b(args: argparse.Namespace) -> list[str]:
 
     best = interleaved({name: step(rb) for name, rb in buffers.items()}, args.calls, args.chunks)
     base = best["prioritized (sum-tree)"]
-    rows = [[name, fmt_us(t), fmt_ratio(t / base)] for name, t in best.items()]
+    rows = [
+        [name.replace("(base)", f"({args.base})"), fmt_us(t), fmt_ratio(t / base)] for name, t in best.items()
+    ]
     return [
         f"## (b) Heap selectors: sample(256) + update_priority(256) at {args.items:,} items",
         "",
-        f"fastest of {args.chunks} interleaved blocks of {args.calls} calls",
+        f"fastest of {args.chunks} interleaved blocks of {args.calls} calls ({args.clock} clock)",
         "",
         markdown_table(["selector", "µs per sample + update", "time vs prioritized"], rows),
         "",
@@ -235,7 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200; quick 20)")
     p.add_argument("--chunks", type=int, default=None, help="timed blocks (default 7; quick 2)")
     p.add_argument("--part", choices=["a", "b", "both"], default="both")
-    p.add_argument("--base", default=None, help="part (a): also the queue of this commit (e.g. main)")
+    p.add_argument(
+        "--clock", choices=["wall", "thread"], default="wall", help="part (b): wall time or thread CPU time"
+    )
+    p.add_argument(
+        "--base", default=None, help="also the queue (a) and the heaps (b) of this commit (e.g. main)"
+    )
     args = p.parse_args(argv)
     q = args.quick
     args.seconds = args.seconds or (0.5 if q else 3.0)
@@ -245,8 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     args.capacity = 65_536
     args.items = 100_000 if q else 1_000_000
     torch.set_num_threads(args.threads)
+    set_clock(args.clock)
     args.base_module = None
-    if args.base and args.part != "b":
+    if args.base:
         from ab_nstep import import_base
 
         args.base_module = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank-base-")))

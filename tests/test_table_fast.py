@@ -63,6 +63,27 @@ def test_compiled_update_leaves_what_the_general_path_leaves(selector: str, remo
             assert _arrays(a) == _arrays(b)
 
 
+@pytest.mark.parametrize(("selector", "remover"), [("max_heap", "fifo"), ("min_heap", "max_heap")])
+def test_an_update_of_the_sample_just_taken_in_any_order(selector: str, remover: str) -> None:
+    """The compiled update finds a taken item's kept key by its place in the sample when
+    the ids come in the sample's order, else by the slot: the same arrays and batches as
+    the general path either way (in order, reversed, a prefix, a suffix, others too)."""
+    rng = np.random.default_rng(7)
+    a, b = _pair(selector, remover)
+    for rb in (a, b):
+        rb.update_priority(torch.as_tensor(rb.extend({"x": torch.arange(30.0)})), torch.ones(30))
+    for step in range(12):
+        got = [rb.sample(8, replace=False)["index"] for rb in (a, b)]
+        assert got[0].tolist() == got[1].tolist()
+        ids = got[0]
+        ids = (ids, ids.flip(0), ids[:5], ids[3:], torch.cat([ids[:4], ids[5:] + 1]))[step % 5]
+        ids = ids[ids < a._ring.next_id]
+        prios = torch.from_numpy(rng.integers(0, 4, ids.shape[0]).astype(np.float64))  # ties
+        for rb in (a, b):
+            rb.update_priority(ids, prios, stale="skip")
+        assert _arrays(a) == _arrays(b)
+
+
 def test_the_compiled_update_takes_the_usual_call() -> None:
     if heap.load() is None or fast._kernel() is None:
         pytest.skip("numba is not installed: the general path takes every call")

@@ -117,3 +117,36 @@ def test_order_bits_keeps_the_float_order() -> None:
         for j in range(values.size):
             assert (bits[i] < bits[j]) == (values[i] < values[j])
             assert (bits[i] == bits[j]) == (values[i] == values[j])  # -0.0 == 0.0
+
+
+def test_pickled_heap_table_samples_as_the_original() -> None:
+    """A heap's compiled calls read its arrays through a context of addresses: pickled
+    copies (their runner-ups back in one block) take the same first items as a twin
+    never pickled, whatever another copy does meanwhile."""
+    import pickle
+
+    import torch
+
+    from xpbank import Field, ReplayBuffer, Spec, Table
+
+    def build() -> ReplayBuffer:
+        rb = ReplayBuffer(5000, Spec({"x": Field(())}), sampler=Table("max_heap"))
+        ids = torch.as_tensor(rb.extend({"x": torch.arange(3000.0)}))
+        rb.update_priority(
+            ids, torch.rand(3000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        )
+        rb.sample(300, replace=False)  # some items taken when pickled
+        return rb
+
+    twin, rb = build(), build()
+    same, other = pickle.loads(pickle.dumps(rb)), pickle.loads(pickle.dumps(rb))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        new = torch.rand(300, dtype=torch.float64, generator=gen)
+        want = twin.sample(300, replace=False)["index"]
+        for b in (rb, same, other):
+            got = b.sample(300, replace=False)["index"]
+            if b is not other:
+                assert torch.equal(got, want)
+            b.update_priority(got, new.flip(0) if b is other else new)
+        twin.update_priority(want, new)

@@ -11,7 +11,7 @@ import numpy as np
 
 from xpbank.table.slots import TableRing
 
-__all__ = ["B", "EMPTY", "MASK", "NONE", "SHIFT", "USED", "IndexedHeap", "order_bits"]
+__all__ = ["B", "EMPTY", "MASK", "NONE", "RUNNER", "SHIFT", "USED", "IndexedHeap", "order_bits"]
 
 B = 16  # children per node: 16 int64 keys are two cache lines
 SHIFT = 4  # log2(B)
@@ -19,6 +19,7 @@ EMPTY = np.iinfo(np.int64).max  # the key and seq of a slot not in the tree
 MASK = np.int64(0x7FFF_FFFF_FFFF_FFFF)  # all bits but the sign
 USED = -2  # a leaf group's runner-up slot once its winner was taken (stale until recomputed)
 NONE = np.empty(0, dtype=np.int64)  # no ids to read, no times to count
+RUNNER = 4  # int64s per leaf group's runner-up entry (key, seq, slot, unused): 2 to a line
 
 
 def order_bits(keys: Any) -> np.ndarray:
@@ -57,7 +58,8 @@ class IndexedHeap:
     :class:`~xpbank.table.orders.LazyHeap`, plus :meth:`remove` (eager). ``t`` holds the
     arrays the kernels share: each slot's key and seq (``lk``, ``lq``), each node's
     winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
-    each leaf group's runner-up (``rk``, ``rq``, ``rs``), and the taken items (each
+    each leaf group's runner-up (``rk``, ``rq``, ``rs``: strided views of one
+    ``[groups, RUNNER]`` array, so that a group's three share a cache line), and the taken items (each
     slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
     tree, items taken."""
 
@@ -65,11 +67,16 @@ class IndexedHeap:
         self.k = kernels
         off = _offsets(capacity)
         groups = -(-capacity // B)
-        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3 + (int(off[1]),) * 3]
+        arrays = [_aligned(size) for size in (groups * B,) * 2 + (int(off[-1]),) * 3]
+        runners = _aligned(int(off[1]) * RUNNER).reshape(-1, RUNNER)  # one line, not three, per pop
+        arrays += [runners[:, 0], runners[:, 1], runners[:, 2]]
         taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
         self.t = (*arrays, off, *taken)
         self.n = np.zeros(2, dtype=np.int64)
         self.out = np.zeros(capacity, dtype=np.int64)
+        self.runners = runners  # the block rk, rq, rs view
+        self.ctx = np.zeros(21, dtype=np.int64)  # context(): the arrays' addresses and lengths
+        self.ring_arrays: tuple[np.ndarray, np.ndarray] | None = None
         self.clear()
 
     def clear(self) -> None:
@@ -99,11 +106,54 @@ class IndexedHeap:
         m = self.k.first(self.t, self.n, k, self.out, NONE, NONE, NONE)
         return self.out[:m].copy()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling leaves the context out (its addresses are this object's)."""
+        state = self.__dict__.copy()
+        state["ring_arrays"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """The runner-ups' views unpickle as three arrays: back into one block."""
+        self.__dict__.update(state)
+        runners = _aligned(self.runners.size).reshape(-1, RUNNER)
+        t = list(self.t)
+        for i in range(3):
+            runners[:, i] = t[5 + i]
+        t[5:8] = runners[:, 0], runners[:, 1], runners[:, 2]
+        self.t, self.runners = tuple(t), runners
+
+    def context(self, ring: TableRing) -> np.ndarray | None:
+        """The addresses and lengths of the arrays :meth:`take` reads and writes (the
+        tree's, never replaced, and ``ring``'s ids and draw counts, refreshed when the
+        ring's arrays change): what the compiled ``first_at`` reads them from; ``None``
+        where the ring's are not C-contiguous int64 (then ``first`` takes the arrays)."""
+        ids, times = ring.ids, ring.times
+        if self.ring_arrays is None or self.ring_arrays[0] is not ids or self.ring_arrays[1] is not times:
+            for a in (ids, times):
+                if a.dtype != np.int64 or not a.flags.c_contiguous or a.shape[0] != ids.shape[0]:
+                    return None
+            lk, lq, nk, nq, ns, _, _, _, off, *kept = self.t
+            arrays = (lk, lq, nk, nq, ns, self.runners, off, *kept, self.n, self.out)
+            lengths = (lk.shape[0], nk.shape[0], self.runners.shape[0], off.shape[0], kept[0].shape[0])
+            self.ctx[:] = [
+                *(a.ctypes.data for a in arrays),
+                *lengths,
+                ids.ctypes.data,
+                times.ctypes.data,
+                ids.shape[0],
+            ]
+            self.ring_arrays = (ids, times)
+        return self.ctx
+
     def take(self, ring: TableRing, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`best`, and the items' ids (``ring.ids``), each counted as sampled once
         (``ring.times``), in the same compiled call: ``(slots, ids)``."""
         ids = np.empty(k, dtype=np.int64)
-        m = self.k.first(self.t, self.n, k, self.out, ring.ids, ring.times, ids)
+        ctx = self.context(ring)
+        if ctx is None:
+            m = self.k.first(self.t, self.n, k, self.out, ring.ids, ring.times, ids)
+        else:
+            m = self.k.first_at(ctx, k, ids)
         return self.out[:m].copy(), ids[:m]
 
     def below(self, ring: TableRing, bound: float) -> np.ndarray:
