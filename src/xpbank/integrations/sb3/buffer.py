@@ -56,6 +56,7 @@ from stable_baselines3.common.buffers import ReplayBuffer as _SB3ReplayBuffer  #
 from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 
 _NEXT_OBS = ("next", "obs")
+_BOOL, _FLOAT32 = np.dtype(bool), np.dtype(np.float32)  # add compares dtypes by identity
 
 
 def transition_spec(observation_space: Any, action_space: Any) -> Spec:
@@ -245,9 +246,6 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
                 one dict per env; the buffer is unchanged.
         """
         e = self.n_envs
-        if not isinstance(infos, (list, tuple)) or len(infos) != e:
-            got = f"{len(infos)} infos" if isinstance(infos, (list, tuple)) else type(infos).__name__
-            raise SpecError(f"field 'infos': expected a list of {e} dicts (one per env), got {got}")
         action = np.asarray(action)
         if action.size != e * self.action_dim:
             raise SpecError(
@@ -256,19 +254,21 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         obs_a, next_a = np.asarray(obs), np.asarray(next_obs)
         if self.obs_shape == (1,) and obs_a.shape == (e,):  # Discrete observations
             obs_a, next_a = obs_a.reshape(e, 1), next_a.reshape(e, 1)
-        done_a = np.asarray(done).astype(bool, copy=False)
+        done_a = np.asarray(done)
+        if done_a.dtype is not _BOOL:
+            done_a = done_a.astype(bool)
         if done_a.shape != (e,):
             raise SpecError(f"field 'done': expected shape ({e},), got {done_a.shape}")
-        if any(info.get("TimeLimit.truncated", False) for info in infos):
-            timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-            term, trunc = done_a & ~timeout, done_a & timeout
-        else:  # the usual step: no time limit hit (two NumPy calls fewer; extend copies)
-            term, trunc = done_a, np.zeros(e, dtype=bool)
+        term, trunc = self._step_flags(infos, done_a)
+        if type(reward) is not np.ndarray or reward.dtype is not _FLOAT32:
+            reward = np.asarray(reward, dtype=np.float32)
+        if action.shape != self._action_shape:
+            action = action.reshape(self._action_shape)
         ids = self.xp.extend(
             {
                 "obs": obs_a,
-                "action": action.reshape(e, self.action_dim),
-                "reward": np.asarray(reward, dtype=np.float32),
+                "action": action,
+                "reward": reward,
                 "terminated": term,
                 "truncated": trunc,
                 _NEXT_OBS: next_a,

@@ -70,6 +70,29 @@ class RingCursor:
         self.n_envs = int(n_envs)
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.handle_timeout_termination = bool(handle_timeout_termination)
+        # what every add reuses: an action's [envs, action_dim] shape, and the step's
+        # truncated flags when no env hit its time limit (read only: add's extend copies it)
+        self._action_shape = (self.n_envs, self.action_dim)
+        self._no_timeouts = np.zeros(self.n_envs, dtype=bool)
+        self._no_timeouts.flags.writeable = False
+
+    def _step_flags(self, infos: Any, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(terminated, truncated)`` of one vector step: SB3's ``done`` (bool, one per
+        env) split by each env's ``infos[e]["TimeLimit.truncated"]``, which SB3 reads
+        when it samples (``handle_timeout_termination``); xpbank stores both flags.
+
+        Raises:
+            SpecError: ``infos`` is not a list of one dict per env.
+        """
+        e = self.n_envs
+        if not isinstance(infos, (list, tuple)) or len(infos) != e:
+            got = f"{len(infos)} infos" if isinstance(infos, (list, tuple)) else type(infos).__name__
+            raise SpecError(f"field 'infos': expected a list of {e} dicts (one per env), got {got}")
+        for info in infos:  # (a loop: a generator in any() costs ~0.4 µs a step)
+            if info.get("TimeLimit.truncated", False):
+                timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+                return done & ~timeout, done & timeout
+        return done, self._no_timeouts  # no time limit hit: one kept array (extend copies it)
 
     def _attach(self, xp: ReplayBuffer) -> None:
         """Hold ``xp`` (new or loaded from a bank); the cursor continues after its newest item."""

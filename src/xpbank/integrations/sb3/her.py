@@ -178,17 +178,15 @@ class XpbankHerReplayBuffer(RingCursor, _SB3Her):  # type: ignore[override]
             SpecError: wrong shapes, keys or number of infos; the buffer is unchanged.
         """
         e = self.n_envs
-        if not isinstance(infos, (list, tuple)) or len(infos) != e:
-            raise SpecError(f"field 'infos': expected a list of {e} dicts (one per env), got {infos!r:.80}")
-        timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         done_a = np.asarray(done).astype(bool, copy=False).reshape(-1)
         if done_a.shape != (e,):
             raise SpecError(f"field 'done': expected shape ({e},), got {np.shape(done)}")
+        term, trunc = self._step_flags(infos, done_a)
         batch: dict[Any, Any] = {
             "action": np.asarray(action).reshape(e, self.action_dim),
             "reward": np.asarray(reward, dtype=np.float32).reshape(e),
-            "terminated": done_a & ~timeout,
-            "truncated": done_a & timeout,
+            "terminated": term,
+            "truncated": trunc,
         }
         for key, shape in self.obs_shape.items():
             batch["obs", key] = np.asarray(obs[key]).reshape(e, *shape)
