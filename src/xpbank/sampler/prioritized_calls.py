@@ -44,7 +44,7 @@ import numpy as np
 from xpbank import _jit
 from xpbank._jit.prefetch import prefetch_l2
 from xpbank.sampler import sumtree_numba
-from xpbank.sampler.sumtree_numba import descend_level, prefix_into, refresh_level, search_top
+from xpbank.sampler.sumtree_numba import descend_level, prefix_into, refresh_level, search_top, write_leaves
 
 __all__ = ["TreeCalls", "check", "draw", "load", "min_rebuild", "min_refresh", "write"]
 
@@ -199,13 +199,7 @@ def write(
     sl = _carray(_i64s(slots), (n,))
     sh = _carray(_f64s(shifted), (n,))
     st = _carray(_f64s(stored), (n,))
-    largest = -math.inf
-    hit = False
-    for k in range(n):
-        hit = hit or leaves[sl[k]] == smallest
-    for k in range(n):
-        largest = max(largest, sh[k])
-        leaves[sl[k]] = st[k]
+    largest, hit = write_leaves(leaves, sl, sh, st, smallest)
     shift = 0
     for j in range(1, depth):
         shift += 4

@@ -264,6 +264,23 @@ def set_leaves(levels: tuple[np.ndarray, ...], slots: np.ndarray, values: np.nda
     refresh(levels, slots)
 
 
+def write_leaves(
+    leaves: np.ndarray, slots: np.ndarray, priorities: np.ndarray, stored: np.ndarray, smallest: float
+) -> tuple[float, bool]:
+    """Store ``stored`` at ``leaves[slots]`` (a repeated slot keeps its last); returns
+    ``(the largest of priorities, whether a leaf held smallest before the write)``.
+    Shared by :func:`update` and :func:`xpbank.sampler.prioritized_calls.write`."""
+    n = slots.shape[0]
+    largest = -math.inf
+    hit = False
+    for k in range(n):
+        hit = hit or leaves[slots[k]] == smallest
+    for k in range(n):
+        largest = max(largest, priorities[k])
+        leaves[slots[k]] = stored[k]
+    return largest, hit
+
+
 def update(
     levels: tuple[np.ndarray, ...],
     slots: np.ndarray,
@@ -282,13 +299,7 @@ def update(
     """
     leaves = levels[0]
     n = slots.shape[0]
-    largest = -math.inf
-    hit = False
-    for k in range(n):
-        hit = hit or leaves[slots[k]] == smallest
-    for k in range(n):
-        largest = max(largest, priorities[k])
-        leaves[slots[k]] = stored[k]
+    largest, hit = write_leaves(leaves, slots, priorities, stored, smallest)
     refresh(levels, slots)
     low = math.inf
     for k in range(n):
@@ -347,7 +358,7 @@ def load() -> SimpleNamespace | None:
     if not _tried:
         _tried = True
         fns = (prefix, descend, draw_fresh, set_leaves, update, live_slots, live_priorities)
-        inline = (search_top, descend_level, refresh_level)  # also called by prioritized_calls
+        inline = (search_top, descend_level, refresh_level, write_leaves)  # also called by prioritized_calls
         helpers = (search_right, *inline, descend_into, prefix_into, draw_body, refresh)
         kernels = _jit.compile_kernels(*fns, helpers=helpers, inline=inline)
         if kernels is not None:
