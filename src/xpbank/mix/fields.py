@@ -22,8 +22,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from xpbank.mix.inplace import _IN_RANGE, Share, draw_rows, put_weights
-from xpbank.replay import ReplayBuffer, fast_read, reading
+from xpbank.mix.inplace import _IN_RANGE, Share, draw_rows, ids_into, put_weights
+from xpbank.replay import ReplayBuffer, reading
 from xpbank.storage.dtypes import as_torch
 from xpbank.storage.memmap import MemmapStorage
 
@@ -110,7 +110,7 @@ def take_fields(
     share, :func:`share_entries` giving the shares taken here)."""
     hi = lo + k
     with rb.lock:
-        rows, weight, own = draw_rows(s, rb, k, replace)
+        rows, weight, own, drawn = draw_rows(s, rb, k, replace)
         if own is not None:
             return own
         outs, ids = joint
@@ -128,7 +128,7 @@ def take_fields(
             taken = reader.records.take(rows)
             for key, name, _ in reader.fields:
                 outs[key][lo:hi] = taken[name]
-        fast_read.ids_of_rows(rb._ring, rows, ids[lo:hi])
+        ids_into(rb, rows, drawn, ids[lo:hi])
     if weight is not None:
         put_weights(weights, weight, lo, ids.shape[0])
     return None

@@ -25,7 +25,7 @@ from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.ring.ids import Ring
 from xpbank.sampler import PrioritizedSampler, UniformSampler
 
-__all__ = ["Layout", "Share", "draw_rows", "put_weights", "spelled_out", "take_share"]
+__all__ = ["Layout", "Share", "draw_rows", "ids_into", "put_weights", "spelled_out", "take_share"]
 
 # (source number, its entries {key: tensor}, its batch shape, its rows where its fields
 # are still whole records, else None: (the taken records, the RecordReader that splits
@@ -102,7 +102,7 @@ def take_share(
     """
     hi = lo + k
     with rb.lock:
-        rows, weight, own = draw_rows(s, rb, k, replace)
+        rows, weight, own, drawn = draw_rows(s, rb, k, replace)
         if own is not None:
             return own
         reader = getattr(rb._storage, "host_reader", None)
@@ -119,7 +119,7 @@ def take_share(
             return s, entries, (k,), (reader.records.take(rows), reader, None)
         records, numbers = joint[0][lo:hi], joint[1][lo:hi]
         reader.records.take(rows, out=records, mode="clip")  # in range: no buffered copy
-        fast_read.ids_of_rows(rb._ring, rows, numbers)
+        ids_into(rb, rows, drawn, numbers)
     if weight is not None:
         put_weights(weights, weight, lo, joint[1].shape[0])
     return s, {}, (k,), (records, reader, joint, lo)  # its entries: see spelled_out
@@ -139,29 +139,40 @@ def spelled_out(part: Share, joint: Any, weights: np.ndarray | None) -> Share:
     return s, entries, shape, (records, reader, None)
 
 
-def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any, Share | None]:
+def draw_rows(s: int, rb: ReplayBuffer, k: int, replace: bool) -> tuple[Any, Any, Share | None, Any]:
     """Source ``s``'s draw of ``k`` items as its ``sample(k, replace)`` draws them:
-    ``(rows, weights or None, None)`` (NumPy int64 slots, float32 weights) where the
-    caller can read the rows itself, else ``(None, None, the share)`` read the source's
-    own way (n-step, relabelling, windows, other per-item entries). The caller holds
-    the lock. A plain uniform source's rows are its fast path's kept array: read them
-    before its next draw."""
+    ``(rows, weights or None, None, ids or None)`` (NumPy int64 slots, float32 weights,
+    the items' int64 ids where the draw wrote them) where the caller can read the rows
+    itself, else ``(None, None, the share, None)`` read the source's own way (n-step,
+    relabelling, windows, other per-item entries). The caller holds the lock. A plain
+    uniform source's rows are its fast path's kept array: read them before its next
+    draw."""
     if replace:
         found = fast_read.draw_records(rb, k)
         if found is not None:  # a plain uniform buffer's fast sample, stopped at the rows
-            return found[0], None, None
+            return found[0], None, None, None
         drawn = fast_read.draw_prioritized_rows(rb, k)
         if drawn is not None:  # a prioritized buffer's fast sample, stopped at the rows
-            return drawn[0], drawn[1], None
+            return drawn[0], drawn[1], None, drawn[3]
     if rb._nstep is None and type(rb._ring) is Ring and getattr(rb._sampler, "relabel", None) is None:
         slots, info = reading.draw_slots(rb, k, replace)  # e.g. a prioritized sample
         fit = _rows_of(slots, info, k)
         if fit is not None:
-            return fit[0], fit[1], None
+            return fit[0], fit[1], None, None
         entries = reading.gather_flat(rb, slots, rb._ring.ids_of_slots(slots), None, info, None)
-        return None, None, (s, entries, tuple(slots.shape), None)
+        return None, None, (s, entries, tuple(slots.shape), None), None
     slots, ids, keys, info, read = reading.draw(rb, k, replace, None)
-    return None, None, (s, reading.gather_flat(rb, slots, ids, keys, info, read), tuple(slots.shape), None)
+    flat = reading.gather_flat(rb, slots, ids, keys, info, read)
+    return None, None, (s, flat, tuple(slots.shape), None), None
+
+
+def ids_into(rb: ReplayBuffer, rows: np.ndarray, drawn: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+    """The ids of the items at slots ``rows`` into ``out``: those the draw wrote
+    (``drawn``, :func:`draw_rows`' last), else computed from the ring."""
+    if drawn is None:
+        return fast_read.ids_of_rows(rb._ring, rows, out)
+    out[:] = drawn
+    return out
 
 
 def put_weights(weights: list[np.ndarray | None], weight: np.ndarray, lo: int, n: int) -> np.ndarray:

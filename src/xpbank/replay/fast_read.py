@@ -194,17 +194,18 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     return to_tensordict(flat, size, plan.device)
 
 
-def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any] | None:
+def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray] | None:
     """:func:`try_prioritized`'s draw, stopping before the read: ``(the drawn slots as
-    NumPy rows, their float32 weights, the RecordReader whose records they index)``, for
-    a :class:`~xpbank.Mixture`'s share, as :func:`draw_records` for a uniform source;
-    ``None`` where :func:`try_prioritized` would decline. The rows are the plan's kept
-    slot array: read them before this buffer's next draw. The caller holds the lock."""
+    NumPy rows, their float32 weights, the RecordReader whose records they index, the
+    items' ids the draw wrote)``, for a :class:`~xpbank.Mixture`'s share, as
+    :func:`draw_records` for a uniform source; ``None`` where :func:`try_prioritized`
+    would decline. The rows are the plan's kept slot array: read them before this
+    buffer's next draw. The caller holds the lock."""
     drawn = _prioritized_draw(rb, batch_size)
     if drawn is None:
         return None
-    plan, rows, _, _, weights = drawn
-    return rows, weights.numpy(), plan.reader
+    plan, rows, _, ids, weights = drawn
+    return rows, weights.numpy(), plan.reader, ids.numpy()
 
 
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:
