@@ -279,3 +279,47 @@ def test_memmap_storage_and_bank_round_trip(tmp_path):
     assert back.pos == buf.pos
     with pytest.raises(SpecError, match="bank: expected 12 items of"):
         XpbankReplayBuffer.load_bank(path, OBS, DISCRETE, "cpu")
+
+
+def test_one_env_takes_done_and_reward_in_any_shape_of_one_value_as_sb3():
+    """With one env SB3 stores a ``done`` of shape (1, 1) or 0-d and a 0-d ``reward``
+    (NumPy broadcasts them into its row); so does the drop-in, with the same values."""
+    ref = SB3ReplayBuffer(8, OBS, DISCRETE, "cpu", n_envs=1)
+    buf = XpbankReplayBuffer(8, OBS, DISCRETE, "cpu", n_envs=1)
+    rng = np.random.default_rng(3)
+    for done, reward in [
+        (np.array([[True]]), np.float32(0.5)),
+        (np.array(False), np.array(-1.25, np.float32)),
+        (1.0, 2.0),
+        (np.array([0]), np.array([[3.0]])),
+    ]:
+        obs, next_obs, action, *_ = step(rng, 1, DISCRETE)
+        infos = [{"TimeLimit.truncated": False}]
+        ref.add(obs, next_obs, action, reward, done, infos)
+        buf.add(obs, next_obs, action, reward, done, infos)
+    got, rows, envs = stored(buf)
+    np.testing.assert_array_equal(got.rewards.numpy()[:, 0], ref.rewards[rows, envs])
+    np.testing.assert_array_equal(got.dones.numpy()[:, 0], ref.dones[rows, envs])
+    with pytest.raises(SpecError, match=r"field 'done': expected shape \(1,\), got \(2,\)"):
+        buf.add(obs, next_obs, action, 0.0, np.zeros(2, bool), infos)
+    assert buf.size() == 4
+
+
+def test_a_pickle_without_adds_kept_arrays_loads_and_adds():
+    """SB3's save/load_replay_buffer is a pickle: one written before ``add`` kept its
+    arrays (no ``_no_timeouts`` / ``_action_shape``) still loads and takes adds, and the
+    kept flags come back read only."""
+    import pickle
+
+    buf = XpbankReplayBuffer(8, OBS, BOX_ACT, "cpu", n_envs=2)
+    rng = np.random.default_rng(4)
+    buf.add(*step(rng, 2, BOX_ACT, p_done=0.0))
+    old = buf.__dict__.copy()
+    del old["_no_timeouts"], old["_action_shape"]  # what an older version pickled
+    loaded = XpbankReplayBuffer.__new__(XpbankReplayBuffer)
+    loaded.__setstate__(pickle.loads(pickle.dumps(old)))
+    copy = pickle.loads(pickle.dumps(buf))
+    for b in (loaded, copy):
+        b.add(*step(rng, 2, BOX_ACT, p_done=0.0))
+        assert b.size() == 2
+        assert not b._no_timeouts.flags.writeable and not b._no_timeouts.any()

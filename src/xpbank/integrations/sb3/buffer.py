@@ -257,11 +257,15 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         done_a = np.asarray(done)
         if done_a.dtype is not _BOOL:
             done_a = done_a.astype(bool)
-        if done_a.shape != (e,):
-            raise SpecError(f"field 'done': expected shape ({e},), got {done_a.shape}")
+        if done_a.shape != (e,):  # one value per env in any shape ((1, 1), 0-d for one env), as SB3
+            if done_a.size != e:
+                raise SpecError(f"field 'done': expected shape ({e},), got {done_a.shape}")
+            done_a = done_a.reshape(e)
         term, trunc = self._step_flags(infos, done_a)
         if type(reward) is not np.ndarray or reward.dtype is not _FLOAT32:
             reward = np.asarray(reward, dtype=np.float32)
+        if reward.shape != (e,) and reward.size == e:  # as done (another size: extend refuses it)
+            reward = reward.reshape(e)
         if action.shape != self._action_shape:
             action = action.reshape(self._action_shape)
         ids = self.xp.extend(

@@ -70,11 +70,22 @@ class RingCursor:
         self.n_envs = int(n_envs)
         self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
         self.handle_timeout_termination = bool(handle_timeout_termination)
-        # what every add reuses: an action's [envs, action_dim] shape, and the step's
-        # truncated flags when no env hit its time limit (read only: add's extend copies it)
+        self._kept_for_add()
+
+    def _kept_for_add(self) -> None:
+        """What every ``add`` reuses: an action's ``[envs, action_dim]`` shape, and the
+        step's truncated flags when no env hit its time limit (read only: add's extend
+        copies it)."""
         self._action_shape = (self.n_envs, self.action_dim)
         self._no_timeouts = np.zeros(self.n_envs, dtype=bool)
         self._no_timeouts.flags.writeable = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling (SB3's ``load_replay_buffer``): the state, and what ``add`` reuses
+        made anew (a pickle from before it was kept has none; NumPy's pickle drops the
+        read-only flag)."""
+        self.__dict__.update(state)
+        self._kept_for_add()
 
     def _step_flags(self, infos: Any, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(terminated, truncated)`` of one vector step: SB3's ``done`` (bool, one per
