@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from test_fast_write import assert_same, call, pair
-from xpbank import Field, Spec
+from xpbank import BatchTypeError, Field, ReplayBuffer, Spec
 from xpbank.replay import raw_rows
 
 COMPILED = raw_rows._array_kernel is not None
@@ -190,3 +190,15 @@ def test_a_reversed_or_byte_swapped_array_is_stored_by_value():
             stored = rb.sample_all()
             got = stored["obs"][torch.as_tensor(list(ids)) - int(stored["index"][0])]
             assert np.array_equal(got.numpy(), odd)
+
+
+@pytest.mark.parametrize("dtype", ["V4", "datetime64[s]", np.longdouble, [("a", "<f4")]])
+def test_an_array_of_a_dtype_torch_cannot_hold_is_a_clear_error_and_writes_nothing(dtype):
+    fast, slow = pair(8, Spec({"obs": Field((4,))}))
+    for rb in (fast, slow):  # after a good batch: the fast path has its signature
+        rb.extend({"obs": np.ones((2, 4), np.float32)})
+    for rb in (fast, slow, ReplayBuffer(8)):  # the last one lays out on its first write
+        before = len(rb)
+        with pytest.raises(BatchTypeError, match=r"field 'obs': cannot store a NumPy array of dtype"):
+            rb.extend({"obs": np.zeros((2, 4), dtype)})
+        assert len(rb) == before

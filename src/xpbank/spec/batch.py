@@ -71,7 +71,8 @@ def as_tensor(value: Any, key: NestedKey, dtype: torch.dtype | None = None) -> t
     out buffer's first write) they take torch's default dtypes, as ``torch.tensor`` does.
 
     Raises:
-        BatchTypeError: ``value`` is not tensor-like (an object array, a string ...).
+        BatchTypeError: ``value`` is not tensor-like (an object array, a string, a NumPy
+            dtype torch has no type for ...).
         SpecError: a Python number overflows the dtype it must take.
 
     Example:
@@ -89,7 +90,13 @@ def as_tensor(value: Any, key: NestedKey, dtype: torch.dtype | None = None) -> t
             value = value.astype(value.dtype.newbyteorder("="))
         elif not value.flags.writeable or any(s < 0 for s in value.strides):
             value = value.copy()  # torch shares neither (a reversed view: a[::-1])
-        return torch.from_numpy(value)
+        try:
+            return torch.from_numpy(value)
+        except TypeError as exc:  # a dtype torch has no type for (structured, datetime64, longdouble)
+            raise BatchTypeError(
+                f"field {key_str(key)!r}: cannot store a NumPy array of dtype {value.dtype} "
+                "(torch has no dtype for it: store bool, integer or floating values)"
+            ) from exc
     if isinstance(value, np.generic):  # before float: np.float64 is a Python float too
         try:
             return torch.as_tensor(value)
