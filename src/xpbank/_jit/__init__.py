@@ -28,7 +28,7 @@ from typing import Any
 
 from xpbank.errors import install_hint
 
-__all__ = ["ENABLED", "compile_kernels", "pointers"]
+__all__ = ["ENABLED", "compile_kernels", "compiled_only", "pointers"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,13 @@ def compile_kernels(
         register_jitable(inline="always")(helper) if helper in inline else register_jitable(helper)
     jit = numba.njit(cache=True, nogil=True)
     return tuple(jit(fn) for fn in fns)
+
+
+def compiled_only(*args: Any) -> Any:  # pragma: no cover - never called
+    """What a kernel module's pointer and ``numba.carray`` globals hold until its kernels
+    compile (it then sets them to :func:`pointers`' intrinsics and ``numba.carray``):
+    kernels run compiled only, so a call of it in Python is a bug."""
+    raise NotImplementedError("compiled code only")
 
 
 def pointers(*items: str) -> tuple[Callable[..., Any], ...] | None:

@@ -45,19 +45,10 @@ __all__ = ["copy_arrays", "copy_rows", "plan", "plan_arrays", "pointers"]
 log = logging.getLogger(__name__)
 
 
-def _bytes(addr: int) -> Any:  # pragma: no cover - replaced by numba intrinsics
-    """The memory at ``addr`` as a pointer to bytes (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _words(addr: int) -> Any:  # pragma: no cover
-    """The memory at ``addr`` as a pointer to 8-byte words (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _halfwords(addr: int) -> Any:  # pragma: no cover
-    """The memory at ``addr`` as a pointer to 4-byte words (compiled code only)."""
-    raise NotImplementedError("compiled code only")
+# the memory at an address as a pointer to bytes, 8-byte and 4-byte words (set by _compile)
+_bytes: Any = _jit.compiled_only
+_words: Any = _jit.compiled_only
+_halfwords: Any = _jit.compiled_only
 
 
 def _clear(p: int, nbytes: int, lo: int, hi: int) -> bool:

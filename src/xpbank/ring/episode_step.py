@@ -112,14 +112,9 @@ def _stored_flag(row: int, offset: int, size: int, is_float: int) -> int:
     return 0
 
 
-def _int64s(addr: int) -> Any:  # pragma: no cover - replaced by a numba intrinsic
-    """The memory at ``addr`` as a pointer to int64 (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _bytes(addr: int) -> Any:  # pragma: no cover - replaced by a numba intrinsic
-    """The memory at ``addr`` as a pointer to bytes (compiled code only)."""
-    raise NotImplementedError("compiled code only")
+# the memory at an address as a pointer to int64, to bytes (set by _compile)
+_int64s: Any = _jit.compiled_only
+_bytes: Any = _jit.compiled_only
 
 
 def _compile() -> Any:

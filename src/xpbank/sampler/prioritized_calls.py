@@ -51,24 +51,11 @@ __all__ = ["TreeCalls", "check", "draw", "load", "min_rebuild", "min_refresh", "
 log = logging.getLogger(__name__)
 
 
-def _f64s(addr: int) -> Any:  # pragma: no cover - replaced by numba intrinsics
-    """The memory at ``addr`` as a pointer to float64 (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _f32s(addr: int) -> Any:  # pragma: no cover
-    """The memory at ``addr`` as a pointer to float32 (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _i64s(addr: int) -> Any:  # pragma: no cover
-    """The memory at ``addr`` as a pointer to int64 (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _carray(ptr: Any, shape: Any) -> Any:  # pragma: no cover - numba.carray
-    """An array over ``ptr`` (compiled code only)."""
-    raise NotImplementedError("compiled code only")
+# the memory at an address as a pointer to float64, float32, int64; numba.carray (set by _compile)
+_f64s: Any = _jit.compiled_only
+_f32s: Any = _jit.compiled_only
+_i64s: Any = _jit.compiled_only
+_carray: Any = _jit.compiled_only
 
 
 def level(c: np.ndarray, j: int) -> np.ndarray:

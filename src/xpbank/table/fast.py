@@ -145,15 +145,11 @@ def live_at(ctx: Any, ids: Any, values: Any, next_id: Any, stamps: Any) -> Any:
     )
 
 
-def _int64s(addr: int) -> Any:  # pragma: no cover - replaced by numba intrinsics in _kernel()
-    """The memory at ``addr`` as a pointer to int64 (compiled code only; ``_uint8s``,
-    ``_float64s``: to uint8, float64; ``_carray``: ``numba.carray``)."""
-    raise NotImplementedError("compiled code only")
-
-
-_uint8s: Any = _int64s
-_float64s: Any = _int64s
-_carray: Any = _int64s
+# the memory at an address as a pointer to int64, uint8, float64; numba.carray (set by _kernel)
+_int64s: Any = _jit.compiled_only
+_uint8s: Any = _jit.compiled_only
+_float64s: Any = _jit.compiled_only
+_carray: Any = _jit.compiled_only
 _KERNEL: list[Any] = []
 
 

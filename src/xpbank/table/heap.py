@@ -323,14 +323,9 @@ def build(t: Any) -> None:
             ns[at] = ns[i]
 
 
-def _int64s(addr: int) -> Any:  # pragma: no cover - replaced by a numba intrinsic in load()
-    """The memory at ``addr`` as a pointer to int64 (compiled code only)."""
-    raise NotImplementedError("compiled code only")
-
-
-def _carray(pointer: Any, shape: Any) -> Any:  # pragma: no cover - numba.carray in load()
-    """``numba.carray``: an array over ``pointer`` (compiled code only)."""
-    raise NotImplementedError("compiled code only")
+# the memory at an address as a pointer to int64; numba.carray (set by load)
+_int64s: Any = _jit.compiled_only
+_carray: Any = _jit.compiled_only
 
 
 _KERNELS: SimpleNamespace | None = None
@@ -345,7 +340,7 @@ def load() -> SimpleNamespace | None:
         if ptrs is not None:
             from numba import carray  # type: ignore[import-untyped, unused-ignore]
 
-            (_int64s,), _carray = ptrs, carray  # type: ignore[assignment]  # first_at's globals
+            (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
         helpers: tuple[Any, ...] = (
             _bits,
