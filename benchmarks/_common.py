@@ -66,11 +66,15 @@ def time_repeat(fn: Callable[[], object], n: int) -> float:
 
 
 def interleaved_us(
-    fns: dict[str, Callable[[int], object]], calls: int, rounds: int, warm: int = 0
+    fns: dict[str, Callable[[int], object]],
+    calls: int,
+    rounds: int,
+    warm: int = 0,
+    clock: Callable[[], float] = time.thread_time,
 ) -> dict[str, list[float]]:
-    """µs per call (this thread's CPU time) of every block of ``calls`` calls of each
-    ``fn(i)``, in ``rounds`` interleaved rounds (every other round in reverse order);
-    ``warm`` untimed calls of each first."""
+    """µs per call (``clock``: this thread's CPU time unless given) of every block of
+    ``calls`` calls of each ``fn(i)``, in ``rounds`` interleaved rounds (every other
+    round in reverse order); ``warm`` untimed calls of each first."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         for i in range(warm):
@@ -79,10 +83,10 @@ def interleaved_us(
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             fn = fns[name]
-            c = time.thread_time()
+            c = clock()
             for i in range(calls):
                 fn(i)
-            out[name].append((time.thread_time() - c) / calls * 1e6)
+            out[name].append((clock() - c) / calls * 1e6)
     return out
 
 

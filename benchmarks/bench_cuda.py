@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import xpbank
-from _common import environment, log, markdown_table, median, report, run_main
+from _common import environment, interleaved_us, log, markdown_table, median, report, run_main
 
 OBS, ACT = 17, 6
 DEV = torch.device("cuda")  # --device cpu: a dry run of the script's logic
@@ -106,21 +106,16 @@ def _sync() -> None:
 
 def _timed(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict[str, list[float]]:
     """µs per call (wall clock, synchronized after each call) of each block, interleaved."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        for _ in range(10):
+
+    def synced(fn: Callable[[], object]) -> Callable[[int], object]:
+        def call(i: int) -> None:
             fn()
-    _sync()
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            fn = fns[name]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-                _sync()
-            out[name].append((time.perf_counter() - start) / calls * 1e6)
-    return out
+            _sync()
+
+        return call
+
+    synced_fns = {name: synced(fn) for name, fn in fns.items()}
+    return interleaved_us(synced_fns, calls, rounds, warm=10, clock=time.perf_counter)
 
 
 def _rows(times: dict[str, list[float]], raw: str) -> list[list[str]]:
