@@ -186,12 +186,7 @@ def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     if drawn is None:
         return None
     plan, rows, size, ids, weights = drawn
-    flat = plan.reader.read(rows)  # _batch's batch, with the ids the draw wrote
-    flat["index"] = ids
-    flat["weight"] = weights
-    if plan.flat:
-        return flat_tensordict(flat, size, plan.device)
-    return to_tensordict(flat, size, plan.device)
+    return _batch(plan, rb._ring, rows, size, {"weight": weights}, ids)  # the ids the draw wrote
 
 
 def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray] | None:
@@ -315,15 +310,15 @@ def _batch(
     rows: np.ndarray,
     size: torch.Size,
     info: dict[str, torch.Tensor] | None,
-    ids: np.ndarray | None = None,
+    ids: np.ndarray | torch.Tensor | None = None,
 ) -> TensorDict:
     """The batch of ``rows``: the fields, ``"index"``, then ``info``'s entries, as the
-    general path's ``reading.gather`` orders them (``ids``: the rows' ids, a new array,
-    where the draw computed them)."""
+    general path's ``reading.gather`` orders them (``ids``: the rows' ids, a new array
+    or tensor, where the draw computed them)."""
     if ids is None:
         ids = ids_of_rows(ring, rows)  # a new array: a kept slot tensor stays in this module
     flat = plan.reader.read(rows)
-    flat["index"] = torch.from_numpy(ids)
+    flat["index"] = ids if type(ids) is torch.Tensor else torch.from_numpy(ids)
     if info:
         flat.update(info)
     if plan.flat:
