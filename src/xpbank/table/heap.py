@@ -130,6 +130,24 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
+def _others(nk: Any, nq: Any, off: Any, g: Any, level: Any) -> Any:
+    """Leaf group ``g``'s ancestor at ``level`` and the best of its 15 siblings (a pop
+    from the group leaves them as they are): their places in the node arrays."""
+    a = g >> (SHIFT * level)
+    return off[level] + a, _other(nk, nq, off[level] + ((a >> SHIFT) << SHIFT), off[level] + a)[2]
+
+
+def _pick(k: Any, q: Any, i: Any, c: Any) -> Any:
+    """``i`` where entry ``i`` comes before entry ``c`` by ``(k, q)``, else ``c`` (no
+    branch, no conditional expression: numba's inliner trips over one in a branch)."""
+    return c + (i - c) * ((k[i] < k[c]) | ((k[i] == k[c]) & (q[i] < q[c])))
+
+
+def _copy(nk: Any, nq: Any, ns: Any, x: Any, c: Any) -> None:
+    """Node ``x`` set to entry ``c``."""
+    nk[x], nq[x], ns[x] = nk[c], nq[c], ns[c]
+
+
 def _at(t: Any) -> Any:
     """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call);
     the last: the runner-ups' (a group's key, seq and slot share a line)."""
@@ -247,14 +265,23 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
     count, lines = got.shape[0] > 0, (ids.ctypes.data, times.ctypes.data)
     _settle(t, n)
     m = min(k, n[0])
-    root = off[off.shape[0] - 2]
-    at, top = _at(t), off.shape[0] - 3  # the level below the root (none: -1)
+    top = off.shape[0] - 2  # the root's level
+    root, at = off[top], _at(t)
+    c1 = c2 = c3 = o1 = o2 = o3 = root
     for j in range(m):
         w = ns[root]
         out[j] = w
-        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
-            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
-            if ns[i] >= 0:
+        g = w >> SHIFT
+        if top >= 1:  # w's ancestors 1 to 3 levels below the root, and the best of their siblings
+            c1, o1 = _others(nk, nq, off, g, top - 1)
+            i = o1
+            if top >= 2:
+                c2, o2 = _others(nk, nq, off, g, top - 2)
+                i = _pick(nk, nq, o2, i)
+            if top >= 3:
+                c3, o3 = _others(nk, nq, off, g, top - 3)
+                i = _pick(nk, nq, o3, i)
+            if ns[i] >= 0 and j + 1 < m:  # the next winner, unless it is in w's group or its parent's
                 _lines(at, ns[i], True, True)
                 if count:
                     prefetch(lines[0] + ns[i] * 8)
@@ -265,13 +292,21 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
             got[j] = ids[w]
             times[w] += 1
         lk[w], lq[w] = EMPTY, EMPTY
-        g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
             nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
             rs[g] = USED
         else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
-        _up(nk, nq, ns, off, g)
+        for level in range(1, top - 2):  # the path up to c3, each node the best of its children
+            bk, bq, i = _best(nk, nq, off[level - 1] + ((g >> (SHIFT * level)) << SHIFT))
+            x = off[level] + (g >> (SHIFT * level))
+            nk[x], nq[x], ns[x] = bk, bq, ns[i]
+        if top >= 3:  # then each ancestor is its changed child or the best of the others
+            _copy(nk, nq, ns, c2, _pick(nk, nq, o3, c3))
+        if top >= 2:
+            _copy(nk, nq, ns, c1, _pick(nk, nq, o2, c2))
+        if top >= 1:
+            _copy(nk, nq, ns, root, _pick(nk, nq, o1, c1))
     n[0] -= m
     n[1] = m
     return m
@@ -342,21 +377,11 @@ def load() -> SimpleNamespace | None:
 
             (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
-        helpers: tuple[Any, ...] = (
-            _bits,
-            _win,
-            _other,
-            _best,
-            _group,
-            _enter,
-            _up,
-            _at,
-            _lines,
-            _ahead,
-            _apply,
-        )
+        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _enter, _up, _others, _pick, _copy)
+        helpers += (_at, _lines, _ahead, _apply)
         helpers += (_settle, first)  # first: first_at calls it
-        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
+        inline = (_best, _win, _group, _enter, _up, _others, _pick, _copy)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True
