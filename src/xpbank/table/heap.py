@@ -130,22 +130,16 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
-def _others(nk: Any, nq: Any, off: Any, g: Any, level: Any) -> Any:
-    """Leaf group ``g``'s ancestor at ``level`` and the best of its 15 siblings (a pop
-    from the group leaves them as they are): their places in the node arrays."""
+def _others(off: Any, g: Any, level: Any) -> Any:
+    """Leaf group ``g``'s ancestor at ``level`` and the first of its 16 siblings (itself
+    among them): their places in the node arrays."""
     a = g >> (SHIFT * level)
-    return off[level] + a, _other(nk, nq, off[level] + ((a >> SHIFT) << SHIFT), off[level] + a)[2]
+    return off[level] + a, off[level] + ((a >> SHIFT) << SHIFT)
 
 
-def _pick(k: Any, q: Any, i: Any, c: Any) -> Any:
-    """``i`` where entry ``i`` comes before entry ``c`` by ``(k, q)``, else ``c`` (no
-    branch, no conditional expression: numba's inliner trips over one in a branch)."""
-    return c + (i - c) * ((k[i] < k[c]) | ((k[i] == k[c]) & (q[i] < q[c])))
-
-
-def _copy(nk: Any, nq: Any, ns: Any, x: Any, c: Any) -> None:
-    """Node ``x`` set to entry ``c``."""
-    nk[x], nq[x], ns[x] = nk[c], nq[c], ns[c]
+def _before(k: Any, q: Any, k2: Any, q2: Any) -> Any:
+    """Whether ``(k, q)`` comes before ``(k2, q2)`` (no branch)."""
+    return (k < k2) | ((k == k2) & (q < q2))
 
 
 def _at(t: Any) -> Any:
@@ -267,21 +261,27 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
     m = min(k, n[0])
     top = off.shape[0] - 2  # the root's level
     root, at = off[top], _at(t)
-    c1 = c2 = c3 = o1 = o2 = o3 = root
     for j in range(m):
         w = ns[root]
         out[j] = w
         g = w >> SHIFT
-        if top >= 1:  # w's ancestors 1 to 3 levels below the root, and the best of their siblings
-            c1, o1 = _others(nk, nq, off, g, top - 1)
-            i = o1
-            if top >= 2:
-                c2, o2 = _others(nk, nq, off, g, top - 2)
-                i = _pick(nk, nq, o2, i)
-            if top >= 3:
-                c3, o3 = _others(nk, nq, off, g, top - 3)
-                i = _pick(nk, nq, o3, i)
-            if ns[i] >= 0 and j + 1 < m:  # the next winner, unless it is in w's group or its parent's
+        # w's ancestors 1 to 3 levels below the root (c1, c2, c3), and the best of each one's
+        # siblings (o1, o2, o3 and their keys and seqs), which this pop leaves as they are
+        c1 = c2 = c3 = o1 = o2 = o3 = root
+        k1 = k2 = k3 = q1 = q2 = q3 = EMPTY
+        if top >= 1:
+            c1, o1 = _others(off, g, top - 1)
+            k1, q1, o1 = _other(nk, nq, o1, c1)
+        if top >= 2:
+            c2, o2 = _others(off, g, top - 2)
+            k2, q2, o2 = _other(nk, nq, o2, c2)
+        if top >= 3:
+            c3, o3 = _others(off, g, top - 3)
+            k3, q3, o3 = _other(nk, nq, o3, c3)
+        if top >= 1 and j + 1 < m:  # the next winner, unless it is in w's group or its parent's
+            i = o2 if _before(k2, q2, k1, q1) else o1
+            i = o3 if _before(k3, q3, nk[i], nq[i]) else i
+            if ns[i] >= 0:
                 _lines(at, ns[i], True, True)
                 if count:
                     prefetch(lines[0] + ns[i] * 8)
@@ -302,11 +302,14 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
             x = off[level] + (g >> (SHIFT * level))
             nk[x], nq[x], ns[x] = bk, bq, ns[i]
         if top >= 3:  # then each ancestor is its changed child or the best of the others
-            _copy(nk, nq, ns, c2, _pick(nk, nq, o3, c3))
+            i = o3 if _before(k3, q3, nk[c3], nq[c3]) else c3
+            nk[c2], nq[c2], ns[c2] = nk[i], nq[i], ns[i]
         if top >= 2:
-            _copy(nk, nq, ns, c1, _pick(nk, nq, o2, c2))
+            i = o2 if _before(k2, q2, nk[c2], nq[c2]) else c2
+            nk[c1], nq[c1], ns[c1] = nk[i], nq[i], ns[i]
         if top >= 1:
-            _copy(nk, nq, ns, root, _pick(nk, nq, o1, c1))
+            i = o1 if _before(k1, q1, nk[c1], nq[c1]) else c1
+            nk[root], nq[root], ns[root] = nk[i], nq[i], ns[i]
     n[0] -= m
     n[1] = m
     return m
@@ -377,10 +380,10 @@ def load() -> SimpleNamespace | None:
 
             (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
-        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _enter, _up, _others, _pick, _copy)
+        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _enter, _up, _others, _before)
         helpers += (_at, _lines, _ahead, _apply)
         helpers += (_settle, first)  # first: first_at calls it
-        inline = (_best, _win, _group, _enter, _up, _others, _pick, _copy)
+        inline = (_best, _win, _group, _enter, _up, _others, _before)
         fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
