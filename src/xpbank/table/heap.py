@@ -21,13 +21,15 @@ reference the tests compare this one with), whatever the changes that built the 
   to mispredict (selects), and their helpers are inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
   taken out of the tree (its group's runner-up takes its place, or a used one's group is
-  read again) and set aside as *taken*, the likely next winner's lines prefetched;
-  :meth:`IndexedHeap.take` also reads their ids and counts their draws in the same call.
-  Taken items still count: a priority update of one only sets its kept key, a removal
-  only drops it; the next call that reads the order (``best``, ``below``) first puts the
-  taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
-  of those ``k``) enters each once with its new key, and a consume-once table's removal
-  of them costs nothing more.
+  read again) and set aside as *taken*; its ancestors 1-3 levels below the root become
+  their changed child or their siblings' best, found before the pop (which leaves them
+  as they are): the best of those is the likely next winner, its lines prefetched.
+  :meth:`IndexedHeap.take` also reads their ids and counts their draws. Taken items
+  still count: an update of one only sets its kept key, a removal only drops it; the
+  next call that reads the order (``best``, ``below``) first puts them back. So the
+  usual loop (a sample of the first ``k``, then an update of those ``k``) enters each
+  once with its new key, and never writes a slot's index among the taken (only an
+  update or removal out of that order needs them: :func:`_index`).
 
 The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
 """
@@ -97,8 +99,7 @@ def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
     """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
     it becomes the winner (the old one the runner-up) or the runner-up, or changes
     nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
-    while it beats the node above (a child that only got better: no scan). Without
-    branches: every store is a select (a mispredicted branch costs more than the stores)."""
+    while it beats the node above (a child that only got better: no scan). No branches."""
     lk, lq, nk, nq, ns, rk, rq, rs = a  # the tree's first 8 arrays
     g = s >> SHIFT
     lk[s], lq[s] = key, seq
@@ -131,8 +132,7 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
 
 
 def _others(off: Any, g: Any, level: Any) -> Any:
-    """Leaf group ``g``'s ancestor at ``level`` and the first of its 16 siblings (itself
-    among them): their places in the node arrays."""
+    """Leaf group ``g``'s ancestor at ``level`` and the first of its 16 siblings: places."""
     a = g >> (SHIFT * level)
     return off[level] + a, off[level] + ((a >> SHIFT) << SHIFT)
 
@@ -143,8 +143,7 @@ def _before(k: Any, q: Any, k2: Any, q2: Any) -> Any:
 
 
 def _at(t: Any) -> Any:
-    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call);
-    the last: the runner-ups' (a group's key, seq and slot share a line)."""
+    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call)."""
     return (
         np.int64(t[0].ctypes.data), np.int64(t[1].ctypes.data), np.int64(t[9].ctypes.data),
         np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
@@ -154,14 +153,13 @@ def _at(t: Any) -> Any:
 
 def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
     """Prefetch what setting or taking slot ``s`` reads: its keys and seqs (``whole``: its
-    group's), taken index, group's winner and runner-up (``siblings``: its parent's 16)."""
+    group's), group's winner and runner-up (``siblings``: its parent's 16)."""
     g = s >> SHIFT
     line = (g << SHIFT) * 8 if whole else s * 8
     for a in at[:2]:
         prefetch(a + line)
         if whole:
             prefetch(a + line + 64)
-    prefetch(at[2] + s * 8)
     for a in at[3:6]:
         prefetch(a + g * 8)
     prefetch(at[6] + g * (RUNNER * 8))
@@ -182,6 +180,8 @@ def _ahead(at: Any, slots: Any, j: Any, mode: Any) -> None:
                 prefetch(at[0] + s * 8)
             else:
                 _lines(at, s, mode == 2, False)
+                if mode == 2:
+                    prefetch(at[2] + s * 8)
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -191,6 +191,8 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
     at = _at(t)
+    if mode == 1 or mode == 2:
+        _index(taken, ts, n)
     for j in range(slots.shape[0]):
         _ahead(at, slots, j, mode)
         s = slots[j]
@@ -198,7 +200,7 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             if s < 0:  # (3) removed while taken
                 continue
             n[0] += 1
-            if mode == 3:
+            if mode == 3 and n[2] == 0:
                 taken[s] = -1
             _enter(t[:8], off, s, keys[j], seqs[j])
             continue
@@ -221,11 +223,21 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             _up(nk, nq, ns, off, g)
 
 
+def _index(taken: Any, ts: Any, n: Any) -> None:
+    """Each taken item's place among them into ``taken``, where a pop left them out (``n[2]``)."""
+    if n[2]:
+        for j in range(n[1]):
+            if ts[j] >= 0:
+                taken[ts[j]] = j
+        n[2] = 0
+
+
 def _settle(t: Any, n: Any) -> None:
     """Put the taken items back (with their kept keys)."""
     m = n[1]
     n[1] = 0
     _apply(t, n, t[10][:m], t[11][:m], t[12][:m], 3)
+    n[2] = 0
 
 
 def _bits(keys: Any) -> Any:
@@ -255,7 +267,7 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
     """The ``k`` first slots in order into ``out`` (fewer if fewer are in); they are
     taken (see the module docstring). Where ``got`` is not empty, also each one's id
     (``ids[slot]``) into it, and its ``times`` counted up by one. Returns how many."""
-    lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk, tq = t
+    lk, lq, nk, nq, ns, rk, rq, rs, off, _, ts, tk, tq = t
     count, lines = got.shape[0] > 0, (ids.ctypes.data, times.ctypes.data)
     _settle(t, n)
     m = min(k, n[0])
@@ -265,8 +277,7 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
         w = ns[root]
         out[j] = w
         g = w >> SHIFT
-        # w's ancestors 1 to 3 levels below the root (c1, c2, c3), and the best of each one's
-        # siblings (o1, o2, o3 and their keys and seqs), which this pop leaves as they are
+        # w's ancestors 1-3 levels below the root (c1, c2, c3) and their siblings' best (o1, o2, o3)
         c1 = c2 = c3 = o1 = o2 = o3 = root
         k1 = k2 = k3 = q1 = q2 = q3 = EMPTY
         if top >= 1:
@@ -287,7 +298,6 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
                     prefetch(lines[0] + ns[i] * 8)
                     prefetch(lines[1] + ns[i] * 8)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
-        taken[w] = j
         if count:
             got[j] = ids[w]
             times[w] += 1
@@ -311,7 +321,7 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
             i = o1 if _before(k1, q1, nk[c1], nq[c1]) else c1
             nk[root], nq[root], ns[root] = nk[i], nq[i], ns[i]
     n[0] -= m
-    n[1] = m
+    n[1], n[2] = m, m > 0  # their places not in ``taken`` (see _index)
     return m
 
 
@@ -328,14 +338,13 @@ def first_at(ctx: Any, k: Any, got: Any) -> Any:
         _carray(_int64s(ctx[7]), taken), _carray(_int64s(ctx[8]), taken),
         _carray(_int64s(ctx[9]), taken), _carray(_int64s(ctx[10]), taken),
     )  # fmt: skip
-    n, out = _carray(_int64s(ctx[11]), 2), _carray(_int64s(ctx[12]), taken)
+    n, out = _carray(_int64s(ctx[11]), 3), _carray(_int64s(ctx[12]), taken)
     ids, times = _carray(_int64s(ctx[18]), ctx[20]), _carray(_int64s(ctx[19]), ctx[20])
     return first(t, n, k, out, ids, times, got)
 
 
 def below(t: Any, n: Any, bound: Any, out: Any) -> Any:
-    """Take out for good every slot with a key below ``bound``, in order, into ``out``;
-    returns how many."""
+    """Take out for good every slot with a key below ``bound``, in order, into ``out``: how many."""
     nk, ns, off = t[2], t[4], t[8]
     _settle(t, n)
     root = off[off.shape[0] - 2]
@@ -365,7 +374,6 @@ def build(t: Any) -> None:
 _int64s: Any = _jit.compiled_only
 _carray: Any = _jit.compiled_only
 
-
 _KERNELS: SimpleNamespace | None = None
 _LOADED = False
 
@@ -381,8 +389,7 @@ def load() -> SimpleNamespace | None:
             (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
         helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _enter, _up, _others, _before)
-        helpers += (_at, _lines, _ahead, _apply)
-        helpers += (_settle, first)  # first: first_at calls it
+        helpers += (_at, _lines, _ahead, _index, _apply, _settle, first)  # first: first_at calls it
         inline = (_best, _win, _group, _enter, _up, _others, _before)
         fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
