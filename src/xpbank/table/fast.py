@@ -233,9 +233,9 @@ def update_ids(t: Any, indices: Any, priorities: Any, stale: str) -> bool:
     rest = kernel(ctx, ids, values, ring.next_id, ring.stamps)
     if rest < 0:
         return False
-    slots, keys = work[0, :n], work[1, :n].view(np.float64)
     ring.stamps += n
     if rest:  # some are in a heap's tree (not taken): the heap rekeys them
+        slots, keys = work[0, :n], work[1, :n].view(np.float64)
         if t.min_heap is not None:
             t.min_heap.rekey(ring, slots, keys)
         if t.max_heap is not None:
