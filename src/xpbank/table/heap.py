@@ -16,9 +16,9 @@ reference the tests compare this one with), whatever the changes that built the 
 
 - Changing or removing a slot recomputes its group and the nodes above, up to the first
   that stays the same; a slot entering (an insert, a taken item put back) only meets its
-  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
-  items a few ahead read. One compiled call per batch. The hot loops have no branches
-  to mispredict (selects), and their helpers are inlined.
+  group's winner and runner-up, and climbs while it wins (most do not: no climb). A
+  batch prefetches what the items a few ahead read. One compiled call per batch. The
+  scans and a group's changes are selects (no branch to mispredict), helpers inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
   taken out of the tree (its group's runner-up takes its place, or a used one's group is
   read again) and set aside as *taken*; its ancestors 1-3 levels below the root become
@@ -95,30 +95,6 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
-def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
-    """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
-    it becomes the winner (the old one the runner-up) or the runner-up, or changes
-    nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
-    while it beats the node above (a child that only got better: no scan). No branches."""
-    lk, lq, nk, nq, ns, rk, rq, rs = a  # the tree's first 8 arrays
-    g = s >> SHIFT
-    lk[s], lq[s] = key, seq
-    wk, wq, ws = nk[g], nq[g], ns[g]
-    xk, xq, xs = rk[g], rq[g], rs[g]
-    win = key < wk or (key == wk and seq < wq)
-    second = xs != USED and (key < xk or (key == xk and seq < xq))
-    nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
-    rk[g] = wk if win else (key if second else xk)
-    rq[g] = wq if win else (seq if second else xq)
-    rs[g] = ws if win else (s if second else xs)
-    for level in range(1, off.shape[0] - 1):
-        g >>= SHIFT
-        at = off[level] + g
-        wk, wq = nk[at], nq[at]
-        win = win and (key < wk or (key == wk and seq < wq))
-        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
-
-
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
     """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
@@ -137,9 +113,9 @@ def _others(off: Any, g: Any, level: Any) -> Any:
     return off[level] + a, off[level] + ((a >> SHIFT) << SHIFT)
 
 
-def _before(k: Any, q: Any, k2: Any, q2: Any) -> Any:
-    """Whether ``(k, q)`` comes before ``(k2, q2)`` (no branch)."""
-    return (k < k2) | ((k == k2) & (q < q2))
+def _before(ka: Any, qa: Any, kb: Any, qb: Any) -> Any:
+    """Whether ``(ka, qa)`` comes before ``(kb, qb)`` (no branch)."""
+    return (ka < kb) | ((ka == kb) & (qa < qb))
 
 
 def _at(t: Any) -> Any:
@@ -202,7 +178,25 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             n[0] += 1
             if mode == 3 and n[2] == 0:
                 taken[s] = -1
-            _enter(t[:8], off, s, keys[j], seqs[j])
+            # it meets its group's winner and runner-up only: it becomes the winner (the old
+            # one the runner-up) or the runner-up (unless used), or changes nothing (selects)
+            key, seq, g = keys[j], seqs[j], s >> SHIFT
+            lk[s], lq[s] = key, seq
+            wk, wq, ws, xk, xq, xs = nk[g], nq[g], ns[g], rk[g], rq[g], rs[g]
+            win = key < wk or (key == wk and seq < wq)
+            second = xs != USED and (key < xk or (key == xk and seq < xq))
+            nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
+            rk[g] = wk if win else (key if second else xk)
+            rq[g] = wq if win else (seq if second else xq)
+            rs[g] = ws if win else (s if second else xs)
+            level = 1
+            while win and level < off.shape[0] - 1:  # a new winner climbs while it wins (most lose)
+                g >>= SHIFT
+                x = off[level] + g
+                win = key < nk[x] or (key == nk[x] and seq < nq[x])
+                if win:
+                    nk[x], nq[x], ns[x] = key, seq, s
+                level += 1
             continue
         elif mode == 1:
             if taken[s] >= 0:
@@ -388,9 +382,9 @@ def load() -> SimpleNamespace | None:
 
             (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
-        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _enter, _up, _others, _before)
+        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _up, _others, _before)
         helpers += (_at, _lines, _ahead, _index, _apply, _settle, first)  # first: first_at calls it
-        inline = (_best, _win, _group, _enter, _up, _others, _before)
+        inline = (_best, _win, _group, _up, _others, _before)
         fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
