@@ -326,7 +326,7 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     if storage is not sig.storage or storage.host_block is not sig.block or rb._sampler is not sig.sampler:
         return None
     raw = sig.raw  # all torch tensors: their pointers where each is dense on the CPU
-    ptrs = None if raw is None or (src := sig.source(batch)) is None else raw_rows.pointers(raw[2], src)
+    ptrs = None if raw is None or (src := sig.source(batch)) is None else raw[2](src)
     if ptrs is None:
         values = sig.values(batch)
         if values is None:
