@@ -259,4 +259,4 @@ def checker(checks: list[tuple[Any, ...]]) -> Callable[[Any], tuple[int, ...] | 
         "        return None\n"
     )
     exec(compile(text, f"<raw_rows.checker of {len(checks)} fields>", "exec"), names)
-    return names["pointers"]  # type: ignore[no-any-return]
+    return names["pointers"]
