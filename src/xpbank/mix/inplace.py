@@ -103,7 +103,10 @@ def take_shares(
     """
     records, numbers = joint
     n = numbers.shape[0]
-    every = weights[0]
+    every = weights[0]  # the batch's weights: exposed in weights[0] once a share gave some
+    weighted = every is not None
+    ones: list[tuple[int, int]] = []  # shares taken here without weights: 1.0 if the batch has some
+    ids_at = 0  # the address of numbers (found at the first prioritized share)
     parts: list[Share] = []
     in_place = True
     lo = 0
@@ -112,30 +115,42 @@ def take_shares(
             continue
         rb = sources[s]
         hi = lo + k
+        rows: Any = None
         weight = drawn = None
+        written = False  # the share's ids written into numbers by its draw
         with rb.lock:
             found = fast_read.draw_records(rb, k) if replace else None
             if found is not None:  # a plain uniform buffer's fast draw
                 rows = found[0]
             else:
-                got = fast_read.draw_prioritized_rows(rb, k) if replace else None
-                if got is not None:  # a prioritized buffer's fast draw, with its ids
-                    rows, weight, drawn = got[0], got[1], got[3]
-                else:
+                if replace and type(rb._sampler) is PrioritizedSampler:
+                    if every is None:
+                        every = np.empty(n, dtype=np.float32)
+                    if not ids_at:
+                        ids_at = torch.from_numpy(numbers).data_ptr()
+                    weight = every[lo:hi]
+                    # a prioritized buffer's fast draw: ids and weights written into the batch
+                    rows = fast_read.draw_prioritized_at(rb, k, ids_at + 8 * lo, weight)
+                    written = rows is not None
+                if rows is None:
                     rows, weight, own, drawn = _draw_own(s, rb, k, replace)
                     if own is not None:
                         parts.append(own)
                         in_place = False
                         lo = hi
                         continue
+                    if weight is not None:
+                        if every is None:
+                            every = np.empty(n, dtype=np.float32)
+                        every[lo:hi] = weight
             reader: Any = getattr(rb._storage, "host_reader", None)
             if reader is readers[s] and type(rb._sampler) in _IN_RANGE:
                 taken = records[lo:hi]
                 reader.records.take(rows, out=taken, mode="clip")  # in range: no buffered copy
-                if drawn is None:
-                    fast_read.ids_of_rows(rb._ring, rows, numbers[lo:hi])
-                else:
+                if drawn is not None:
                     numbers[lo:hi] = drawn
+                elif not written:
+                    fast_read.ids_of_rows(rb._ring, rows, numbers[lo:hi])
                 part = None
             else:
                 part = _take_apart(s, rb, k, rows, weight, reader)
@@ -144,14 +159,15 @@ def take_shares(
             in_place = False
         else:
             parts.append((s, {}, (k,), (taken, reader, joint, lo)))  # its entries: see spelled_out
-            if weight is not None:
-                if every is None:  # (1.0 for the shares before: they had no weights)
-                    every = weights[0] = np.empty(n, dtype=np.float32)
-                    every[:lo] = 1.0
-                every[lo:hi] = weight
-            elif every is not None:
-                every[lo:hi] = 1.0
+            if weight is None:
+                ones.append((lo, hi))
+            else:
+                weighted = True
         lo = hi
+    if weighted and every is not None:
+        for a, b in ones:
+            every[a:b] = 1.0
+        weights[0] = every
     return parts, in_place
 
 
