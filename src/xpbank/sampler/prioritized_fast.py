@@ -5,16 +5,19 @@ fresh uniform tensor and its NumPy view, the draw kernel, the weights, the check
 update kernel, each with its Python glue), ~0.5-1 µs apiece against a C++ library's one
 call. Here each is what it must be:
 
-- a draw (:func:`draw_into`): the stratified uniforms from the buffer's generator into
+- a draw (:func:`draw_at`): the stratified uniforms from the buffer's generator into
   a float64 tensor kept per batch size (:class:`DrawArrays`: the same draws as
   ``torch.rand(B, dtype=torch.float64)``), one compiled call at addresses
   (:func:`~xpbank.sampler.prioritized_calls.draw`: after a write the top's prefix sums
   into a kept array, then fractions, descent, the weights' bases, the ids; the drawn
-  records prefetched for the read) writing the slots into the caller's tensor, then the
-  weights' power (NumPy's, see :func:`~xpbank.sampler.priorities.power`).
-  :meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` and the
-  buffer's read fast path (:mod:`xpbank.replay.fast_read`) both draw through it: same
-  slots, weights and schedule position;
+  records prefetched for the read) writing the slots into the caller's tensor and the
+  ids at the caller's address, then the weights' power (NumPy's, see
+  :func:`~xpbank.sampler.priorities.power`) into a new array or the caller's.
+  :meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` (through
+  :func:`draw_into`: new ids and weights tensors), the buffer's read fast path
+  (:mod:`xpbank.replay.fast_read`) and a :class:`~xpbank.Mixture`'s share (ids and
+  weights written into its batch) all draw through it: same slots, weights and
+  schedule position;
 - an update (:func:`update_ids`) of two plain CPU tensors (``batch["index"]`` and a TD
   error): their dtypes, shapes, device, layout and bits checked in Python, then one
   compiled call at their ``data_ptr()`` checks the ids' liveness and the values, adds
