@@ -13,14 +13,17 @@ sample does, plus the relabelling:
   general path's order: the same batch for a seed; with numba, for an even batch, both
   in one torch call (:func:`fused_draw`: the same words of the generator, decoded in
   the compiled call; ~1.5 µs less);
-- one compiled call (:func:`xpbank.her.kernel._drawn_loop`, or ``_records_loop`` after
-  two draws): it prefetches the relabelled items' cells of the ends table; then, item
-  by item, prefetches the record a few items ahead, chooses the goal (the rule of
+- one compiled call (:func:`xpbank.her.kernel._drawn_pass`, or ``_records_loop`` after
+  two draws; the first compiled for the layout's one signature and reading its kept
+  arguments from an int64 context of addresses (:meth:`RecordLayout.bind
+  <xpbank.her.layout.RecordLayout.bind>`): ~0.5 µs less call than numba's dispatcher
+  typing thirteen arguments): it prefetches the relabelled items' cells of the ends
+  table; then, item by item, prefetches the record a few items ahead, chooses the goal (the rule of
   :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row and copies a
   record whole into fresh memory; then copies each goal (the goal step's next achieved
   goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
-  ...]`` array beside the item's own next achieved goal; the ids and goal ids go into
-  one fresh ``[2, B]`` array;
+  ...]`` array of the goal's dtype (no view made for ``compute_reward``) beside the
+  item's own next achieved goal; the ids and goal ids go into one fresh ``[2, B]`` array;
 - the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
   two halves of that array, each contiguous), its rewards written into the records'
   reward field (:meth:`RecordLayout.put_rewards
@@ -69,6 +72,33 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     return _compiled[0]
 
 
+def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`~xpbank.her.kernel._drawn_pass` compiled for ``layout``'s one signature (its
+    words, fresh C arrays of the goal's dtype where numba takes it, else of the words),
+    kept on the layout with that dtype: its calls skip the dispatcher's typing of each
+    argument. The dispatcher itself where numba gives no entry."""
+    try:
+        import numba  # type: ignore[import-untyped, unused-ignore]
+        from numba import types  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:  # pragma: no cover - _kernels() found numba
+        layout.call = dispatcher
+        return dispatcher
+    i8, word = types.int64, numba.from_dtype(layout.word)
+    for pair in (layout.goal_dtype, layout.word):
+        try:
+            sig = (
+                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words), types.Array(word, 2, "C"),
+                types.Array(numba.from_dtype(pair), 3, "C"), types.Array(i8, 2, "C"),
+            )  # fmt: skip
+            layout.call = dispatcher.compile(sig)  # type: ignore[attr-defined]
+        except Exception:  # a dtype numba does not take (float16): the words
+            continue
+        layout.pair_dtype = pair
+        return layout.call
+    layout.call = dispatcher  # pragma: no cover - the words always compile
+    return dispatcher
+
+
 def kernel() -> Callable[..., Any] | None:
     """The compiled :func:`xpbank.her.kernel._records_loop` (numba, cached on disk), or
     ``None`` without numba."""
@@ -77,7 +107,7 @@ def kernel() -> Callable[..., Any] | None:
 
 
 def drawn_kernel() -> Callable[..., Any] | None:
-    """The compiled :func:`xpbank.her.kernel._drawn_loop` (numba, cached on disk), or
+    """The compiled :func:`xpbank.her.kernel._drawn_pass` (numba, cached on disk), or
     ``None`` without numba."""
     kernels = _kernels()
     return None if kernels is None else kernels[1]
@@ -161,37 +191,49 @@ def sample_records(
     if not layout.usable:
         return None
     m = int(her.relabel_fraction * batch_size)
+    kernels = _kernels()
+    call = layout.call
+    if call is None and kernels is not None:
+        call = _entry(layout, kernels[1])
     out = np.empty((batch_size, layout.width), layout.word)
     index = np.empty((2, batch_size), _INT64)  # the ids, then the goal ids: one allocation
-    pair = np.empty((2, m, layout.goal_words), layout.word)  # next achieved goals, then goals
+    pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)  # next achieved goals, then goals
     left = layout.ends(ring) if m else _NO_LEFT
-    kernels = _kernels()
     raw = None if kernels is None else fused_draw(layout, ring.size, batch_size, m, generator)
-    if raw is not None and kernels is not None:  # both draws in one: decoded by the kernel
-        kernels[1](
-            raw, ring.size, layout.words, ring.next_id - ring.size, left, layout.stride, ring.next_id,
-            her.strategy == "final", layout.achieved, layout.goal_at, out, pair, index,
+    if raw is not None:  # both draws in one: decoded by the kernel
+        bound = layout.bound
+        if raw is not bound[0] or left is not bound[1]:
+            layout.bind(raw, left)
+        call(
+            layout.context_at, ring.size, ring.next_id - ring.size, ring.next_id, her.strategy == "final",
+            layout.words, out, pair, index,
         )  # fmt: skip
     else:
         slots, rows, _ = plan.draw(batch_size)
         her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
         uniform = her._draw(m, generator) if m else _NO_U
+        words = pair if pair.dtype is layout.word else pair.view(layout.word)
         if kernels is None:
-            _numpy_pass(layout, ring, rows, uniform, her.strategy, out, pair[1], pair[0], index[0], index[1])
+            _numpy_pass(
+                layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1]
+            )
         else:
             kernels[0](
                 layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-                her.strategy == "final", layout.achieved, layout.goal_at, out, pair[1], pair[0], index[0],
+                her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
                 index[1],
             )  # fmt: skip
     if m:
-        goals = pair.view(layout.goal_dtype)  # one view of both
+        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)  # both at once
         if len(layout.goal_shape) != 1:
             goals = goals.reshape(2, m, *layout.goal_shape)
         value = reward(goals[0], goals[1], None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        layout.put_rewards(out, m, value)
+        if layout.reward_at >= 0:  # one column of the rows (put_rewards' case, inline)
+            out.view(layout.reward_type)[:m, layout.reward_at] = value
+        else:
+            layout.put_rewards(out, m, value)
     records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
     return records, index[0], {"her_goal": torch.from_numpy(index[1])}
 
