@@ -71,20 +71,10 @@ class RecordLayout:
         self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
         self.width = self.words.shape[1]
         self._ends_key = ("her_ends", self.stride)
-        # the compiled pass's kept arguments (kernel._drawn_pass): [the draw's words, the
-        # ends table (addresses, set by bind), stride, achieved, n, goal_at[0 .. n)]
-        self.context = np.array([0, 0, self.stride, self.achieved, len(at), *at], dtype=np.int64)
-        self.context_at = int(self.context.ctypes.data)
-        self.bound: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
-        self.call: Any = None  # the pass's entry for this layout's arrays (records.py)
+        self.call: Any = None  # the compiled pass's entry for this layout's arrays (records.py)
         self.pair_dtype = self.word  # the dtype of the [2, m, g] goals it writes
+        self.shots: dict[int, Any] = {}  # batch size -> its kept Shot (her/shot.py)
         self.usable = True
-
-    def bind(self, raw: np.ndarray, left: np.ndarray) -> None:
-        """Point the context at ``raw`` (the fused draw's kept words) and ``left`` (the ends
-        table), kept here so that their memory outlives every call that reads it."""
-        self.bound = (raw, left)
-        self.context[0], self.context[1] = raw.ctypes.data, left.ctypes.data
 
     def ends(self, ring: Any) -> np.ndarray:
         """The episode index's :class:`~xpbank.her.goals.EpisodeEnds` table ``left``, caught

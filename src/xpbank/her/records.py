@@ -53,6 +53,7 @@ from xpbank.her.kernel import _decode, record_kernels
 from xpbank.her.kernel import _records_loop as _records_loop  # (its source: the tests run it)
 from xpbank.her.layout import RecordLayout
 from xpbank.her.relabel import _per_item
+from xpbank.her.shot import Shot
 from xpbank.replay.fast_read import ids_of_rows
 from xpbank.sampler.uniform import UniformSampler
 
@@ -64,6 +65,8 @@ _NO_LEFT = np.zeros(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
 _FUSED_LIMIT = 1 << 28  # torch's random_(0, n) takes 32 bits a value below this n, 64 from it
 _fusion: list[bool] = []  # [_fusion_holds()'s answer] once checked
+_LOW = -(2**63)  # a full-range int64 draw: random_(_LOW, None)
+_KEPT_SHOTS = 8  # batch sizes whose Shot a layout keeps
 
 
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
@@ -99,6 +102,23 @@ def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[...
     return dispatcher
 
 
+def _shot(layout: RecordLayout, her: Any, ring: Any, batch_size: int) -> Shot | None:
+    """A new :class:`~xpbank.her.shot.Shot` of ``batch_size``, kept on ``layout``; ``None``
+    where the fused draw and its compiled pass do not apply (no numba, an odd batch, a
+    torch whose draws :func:`_fusion_holds` finds different): nothing drawn."""
+    kernels = _kernels()
+    if kernels is None or batch_size & 1 or not (_fusion[0] if _fusion else _fusion_holds()):
+        return None
+    if layout.call is None:
+        _entry(layout, kernels[1])
+    if len(layout.shots) >= _KEPT_SHOTS:
+        layout.shots.clear()
+    shot = layout.shots[batch_size] = Shot(
+        layout, her.relabel_fraction, her.strategy == "final", batch_size, ring
+    )
+    return shot
+
+
 def kernel() -> Callable[..., Any] | None:
     """The compiled :func:`xpbank.her.kernel._records_loop` (numba, cached on disk), or
     ``None`` without numba."""
@@ -130,7 +150,7 @@ def fused_draw(
     if kept is None or kept[1].shape[0] != n:  # (a NumPy shape: ~0.2 µs less than torch's)
         t = torch.empty(n, dtype=torch.int64)
         kept = layout.draw = (t, t.numpy())
-    kept[0].random_(-(2**63), None, generator=generator)  # every bit of each 64-bit word
+    kept[0].random_(_LOW, None, generator=generator)  # every bit of each 64-bit word
     return kept[1]
 
 
@@ -190,25 +210,27 @@ def sample_records(
         layout = her._records = RecordLayout(reader, her._resolve(spec, episodes), spec, episodes)
     if not layout.usable:
         return None
-    m = int(her.relabel_fraction * batch_size)
-    kernels = _kernels()
-    call = layout.call
-    if call is None and kernels is not None:
-        call = _entry(layout, kernels[1])
-    out = np.empty((batch_size, layout.width), layout.word)
-    index = np.empty((2, batch_size), _INT64)  # the ids, then the goal ids: one allocation
-    pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)  # next achieved goals, then goals
-    left = layout.ends(ring) if m else _NO_LEFT
-    raw = None if kernels is None else fused_draw(layout, ring.size, batch_size, m, generator)
-    if raw is not None:  # both draws in one: decoded by the kernel
-        bound = layout.bound
-        if raw is not bound[0] or left is not bound[1]:
-            layout.bind(raw, left)
-        call(
-            layout.context_at, ring.size, ring.next_id - ring.size, ring.next_id, her.strategy == "final",
-            layout.words, out, pair, index,
-        )  # fmt: skip
+    shot = layout.shots.get(batch_size)
+    if shot is None or shot.fraction != her.relabel_fraction or shot.final is not (her.strategy == "final"):
+        shot = _shot(layout, her, ring, batch_size)
+    if shot is not None and 0 < ring.size < _FUSED_LIMIT:  # both draws in one: decoded by the kernel
+        m = shot.m
+        out = np.empty(shot.out_shape, shot.word)
+        index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
+        pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
+        table = shot.table
+        if table is not None and table.seen != ring.next_id:  # items written since
+            table.catch_up(ring, episodes)
+        shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
+        size, next_id = ring.size, ring.next_id
+        shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
     else:
+        m = int(her.relabel_fraction * batch_size)
+        out = np.empty((batch_size, layout.width), layout.word)
+        index = np.empty((2, batch_size), _INT64)
+        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
+        left = layout.ends(ring) if m else _NO_LEFT
+        kernels = _kernels()
         slots, rows, _ = plan.draw(batch_size)
         her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
         uniform = her._draw(m, generator) if m else _NO_U
