@@ -216,7 +216,7 @@ def _drawn_pass(
     next achieved goals, then their goals: the goal's dtype, or ``src``'s words) and
     ``index`` ``[2, B]`` (the ids, then the goal ids): one call instead of two draws and a
     pass. The arguments kept from call to call are read from the int64 context at address
-    ``ctx`` (:meth:`RecordLayout.context <xpbank.her.layout.RecordLayout.context>`):
+    ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`):
     ``[the draw's words, the ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``."""
     c = _carray(_i64s(ctx), (_CTX,))
     b, m = out.shape[0], pair.shape[1]

@@ -11,16 +11,16 @@ sample does, plus the relabelling:
 - the uniform draw (the same draws as the wrapped :class:`~xpbank.UniformSampler`),
   then the relabelling draw (:meth:`HerSampler._draw <xpbank.her.HerSampler>`), in the
   general path's order: the same batch for a seed; with numba, for an even batch, both
-  in one torch call (:func:`fused_draw`: the same words of the generator, decoded in
-  the compiled call; ~1.5 µs less);
+  in one torch call (:func:`fused_draw`'s: the same words of the generator, decoded in
+  the compiled call; ~1.5 µs less; the sample makes it into its Shot's kept tensor);
 - one compiled call (:func:`xpbank.her.kernel._drawn_pass`, or ``_records_loop`` after
   two draws; the first compiled for the layout's one signature and reading its kept
-  arguments from an int64 context of addresses (:meth:`RecordLayout.bind
-  <xpbank.her.layout.RecordLayout.bind>`): ~0.5 µs less call than numba's dispatcher
-  typing thirteen arguments): it prefetches the relabelled items' cells of the ends
-  table; then, item by item, prefetches the record a few items ahead, chooses the goal (the rule of
-  :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row and copies a
-  record whole into fresh memory; then copies each goal (the goal step's next achieved
+  arguments from an int64 context of addresses: ~0.5 µs less call than numba's
+  dispatcher typing thirteen arguments; what it needs kept per batch size in a
+  :class:`~xpbank.her.shot.Shot`): it prefetches the relabelled items' cells of the ends
+  table; then, item by item, prefetches the record a few items ahead, chooses the goal
+  (the rule of :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row
+  and copies a record whole into fresh memory; then copies each goal (the goal step's next achieved
   goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
   ...]`` array of the goal's dtype (no view made for ``compute_reward``) beside the
   item's own next achieved goal; the ids and goal ids go into one fresh ``[2, B]`` array;
