@@ -411,3 +411,27 @@ def test_a_tensordict_with_batch_dims_of_its_own_is_refused_after_a_good_one():
     got = call(fast, "extend", windows)
     assert got == call(slow, "extend", windows) and got[0] == "SpecError"
     assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "numbers", "tensor"])
+def test_keys_that_read_as_code_are_only_values_in_the_generated_reader(kind):
+    """fast_values.reader writes each field's checks out as Python text: a key of
+    quotes, newlines and calls is one of the reader's globals, never part of its text;
+    every kind of value under such keys is written as the full path writes it."""
+    odd = ["a'); raise SystemExit('ran'); ('", 'b"\nimport os', "c{__import__('os')}"]
+    spec = Spec({odd[0]: Field((3,)), odd[1]: Field(()), odd[2]: Field((), torch.int64)})
+
+    def batch(i: int) -> dict:
+        if kind == "numpy":
+            return {odd[0]: np.full(3, i, np.float32), odd[1]: np.float32(i), odd[2]: np.int64(i)}
+        if kind == "numbers":
+            return {odd[0]: np.full(3, i, np.float32), odd[1]: float(i), odd[2]: i}
+        return {odd[0]: torch.full((3,), float(i)), odd[1]: torch.tensor(float(i)), odd[2]: torch.tensor(i)}
+
+    fast, slow = pair(8, spec)
+    for i in range(6):
+        assert call(fast, "add", batch(i)) == call(slow, "add", batch(i))
+        assert_same(fast, slow)
+    sig = fast.__dict__["_signature"]
+    assert sig is not None and sig.read(batch(7)) is not None  # the reader took them
+    assert sig.read({**batch(7), odd[2]: "x"}) is None
