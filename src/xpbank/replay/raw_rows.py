@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from xpbank import _jit
+from xpbank.replay.fast_values import made
 
 __all__ = ["checker", "copy_arrays", "copy_rows", "plan", "plan_arrays"]
 
@@ -258,5 +259,4 @@ def checker(checks: list[tuple[Any, ...]]) -> Callable[[Any], tuple[int, ...] | 
         "    except (RuntimeError, TypeError, NotImplementedError):\n"
         "        return None\n"
     )
-    exec(compile(text, f"<raw_rows.checker of {len(checks)} fields>", "exec"), names)
-    return names["pointers"]
+    return made(text, f"<raw_rows.checker of {len(checks)} fields>", "pointers", names)
