@@ -20,6 +20,12 @@ follows a write to the tree), of
   Python sampler does: a vectorized descent, weights, a gather of the two fields, and
   an update that rewrites each changed leaf's ancestors level by level.
 
+A second table sets issue 21's target (a step in at most half of cpprb's time) beside
+two floors timed in the same rounds: a uniform ``sample(32)`` of the same items (no tree,
+no weights) and the batch alone (its four new tensors and the TensorDict, no data),
+which every prioritized sample returning this TensorDict pays before its descent,
+weights and update.
+
 Each timed function runs ``--calls`` calls per block; ``--rounds`` rounds, each timing
 one block of every function in turn (the order reversed every other round), so all share
 the machine's load of the same moments. Reported per call: the median and the range
@@ -44,6 +50,7 @@ import torch
 import xpbank
 from _common import environment, log, markdown_table, report
 from ab_nstep import import_base
+from xpbank.spec.batch import flat_tensordict
 
 BATCH = 32
 OBS = 4
@@ -118,6 +125,23 @@ def build(n: int, base: Any = None) -> tuple[dict[str, Callable[[int], object]],
     fns = xpbank_calls(xpbank, n)
     if base is not None:
         fns.update(xpbank_calls(base, n, "base"))
+    # floors of the target (issue 21: a step at most half of cpprb's): the same batch
+    # drawn uniformly (no tree, no weights), and the batch's tensors and TensorDict alone
+    urb = xpbank.ReplayBuffer(n, seed=0)
+    urb.extend({"obs": torch.from_numpy(obs), "reward": torch.from_numpy(reward)})
+    fns["floor: uniform sample(32) of the same items"] = lambda i: urb.sample(BATCH)
+    size = torch.Size([BATCH])
+
+    def batch_alone(i: int) -> object:
+        fields = {
+            "obs": torch.empty(BATCH, OBS),
+            "reward": torch.empty(BATCH),
+            "index": torch.empty(BATCH, dtype=torch.int64),
+            "weight": torch.empty(BATCH),
+        }
+        return flat_tensordict(fields, size, None)
+
+    fns["floor: the batch alone (4 new tensors + TensorDict)"] = batch_alone
     raw = RawTree(obs, reward, 0)
     raw_ids = [raw.sample(BATCH)["index"] for _ in range(64)]
     fns["raw NumPy sample(32)"] = lambda i: raw.sample(BATCH)
@@ -210,6 +234,29 @@ def table(t: dict[str, dict[str, list[float]]], base: str | None = None) -> dict
     }
 
 
+def floors(t: dict[str, dict[str, list[float]]]) -> dict[str, Any] | None:
+    """The target (half of cpprb's step) against what a sample costs without a tree."""
+    if "cpprb step" not in t:
+        return None
+    target = float(np.median(t["cpprb step"]["cpu_us"])) / 2
+    rows = [["target: half of cpprb's step", f"{target:.1f}", "1.00x"]]
+    for name in ("xpbank step", *(k for k in t if k.startswith("floor: "))):
+        v = t[name]["cpu_us"]
+        rows.append([name.removeprefix("floor: "), _cell(v), f"{np.median(v) / target:.2f}x"])
+    return {
+        "title": "Issue 21's prioritized target against two floors, CPU µs per call",
+        "headers": ["call", "µs: median (range)", "vs the target"],
+        "rows": rows,
+        "notes": (
+            "The target: a sample(32) + update of 32 in at most half of cpprb's time. A uniform "
+            "sample(32) of the same items (no tree, no weights, same TensorDict less 'weight') "
+            "and the batch's own tensors and TensorDict (torch.empty x 4 + flat_tensordict, no "
+            "data) are costs every prioritized sample returning this TensorDict pays, before "
+            "its tree descent, its weights and the update."
+        ),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="20k items, few rounds (seconds)")
@@ -239,12 +286,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     lines = [f"# {tab['title']}", "", f"{n:,} items, obs float32[{OBS}]; skipped: {skipped or 'none'}", ""]
     lines += [markdown_table(tab["headers"], tab["rows"]), "", tab["notes"]]
+    floor = floors(t)
+    if floor is not None:
+        lines += [
+            "",
+            f"# {floor['title']}",
+            "",
+            markdown_table(floor["headers"], floor["rows"]),
+            "",
+            floor["notes"],
+        ]
     result = {
         "benchmark": "ab_small_prioritized",
         "command": " ".join(["python", "benchmarks/ab_small_prioritized.py", *(argv or sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": environment(versions),
-        "tables": [tab],
+        "tables": [tab] if floor is None else [tab, floor],
         "timings": t,
         "size": n,
     }

@@ -9,11 +9,13 @@ both give the same result (bit for bit where the row says so).
 - rsl_rl (rsl-rl-lib's ``RolloutStorage`` against ``xpbank.compat.rsl_rl.RolloutStorage``),
   ``E`` envs x 24 steps, obs float32[48], actions float32[12], two distribution
   parameters: ``add_transition`` (per call); returns by rsl_rl's own
-  ``PPO.compute_returns`` over each storage; ``mini_batch_generator`` (5 epochs x 4, every
-  field read; xpbank's default order and ``parity=True``); ``recurrent_mini_batch_generator``
-  (an LSTM actor's and a GRU critic's states stored; 5 x 4); a whole PPO iteration
-  (rsl_rl's ``PPO``: act + process_env_step x 24, compute_returns, update; MLP and
-  recurrent models, a synthetic env).
+  ``PPO.compute_returns`` over each storage (timed in blocks of 10 calls; the same
+  operations on tensors of the same shapes and strides on both sides);
+  ``mini_batch_generator`` (5 epochs x 4, every field read; xpbank's default order and
+  ``parity=True``); ``recurrent_mini_batch_generator`` (an LSTM actor's and a GRU
+  critic's states stored; 5 x 4); a whole PPO iteration (rsl_rl's ``PPO``: act +
+  process_env_step x 24, compute_returns, update; MLP and recurrent models, a synthetic
+  env).
 - metta: ``xpbank.compat.metta.Experience.store`` against metta's write (a TensorDict
   ``[segments, bptt]`` written with ``update_at_`` at each agent's row and time index),
   and a minibatch read as metta's losses do (``buffer[idx]``).
@@ -189,10 +191,11 @@ def rsl_rows(e: int, rounds: int) -> list[list[str]]:
     pr, px = stub_ppo(ref, last), stub_ppo(ours, last)
     PPO.compute_returns(pr, None), PPO.compute_returns(px, None)
     same = torch.equal(ref.returns, ours.returns) and torch.equal(ref.advantages, ours.advantages)
+    k = 10  # a block of calls per timing: one call (~0.7 ms) is too short to time alone
     t = interleaved(
         {
-            "ref": timed(lambda: PPO.compute_returns(pr, None)),
-            "xp": timed(lambda: PPO.compute_returns(px, None)),
+            "ref": timed(lambda: [PPO.compute_returns(pr, None) for _ in range(k)], k),
+            "xp": timed(lambda: [PPO.compute_returns(px, None) for _ in range(k)], k),
         },
         rounds,
     )

@@ -202,7 +202,7 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     pre-drawn batches (fresh random items per call, as a real sample), interleaved with
     whole uniform and HER samples; the phases call what the HER read fast path
     (``xpbank.her.records.sample_records``, then ``fast_read.try_records``) calls."""
-    from xpbank.her.records import _decode, drawn_kernel, fused_draw, kernel, sample_records
+    from xpbank.her.records import _decode, fused_draw, kernel, sample_records
     from xpbank.replay.fast_read import _plan
 
     data = make_data(size)
@@ -211,38 +211,39 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     her = xpbank_buffer(data, sampler)
     her.sample(BATCH)  # resolves the goal keys and the record layout, catches up the episode ends
     ring, gen, plan, layout = her._ring, her._generator, _plan(her), sampler._records
-    if plan is None or layout is None or not layout.usable or kernel() is None:
+    if plan is None or layout is None or not layout.usable or kernel() is None or layout.reward_at < 0:
         raise SystemExit("--profile: the HER read fast path does not apply here (numba missing?)")
     m = int(sampler.relabel_fraction * BATCH)
-    raws = []  # the fused draws (slots and goal offsets in one call), as sample_records makes them
-    for _ in range(calls):
+    raws = np.empty((calls, BATCH // 2 + m), dtype=np.int64)  # the fused draws, as sample_records makes them
+    for i in range(calls):
         raw = fused_draw(layout, ring.size, BATCH, m, gen)
         if raw is None:
             raise SystemExit("--profile: the fused draw does not apply here")
-        raws.append(raw.copy())
+        raws[i] = raw
     rows = np.empty((calls, BATCH), dtype=np.int64)  # the slots, for the uniform take below
     for i, raw in enumerate(raws):
         _decode(raw, rows[i], ring.size, np.empty(m))  # (its source, run as Python: not timed)
-    left = layout.ends(ring)
-    run = drawn_kernel()
-    assert run is not None
+    shot = layout.shots[BATCH]  # what the sample keeps for this batch size (her/shot.py)
+    # the pass's context as the sample's, pointing at draw i (an int set per call)
+    context = shot.context.copy()
+    at, first_raw, raw_step = int(context.ctypes.data), int(raws.ctypes.data), raws.strides[0]
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = np.empty((BATCH, layout.width), layout.word)
         index = np.empty((2, BATCH), dtype=np.int64)
-        pair = np.empty((2, m, layout.goal_words), layout.word)
-        run(
-            raws[i], ring.size, layout.words, ring.next_id - ring.size, left, layout.stride, ring.next_id,
-            False, layout.achieved, layout.goal_at, out, pair, index,
-        )  # fmt: skip
-        goals = pair.view(layout.goal_dtype)
+        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
+        context[0] = first_raw + i * raw_step
+        first = ring.next_id - ring.size
+        shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, pair, index)
+        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)
         return out, goals[0], goals[1]
 
     read_out = [read(i) for i in range(calls)]
     rewards = [compute_reward(a, g, None) for _, a, g in read_out]
 
-    def write(i: int) -> None:  # (on records no longer in cache: less in a sample, where they are)
-        layout.put_rewards(read_out[i][0], m, rewards[i])
+    def read_write(i: int) -> None:  # the write on the records the pass just wrote, as in a sample
+        out = read(i)[0]
+        out.view(layout.reward_type)[:m, layout.reward_at] = rewards[i]
 
     records = [np.ndarray(BATCH, layout.record, out) for out, _, _ in read_out]
     index = np.zeros(BATCH, dtype=np.int64)  # stand-ins for the ids and goal ids (from_numpy'd)
@@ -254,7 +255,7 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
         "    draw slots + goal offsets (one call)": lambda i: fused_draw(layout, ring.size, BATCH, m, gen),
         "    decode the draws + read records + choose goals + goal rows (one compiled pass)": read,
         "    the user's compute_reward": lambda i: compute_reward(read_out[i][1], read_out[i][2], None),
-        "    write the rewards": write,
+        "    the same pass, then the rewards' write": read_write,
         "  split the records + TensorDict": lambda i: _assemble(plan, records[i], index, index),
         "  (uniform: take of the records)": lambda i: plan.reader.records.take(rows[i]),
         "  (uniform: split the records + TensorDict)": lambda i: _assemble(plan, records[i], index),

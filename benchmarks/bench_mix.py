@@ -2,7 +2,8 @@
 
 Run from the repository root::
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_mix.py [--quick] [--threads 1] [--json PATH]
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_mix.py [--quick] [--threads 1] [--json PATH] \
+        [--clock thread] [--base main]
 
 Two sources of SAC-style transitions (obs and next_obs of 17 float32, action of 6, reward,
 terminated, truncated), ``--items`` each, for uniform sources, prioritized ones, and an
@@ -15,7 +16,9 @@ buffers: the same draws (each source's own sampler and generator; checked once b
 timing), without the joining and ``"source"``. A raw-tensor row (``randint`` +
 ``index_select`` over plain tensors of both sources, then ``cat``) shows what a mixer
 over plain per-field tensors costs. The ratio per round is mixture / direct; the table
-shows its median and range over rounds.
+shows its median and range over rounds. ``--base COMMIT`` adds, in the same rounds, the
+mixture and the direct sub-samples of that commit's package (``git archive``, imported as
+``xpbank_base``: ``ab_nstep.import_base``) on buffers of the same items: an A/B of both.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
+import xpbank
 from _common import clock, environment, fmt_us, log, markdown_table, median, report, set_clock, settle
-from xpbank import Mixture, PrioritizedSampler, ReplayBuffer, open_bank, save
+from xpbank import Mixture, ReplayBuffer
 
 FIELDS = {"obs": (17,), "next_obs": (17,), "action": (6,), "reward": (), "terminated": (), "truncated": ()}
 
@@ -43,8 +49,10 @@ def _data(n: int, seed: int) -> dict[str, torch.Tensor]:
     return data
 
 
-def _buffer(n: int, seed: int, prioritized: bool) -> ReplayBuffer:
-    rb = ReplayBuffer(n, seed=seed, sampler=PrioritizedSampler() if prioritized else None)
+def _buffer(n: int, seed: int, prioritized: bool, module: Any = xpbank) -> ReplayBuffer:
+    """``n`` items of ``_data(n, seed)`` in a buffer of ``module`` (this tree's package, or
+    ``--base``'s), uniform or prioritized (random priorities in [0.1, 1.1))."""
+    rb = module.ReplayBuffer(n, seed=seed, sampler=module.PrioritizedSampler() if prioritized else None)
     rb.extend(_data(n, seed))
     if prioritized:
         rb.update_priority(
@@ -86,29 +94,44 @@ def _check_same_draws(mix: Mixture, counts: list[int], batch_size: int) -> None:
             raise SystemExit(f"bench_mix: the mixed batch's {key!r} differs from the direct sub-samples")
 
 
-def run_case(name: str, a: ReplayBuffer, b: ReplayBuffer, args: argparse.Namespace) -> list[str]:
-    mix = Mixture([a, b], [0.5, 0.5], seed=0)
-    k_a, k_b = counts = mix.counts(args.batch)  # the shares the mixture draws (exact counts)
-    _check_same_draws(mix, counts, args.batch)
-    fns = {
-        "mixture": lambda: mix.sample(args.batch),
-        "direct": lambda: (a.sample(k_a), b.sample(k_b)),
-    }
+def _pair(mix: Any, a: ReplayBuffer, b: ReplayBuffer, batch: int) -> dict[str, Callable[[], object]]:
+    """The mixture's call and the direct sub-samples it is made of (checked: the same draws)."""
+    k_a, k_b = counts = mix.counts(batch)  # the shares the mixture draws (exact counts)
+    _check_same_draws(mix, counts, batch)
+    return {"mixture": lambda: mix.sample(batch), "direct": lambda: (a.sample(k_a), b.sample(k_b))}
+
+
+def run_case(
+    name: str, a: ReplayBuffer, b: ReplayBuffer, args: argparse.Namespace, base: tuple[Any, Any] | None = None
+) -> list[list[str]]:
+    """One row per package (``base``: ``--base``'s buffers of the same items, timed in
+    the same rounds)."""
+    fns = _pair(Mixture([a, b], [0.5, 0.5], seed=0), a, b, args.batch)
+    if base is not None:
+        pair = _pair(args.base_module.Mixture(list(base), [0.5, 0.5], seed=0), *base, args.batch)
+        fns.update({f"{k} (base)": fn for k, fn in pair.items()})
     for fn in fns.values():  # warm up (page cache, allocator)
         for _ in range(20):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.rounds):
-        for k, fn in fns.items():
-            times[k].append(_block(fn, args.calls))
-    ratios = [m / d for m, d in zip(times["mixture"], times["direct"], strict=True)]
-    log(f"{name}: ratios {[round(r, 3) for r in ratios]}")
-    return [
-        name,
-        fmt_us(median(times["mixture"])),
-        fmt_us(median(times["direct"])),
-        f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
-    ]
+    names = list(fns)
+    for r in range(args.rounds):
+        for k in names if r % 2 == 0 else names[::-1]:
+            times[k].append(_block(fns[k], args.calls))
+    rows = []
+    for suffix, label in [("", name), (" (base)", f"{name}, as of {args.base}")][: 2 if base else 1]:
+        mixed, direct = times["mixture" + suffix], times["direct" + suffix]
+        ratios = [m / d for m, d in zip(mixed, direct, strict=True)]
+        log(f"{label}: ratios {[round(r, 3) for r in ratios]}")
+        rows.append(
+            [
+                label,
+                fmt_us(median(mixed)),
+                fmt_us(median(direct)),
+                f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+            ]
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,24 +144,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--clock", choices=["wall", "thread"], default="wall", help="wall time or thread CPU time")
+    p.add_argument("--base", default=None, help="also the mixture and sub-samples of this commit (e.g. main)")
     args = p.parse_args(argv)
+    args.base_module = None
+    if args.base:
+        from ab_nstep import import_base
+
+        args.base_module = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank-base-")))
     set_clock(args.clock)
     args.items = args.items or (10_000 if args.quick else 200_000)
     args.calls = args.calls or (50 if args.quick else 200)
     args.rounds = args.rounds or (3 if args.quick else 15)
     torch.set_num_threads(args.threads)
     env = environment({"xpbank": "src"})
-    rows = []
-    a, b = _buffer(args.items, 0, False), _buffer(args.items, 1, False)
-    rows.append(run_case("uniform + uniform (memory)", a, b, args))
-    with tempfile.TemporaryDirectory() as tmp:
-        bank = open_bank(save(b, f"{tmp}/offline"), "r")
-        rows.append(run_case("uniform (memory) + bank opened 'r' (memmap)", a, bank, args))
-    rows.append(
-        run_case(
-            "prioritized + prioritized", _buffer(args.items, 2, True), _buffer(args.items, 3, True), args
+    old = args.base_module
+
+    def pair(seed: int, prioritized: bool) -> tuple[Any, Any, Any]:
+        """Two buffers of this package (seeds ``seed``, ``seed + 1``) and, with ``--base``, that package's."""
+        a, b = _buffer(args.items, seed, prioritized), _buffer(args.items, seed + 1, prioritized)
+        twins = (
+            None
+            if old is None
+            else (
+                _buffer(args.items, seed, prioritized, old),
+                _buffer(args.items, seed + 1, prioritized, old),
+            )
         )
-    )
+        return a, b, twins
+
+    rows = []
+    a, b, twins = pair(0, False)
+    rows += run_case("uniform + uniform (memory)", a, b, args, twins)
+    with tempfile.TemporaryDirectory() as tmp:
+        bank = xpbank.open_bank(xpbank.save(b, f"{tmp}/offline"), "r")
+        banked = None if twins is None else (twins[0], old.open_bank(old.save(twins[1], f"{tmp}/base"), "r"))
+        rows += run_case("uniform (memory) + bank opened 'r' (memmap)", a, bank, args, banked)
+    a, b, twins = pair(2, True)
+    rows += run_case("prioritized + prioritized", a, b, args, twins)
     raw = _raw(_data(args.items, 0), _data(args.items, 1), args.batch // 2)
     raw_t = median([_block(raw, args.calls) for _ in range(args.rounds)])
     rows.append(["raw tensors, 128 + 128: randint + index_select + cat", fmt_us(raw_t), "-", "-"])
@@ -149,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "(the same draws, checked); "
         f"{args.items} items per source, {args.rounds} interleaved rounds of {args.calls} calls, "
         f"threads {args.threads}, clock {args.clock}; ratio per round = mixture / direct; target <= 1.2x"
+        + (f"; rows 'as of {args.base}': that commit's package in the same rounds" if args.base else "")
     )
     lines = [notes, "", markdown_table(headers, rows)]
     results = {

@@ -9,9 +9,14 @@ Part 1, training: SB3's real ``learn()`` (one gradient step per env step, batch 
 ``learning_starts=100``, SB3's default networks) on SAC / Pendulum-v1 and DQN /
 CartPole-v1, with ``replay_buffer_class`` = SB3's ``ReplayBuffer``, xpbank's
 ``XpbankReplayBuffer``, and (DQN) xpbank's ``PrioritizedDQN`` and both buffers with
-``optimize_memory_usage=True`` ("dedup": next observations stored once). Reported: env steps/s of
-the whole ``learn`` call (env, policy, buffer, gradient step), the best of ``--rounds``
-rounds run in turn, so both buffers see the same machine load.
+``optimize_memory_usage=True`` ("dedup": next observations stored once). Every buffer first
+runs one short ``learn`` (150 steps, not reported) so that no row pays first calls
+(torch's, numba's compiled kernels loaded, env registration); then ``--rounds`` rounds
+run every buffer in turn, the order reversed every other round, so a load spike hits all
+of them. Reported: env steps/s of the whole ``learn`` call (env, policy, buffer, gradient
+step), the median round, and the ratio to SB3's buffer as the median (range) of per-round
+ratios. ``--clock thread`` times this thread's CPU time (a loaded machine's preemption
+left out).
 
 Part 2, the buffer calls alone: ``add`` (one vector step of ``n_envs`` envs, obs
 float32[17], action float32[6]) and ``sample(256)`` on a buffer filled to ``--size``
@@ -25,7 +30,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -35,9 +39,22 @@ import torch
 from gymnasium import spaces
 
 import xpbank
-from _common import best_of, environment, fmt_ratio, fmt_us, freeze_heap, log, markdown_table, run_main
+from _common import (
+    best_of,
+    clock,
+    environment,
+    fmt_ratio,
+    fmt_us,
+    freeze_heap,
+    log,
+    markdown_table,
+    median,
+    run_main,
+    set_clock,
+)
 
 BATCH = 256
+_CLOCK = ["wall"]  # the clock's name, for the report
 
 
 def learn_rate(algo: str, buffer: str, steps: int) -> float:
@@ -58,25 +75,27 @@ def learn_rate(algo: str, buffer: str, steps: int) -> float:
     else:
         cls = PrioritizedDQN if buffer == "xpbank PER" else DQN
         model = cls("MlpPolicy", "CartPole-v1", train_freq=1, gradient_steps=1, **common)
-    start = time.perf_counter()
+    start = clock()
     model.learn(steps)
-    return steps / (time.perf_counter() - start)
+    return steps / (clock() - start)
 
 
-def bench_training(steps: int, rounds: int) -> dict[str, dict[str, float]]:
+def bench_training(steps: int, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Steps/s of each buffer's ``learn``, one per round: ``{run: {buffer: [rate, ...]}}``."""
     runs = {
         "SAC / Pendulum-v1": ("SAC", ["sb3", "xpbank"]),
         "DQN / CartPole-v1": ("DQN", ["sb3", "xpbank", "xpbank PER", "sb3 dedup", "xpbank dedup"]),
     }
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, list[float]]] = {}
     for name, (algo, buffers) in runs.items():
-        best = dict.fromkeys(buffers, 0.0)
-        learn_rate(algo, "sb3", 150)  # warm-up (torch's first calls, env registration), not reported
+        rates: dict[str, list[float]] = {b: [] for b in buffers}
+        for b in buffers:  # every buffer's first calls, not reported
+            learn_rate(algo, b, 150)
         for r in range(rounds):
-            for b in buffers:  # in turn, so a load spike hits all of them
-                best[b] = max(best[b], learn_rate(algo, b, steps))
-                log(f"  {name} round {r} {b}: {best[b]:.0f} steps/s")
-        out[name] = best
+            for b in buffers if r % 2 == 0 else buffers[::-1]:  # in turn, the order reversed
+                rates[b].append(learn_rate(algo, b, steps))
+                log(f"  {name} round {r} {b}: {rates[b][-1]:.0f} steps/s")
+        out[name] = rates
     return out
 
 
@@ -137,14 +156,21 @@ def bench_calls(size: int, n_envs: int, calls: int, rounds: int) -> dict[str, di
 
 
 def report(
-    training: dict[str, dict[str, float]], calls: dict[str, dict[str, dict[str, float]]], size: int
+    training: dict[str, dict[str, list[float]]], calls: dict[str, dict[str, dict[str, float]]], size: int
 ) -> str:
     rows = []
     for name, rates in training.items():
-        for b, rate in rates.items():
-            rows.append([name, b, f"{rate:,.0f}", fmt_ratio(rate / rates["sb3"])])
+        for b, runs in rates.items():
+            ratios = [sb3 / rate for rate, sb3 in zip(runs, rates["sb3"], strict=True)]  # time ratios
+            spread = f"{fmt_ratio(median(ratios))} ({fmt_ratio(min(ratios))}-{fmt_ratio(max(ratios))})"
+            rows.append([name, b, f"{median(runs):,.0f}", spread])
     out = "## SB3 learn(): env steps/s (1 gradient step of batch 256 per env step)\n\n"
-    out += markdown_table(["algorithm / env", "buffer", "steps/s", "vs SB3's buffer"], rows)
+    out += markdown_table(["algorithm / env", "buffer", "steps/s", "time vs SB3's buffer"], rows)
+    out += (
+        f"\n\n{len(next(iter(training.values()))['sb3'])} interleaved rounds, {_CLOCK[0]} clock: steps/s of "
+        "the median round; time vs SB3's buffer: learn()'s time / SB3's buffer's, median (range) "
+        "of the rounds' ratios (below 1.0x: faster)"
+    )
     rows = []
     for n_envs, res in calls.items():
         for op in ("add", "sample"):
@@ -169,7 +195,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--steps", type=int, default=None, help="env steps per learn() (default 3000; quick 300)")
     p.add_argument("--size", type=int, default=None, help="transitions in part 2 (default 1M; quick 100k)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 3; quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 3; quick 2)")
+    p.add_argument("--clock", choices=["wall", "thread"], default="wall", help="what times learn()")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
 
@@ -178,11 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    set_clock(args.clock)
+    _CLOCK[0] = args.clock
     warnings.filterwarnings("ignore")
     logging.getLogger("stable_baselines3").setLevel(logging.ERROR)
     steps = args.steps or (300 if args.quick else 3000)
     size = args.size or (100_000 if args.quick else 1_000_000)
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (2 if args.quick else 3)
     freeze_heap()
     import stable_baselines3
 

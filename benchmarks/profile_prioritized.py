@@ -43,7 +43,7 @@ from xpbank.sampler import prioritized as prioritized_module
 PHASES = [
     ("rb.sample", 0),
     ("fast sample (fast_read.try_prioritized)", 1),
-    ("draw (prioritized_fast.draw_into)", 2),
+    ("draw (prioritized_fast.draw_at)", 2),
     ("top prefix sums (top_prefix)", 3),
     ("smallest priority (LazyMin flush)", 3),
     ("compiled draw (prioritized_calls.draw)", 3),
@@ -102,7 +102,7 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
         (rb, "sample", "rb.sample"),
         (rb, "update_priority", "rb.update_priority"),
         (reading, "try_prioritized", "fast sample (fast_read.try_prioritized)"),
-        (fast_read, "draw_into", "draw (prioritized_fast.draw_into)"),
+        (fast_read, "draw_at", "draw (prioritized_fast.draw_at)"),
         (fast_read, "_batch", "batch: ids, records, TensorDict (fast_read._batch)"),
         (fast_read, "flat_tensordict", "TensorDict (flat_tensordict)"),
         (prioritized_fast, "_weights", "weights: power, float32 (prioritized_fast._weights)"),

@@ -12,7 +12,11 @@ is the call's own glue: the lock, argument passing). Phases of a write:
   episode index's plan (``EpisodeIndex.plan``), the storage write, the sampler and ring
   upkeep (``on_write``, ``Ring.advance``), the index's upkeep (``EpisodeIndex.apply``);
 - fast path (:mod:`xpbank.replay.fast_write`): the signature match (per-field checks
-  and conversion), the row store, the sampler and ring upkeep, and the index's upkeep:
+  and conversion: ``fast_values``' reader; for a batch of dense CPU tensors,
+  ``raw_rows``' checker, which takes their pointers), the row store (the path the call
+  takes: one compiled copy of the tensors' bytes or of an extend's NumPy arrays, a
+  record store for an add, else a NumPy store per field), the sampler and ring upkeep,
+  and the index's upkeep:
   for one lockstep env step one compiled call that reads the ends from the stored rows
   (``episode_step.record_step``), else
   ``EpisodeIndex.plan`` of the values and ``apply``.
@@ -111,11 +115,27 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
     if sig is None:
         out.append(("fast path: not taken (no signature)", float("nan")))
         return out
-    values = sig.values(batch)
-    if values is None:
+    src = sig.source(batch)
+    raw = sig.raw
+    ptrs = None if raw is None or src is None else raw[2](src)
+    values = None if ptrs is not None else sig.values(batch)
+    if ptrs is None and values is None:
         out.append(("fast path: not taken (signature differs)", float("nan")))
         return out
-    out.append(("fast: signature match + conversion", best(lambda: sig.values(batch), calls, rounds)))
+    if ptrs is not None:  # every field a dense CPU tensor: checks + pointers, one compiled copy
+        out.append(
+            (
+                "fast: signature match (raw_rows checker: checks + pointers)",
+                best(lambda: raw[2](src), calls, rounds),
+            )
+        )
+    else:
+        out.append(
+            (
+                "fast: signature match + conversion (fast_values reader)",
+                best(lambda: sig.values(batch), calls, rounds),
+            )
+        )
     step = sig.step
     first = ring.next_id
     if eps is not None and step is not None:  # one lockstep step: one compiled call after the store
@@ -123,23 +143,38 @@ def write_phases(rb: ReplayBuffer, batch: Any, add: bool, calls: int, rounds: in
             ("fast: episode upkeep (record_step)", best(lambda: record_step(eps, step, first), calls, rounds))
         )
     elif eps is not None:
+        assert values is not None  # an index that plans from the values: no compiled copy
         by_key = dict(zip(sig.keys, values, strict=True))
         hplan = eps.plan(by_key, n, spec)
         out.append(
             ("fast: episode plan (of the values)", best(lambda: eps.plan(by_key, n, spec), calls, rounds))
         )
-    if add:
+    arrays = sig.arrays
+    if ptrs is not None:
+        name = "fast: row store (raw_rows.copy_rows: one compiled copy of the tensors' bytes)"
+
+        def store() -> None:
+            raw[0](raw[1], slot, n if not add else 1, ptrs)
+    elif add:
+        name = "fast: row store (one record)"
         rec, tup = sig.records, tuple(values)
 
         def store() -> None:
             rec[slot] = tup
+    elif arrays is not None and arrays[0](arrays[1], slot, n, tuple(values)):
+        name = "fast: row store (raw_rows.copy_arrays: one compiled copy of the arrays)"
+        tup = tuple(values)
+
+        def store() -> None:
+            arrays[0](arrays[1], slot, n, tup)
     else:
+        name = "fast: row store (a NumPy store per field)"
 
         def store() -> None:
             for view, v in zip(sig.views, values, strict=True):
                 view[slot : slot + n] = v
 
-    out.append(("fast: row store", best(store, calls, rounds)))
+    out.append((name, best(store, calls, rounds)))
     out.append(("fast: sampler.on_write", best(lambda: rb._sampler.on_write(slots, ring), calls, rounds)))
     if eps is not None and step is None:
         out.append(("fast: episode apply", best(lambda: eps.apply(hplan), calls, rounds)))

@@ -196,6 +196,6 @@ def test_a_tensor_of_another_layout_is_never_copied_as_bytes(layout):
         rb.extend({"obs": torch.zeros(8, 4)})
     sig = fast.__dict__["_signature"]
     if COMPILED:
-        assert raw_rows.pointers(sig.raw[2], {"obs": odd}) is None
+        assert sig.raw[2]({"obs": odd}) is None
     assert _outcome(fast, {"obs": odd}) == _outcome(slow, {"obs": odd})
     assert_same(fast, slow)

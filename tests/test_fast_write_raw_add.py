@@ -18,7 +18,6 @@ from test_fast_write import SPEC as FW_SPEC
 from test_fast_write import assert_same, call, item, pair
 from test_fast_write_raw import COMPILED, DTYPES, _spec, _values
 from xpbank import Field, NStep, Spec
-from xpbank.replay import raw_rows
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (3,), (8,), (2, 5)])
@@ -34,7 +33,7 @@ def test_every_stored_dtype_lands_as_the_full_paths_bytes(shape, mapping):
     assert (sig.raw is not None) == COMPILED
     if COMPILED:  # the add was copied as bytes, not read by tolist()
         t = {k: _values(d, shape, 999 + j) for j, (k, d) in enumerate(DTYPES.items())}
-        assert raw_rows.pointers(sig.raw[2], t) is not None
+        assert sig.raw[2](t) is not None
 
 
 SPEC = Spec(
@@ -163,3 +162,20 @@ def test_an_add_with_an_episode_index_matches_the_full_path(kind, nstep):
         assert_same(fast, slow)
     sig = fast.__dict__["_signature"]
     assert (sig.raw is not None) == COMPILED  # no numba: no compiled step, the index plans
+
+
+def test_keys_are_never_code_in_the_generated_checks():
+    """raw_rows.checker writes its checks out as Python text: a field whose key reads as
+    code (quotes, a newline, a call) is a name's value there, never text; it is written
+    as the full path writes it, and nothing runs."""
+    odd = ["a'); raise SystemExit('ran'); ('", 'b"\nimport os', "c{__import__('os')}"]
+    spec = Spec({k: Field((2,)) for k in odd} | {"n": Field(())})
+    fast, slow = pair(8, spec)
+    for i in range(5):
+        t = {k: torch.full((2,), float(i + j)) for j, k in enumerate(odd)} | {"n": torch.tensor(float(i))}
+        assert call(fast, "add", t) == call(slow, "add", t)
+        assert_same(fast, slow)
+    sig = fast.__dict__["_signature"]
+    if COMPILED:
+        assert sig.raw[2](t) is not None  # the checks took the odd keys' tensors
+        assert sig.raw[2]({k: v for k, v in t.items() if k != odd[0]} | {"x": t[odd[0]]}) is None

@@ -168,3 +168,27 @@ def test_a_bank_and_a_buffer_are_taken_field_by_field_in_place(
     assert joined == []
     got["obs"].zero_()  # fresh memory: the bank (opened "r") is not written
     assert not torch.equal(mix.sample(12)["obs"], torch.zeros(12, 3))
+
+
+@pytest.mark.parametrize("sampler", [None, "prioritized"])
+def test_a_source_laid_out_anew_between_batches(sampler: str | None, monkeypatch) -> None:
+    """The layout kept from the last batch is checked share by share: a source whose block
+    is read through a new reader since (as after unpickling) is read apart and joined,
+    and the next batch finds the layout again and is taken in place."""
+    seen = _in_place_spy(monkeypatch)
+    a, b = _buffer(1), _buffer(2, PrioritizedSampler() if sampler else None)
+    mix = Mixture([a, b], [1, 1])
+    states = [a.generator.get_state(), b.generator.get_state()]
+    got = [mix.sample(8)]
+    b.storage._lay_out(b.storage._blocks)  # a new RecordReader of the same block
+    got += [mix.sample(8), mix.sample(8)]
+    a.generator.set_state(states[0])
+    b.generator.set_state(states[1])
+    want = [[a.sample(4), b.sample(4)] for _ in range(3)]
+    for batch, parts in zip(got, want, strict=True):
+        _same(batch, [p.exclude("weight") for p in parts])
+        if sampler:
+            assert torch.equal(batch["weight"], torch.cat([torch.ones(4), parts[1]["weight"]]))
+        else:
+            assert "weight" not in batch
+    assert seen == [True, False, True]

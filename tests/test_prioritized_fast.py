@@ -208,3 +208,32 @@ def test_draw_fresh_is_prefix_then_draw(kernels: object) -> None:
             np.testing.assert_array_equal(ratios, want_ratios)
             ring = Ring(capacity, first + capacity, capacity)  # full: every slot live
             np.testing.assert_array_equal(ids, ids_of_rows(ring, slots))
+
+
+def test_a_draw_written_into_given_arrays_is_the_samples_own(kernels: object) -> None:
+    """fast_read.draw_prioritized_at (a Mixture's share): the ids at the given address and
+    the weights in the given slice are those of the buffer's own sample, and the schedule
+    moves on as there; declined (a field list's buffer, nothing stored) writes nothing."""
+    from xpbank.replay import fast_read
+
+    rb, twin = buffer(beta_steps=5), buffer(beta_steps=5)
+    for k in (1, 7, 32):
+        ids, weights = np.full(k + 3, -1, dtype=np.int64), np.full(k + 3, -1, dtype=np.float32)
+        with rb.lock:
+            rows = fast_read.draw_prioritized_at(
+                rb, k, torch.from_numpy(ids).data_ptr() + 8 * 2, weights[2 : 2 + k]
+            )
+        want = twin.sample(k)
+        assert rows is not None and rows.shape == (k,)
+        assert ids[:2].tolist() == [-1, -1] and ids[2 + k :].tolist() == [-1]  # nothing else written
+        assert torch.equal(torch.from_numpy(ids[2 : 2 + k]), want["index"])
+        assert torch.equal(torch.from_numpy(weights[2 : 2 + k]), want["weight"])
+        assert torch.equal(torch.from_numpy(rb.storage.view("obs").numpy()[rows]), want["obs"])
+        assert rb.sampler.beta == twin.sampler.beta  # type: ignore[attr-defined]
+    empty = ReplayBuffer(8, sampler=PrioritizedSampler(), seed=0)
+    out = np.full(4, -1, dtype=np.float32)
+    assert (
+        fast_read.draw_prioritized_at(empty, 4, torch.from_numpy(np.empty(4, dtype=np.int64)).data_ptr(), out)
+        is None
+    )
+    assert out.tolist() == [-1.0] * 4

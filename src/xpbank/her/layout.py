@@ -71,6 +71,9 @@ class RecordLayout:
         self.words = records.view(np.uint8).reshape(records.shape[0], self.row).view(word)
         self.width = self.words.shape[1]
         self._ends_key = ("her_ends", self.stride)
+        self.call: Any = None  # the compiled pass's entry for this layout's arrays (records.py)
+        self.pair_dtype = self.word  # the dtype of the [2, m, g] goals it writes
+        self.shots: dict[int, Any] = {}  # batch size -> its kept Shot (her/shot.py)
         self.usable = True
 
     def ends(self, ring: Any) -> np.ndarray:

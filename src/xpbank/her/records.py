@@ -11,16 +11,19 @@ sample does, plus the relabelling:
 - the uniform draw (the same draws as the wrapped :class:`~xpbank.UniformSampler`),
   then the relabelling draw (:meth:`HerSampler._draw <xpbank.her.HerSampler>`), in the
   general path's order: the same batch for a seed; with numba, for an even batch, both
-  in one torch call (:func:`fused_draw`: the same words of the generator, decoded in
-  the compiled call; ~1.5 µs less);
-- one compiled call (:func:`xpbank.her.kernel._drawn_loop`, or ``_records_loop`` after
-  two draws): it prefetches the relabelled items' cells of the ends table; then, item
-  by item, prefetches the record a few items ahead, chooses the goal (the rule of
-  :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row and copies a
-  record whole into fresh memory; then copies each goal (the goal step's next achieved
+  in one torch call (:func:`fused_draw`'s: the same words of the generator, decoded in
+  the compiled call; ~1.5 µs less; the sample makes it into its Shot's kept tensor);
+- one compiled call (:func:`xpbank.her.kernel._drawn_pass`, or ``_records_loop`` after
+  two draws; the first compiled for the layout's one signature and reading its kept
+  arguments from an int64 context of addresses: ~0.5 µs less call than numba's
+  dispatcher typing thirteen arguments; what it needs kept per batch size in a
+  :class:`~xpbank.her.shot.Shot`): it prefetches the relabelled items' cells of the ends
+  table; then, item by item, prefetches the record a few items ahead, chooses the goal
+  (the rule of :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row
+  and copies a record whole into fresh memory; then copies each goal (the goal step's next achieved
   goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
-  ...]`` array beside the item's own next achieved goal; the ids and goal ids go into
-  one fresh ``[2, B]`` array;
+  ...]`` array of the goal's dtype (no view made for ``compute_reward``) beside the
+  item's own next achieved goal; the ids and goal ids go into one fresh ``[2, B]`` array;
 - the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
   two halves of that array, each contiguous), its rewards written into the records'
   reward field (:meth:`RecordLayout.put_rewards
@@ -50,6 +53,7 @@ from xpbank.her.kernel import _decode, record_kernels
 from xpbank.her.kernel import _records_loop as _records_loop  # (its source: the tests run it)
 from xpbank.her.layout import RecordLayout
 from xpbank.her.relabel import _per_item
+from xpbank.her.shot import Shot
 from xpbank.replay.fast_read import ids_of_rows
 from xpbank.sampler.uniform import UniformSampler
 
@@ -61,12 +65,58 @@ _NO_LEFT = np.zeros(0, dtype=np.int64)
 _INT64 = np.dtype(np.int64)
 _FUSED_LIMIT = 1 << 28  # torch's random_(0, n) takes 32 bits a value below this n, 64 from it
 _fusion: list[bool] = []  # [_fusion_holds()'s answer] once checked
+_LOW = -(2**63)  # a full-range int64 draw: random_(_LOW, None)
+_KEPT_SHOTS = 8  # batch sizes whose Shot a layout keeps
 
 
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     if not _compiled:
         _compiled.append(record_kernels())
     return _compiled[0]
+
+
+def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`~xpbank.her.kernel._drawn_pass` compiled for ``layout``'s one signature (its
+    words, fresh C arrays of the goal's dtype where numba takes it, else of the words),
+    kept on the layout with that dtype: its calls skip the dispatcher's typing of each
+    argument. The dispatcher itself where numba gives no entry."""
+    try:
+        import numba  # type: ignore[import-untyped, unused-ignore]
+        from numba import types  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:  # pragma: no cover - _kernels() found numba
+        layout.call = dispatcher
+        return dispatcher
+    i8, word = types.int64, numba.from_dtype(layout.word)
+    for pair in (layout.goal_dtype, layout.word):
+        try:
+            sig = (
+                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words), types.Array(word, 2, "C"),
+                types.Array(numba.from_dtype(pair), 3, "C"), types.Array(i8, 2, "C"),
+            )  # fmt: skip
+            layout.call = dispatcher.compile(sig)  # type: ignore[attr-defined]
+        except Exception:  # a dtype numba does not take (float16): the words
+            continue
+        layout.pair_dtype = pair
+        return layout.call
+    layout.call = dispatcher  # pragma: no cover - the words always compile
+    return dispatcher
+
+
+def _shot(layout: RecordLayout, her: Any, ring: Any, batch_size: int) -> Shot | None:
+    """A new :class:`~xpbank.her.shot.Shot` of ``batch_size``, kept on ``layout``; ``None``
+    where the fused draw and its compiled pass do not apply (no numba, an odd batch, a
+    torch whose draws :func:`_fusion_holds` finds different): nothing drawn."""
+    kernels = _kernels()
+    if kernels is None or batch_size & 1 or not (_fusion[0] if _fusion else _fusion_holds()):
+        return None
+    if layout.call is None:
+        _entry(layout, kernels[1])
+    if len(layout.shots) >= _KEPT_SHOTS:
+        layout.shots.clear()
+    shot = layout.shots[batch_size] = Shot(
+        layout, her.relabel_fraction, her.strategy == "final", batch_size, ring
+    )
+    return shot
 
 
 def kernel() -> Callable[..., Any] | None:
@@ -77,7 +127,7 @@ def kernel() -> Callable[..., Any] | None:
 
 
 def drawn_kernel() -> Callable[..., Any] | None:
-    """The compiled :func:`xpbank.her.kernel._drawn_loop` (numba, cached on disk), or
+    """The compiled :func:`xpbank.her.kernel._drawn_pass` (numba, cached on disk), or
     ``None`` without numba."""
     kernels = _kernels()
     return None if kernels is None else kernels[1]
@@ -100,7 +150,7 @@ def fused_draw(
     if kept is None or kept[1].shape[0] != n:  # (a NumPy shape: ~0.2 µs less than torch's)
         t = torch.empty(n, dtype=torch.int64)
         kept = layout.draw = (t, t.numpy())
-    kept[0].random_(-(2**63), None, generator=generator)  # every bit of each 64-bit word
+    kept[0].random_(_LOW, None, generator=generator)  # every bit of each 64-bit word
     return kept[1]
 
 
@@ -160,38 +210,52 @@ def sample_records(
         layout = her._records = RecordLayout(reader, her._resolve(spec, episodes), spec, episodes)
     if not layout.usable:
         return None
-    m = int(her.relabel_fraction * batch_size)
-    out = np.empty((batch_size, layout.width), layout.word)
-    index = np.empty((2, batch_size), _INT64)  # the ids, then the goal ids: one allocation
-    pair = np.empty((2, m, layout.goal_words), layout.word)  # next achieved goals, then goals
-    left = layout.ends(ring) if m else _NO_LEFT
-    kernels = _kernels()
-    raw = None if kernels is None else fused_draw(layout, ring.size, batch_size, m, generator)
-    if raw is not None and kernels is not None:  # both draws in one: decoded by the kernel
-        kernels[1](
-            raw, ring.size, layout.words, ring.next_id - ring.size, left, layout.stride, ring.next_id,
-            her.strategy == "final", layout.achieved, layout.goal_at, out, pair, index,
-        )  # fmt: skip
+    shot = layout.shots.get(batch_size)
+    if shot is None or shot.fraction != her.relabel_fraction or shot.final is not (her.strategy == "final"):
+        shot = _shot(layout, her, ring, batch_size)
+    if shot is not None and 0 < ring.size < _FUSED_LIMIT:  # both draws in one: decoded by the kernel
+        m = shot.m
+        out = np.empty(shot.out_shape, shot.word)
+        index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
+        pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
+        table = shot.table
+        if table is not None and table.seen != ring.next_id:  # items written since
+            table.catch_up(ring, episodes)
+        shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
+        size, next_id = ring.size, ring.next_id
+        shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
     else:
+        m = int(her.relabel_fraction * batch_size)
+        out = np.empty((batch_size, layout.width), layout.word)
+        index = np.empty((2, batch_size), _INT64)
+        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
+        left = layout.ends(ring) if m else _NO_LEFT
+        kernels = _kernels()
         slots, rows, _ = plan.draw(batch_size)
         her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
         uniform = her._draw(m, generator) if m else _NO_U
+        words = pair if pair.dtype is layout.word else pair.view(layout.word)
         if kernels is None:
-            _numpy_pass(layout, ring, rows, uniform, her.strategy, out, pair[1], pair[0], index[0], index[1])
+            _numpy_pass(
+                layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1]
+            )
         else:
             kernels[0](
                 layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-                her.strategy == "final", layout.achieved, layout.goal_at, out, pair[1], pair[0], index[0],
+                her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
                 index[1],
             )  # fmt: skip
     if m:
-        goals = pair.view(layout.goal_dtype)  # one view of both
+        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)  # both at once
         if len(layout.goal_shape) != 1:
             goals = goals.reshape(2, m, *layout.goal_shape)
         value = reward(goals[0], goals[1], None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        layout.put_rewards(out, m, value)
+        if layout.reward_at >= 0:  # one column of the rows (put_rewards' case, inline)
+            out.view(layout.reward_type)[:m, layout.reward_at] = value
+        else:
+            layout.put_rewards(out, m, value)
     records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
     return records, index[0], {"her_goal": torch.from_numpy(index[1])}
 

@@ -37,7 +37,7 @@ from tensordict import TensorDict
 
 from xpbank.errors import SpecError
 from xpbank.mix.fields import FieldLayout, share_entries, take_fields
-from xpbank.mix.inplace import Layout, Share, spelled_out, take_share
+from xpbank.mix.inplace import Layout, Share, spelled_out, take_shares
 from xpbank.replay import ReplayBuffer, fast_read, reading
 from xpbank.spec.batch import flat_tensordict, to_tensordict
 from xpbank.storage.dtypes import as_torch
@@ -123,6 +123,8 @@ class Assembler:
         self._unfit: tuple[Any, ...] | None = None  # the last state without one
         # counts -> ("source" of a batch in place, its torch.Size)
         self._flat_columns: dict[tuple[int, ...], tuple[np.ndarray, torch.Size]] = {}
+        # the last batch taken in place through a Layout: (counts, layout, "source", size)
+        self._last: tuple[list[int], Layout, np.ndarray, torch.Size] | None = None
 
     def sample(
         self,
@@ -154,24 +156,28 @@ class Assembler:
                     if k
                 ]
                 return self.join(parts, counts)
-        layout = self._layout_of(sources, counts) if fields is None else None
-        if layout is None:
-            parts = [draw_share(s, sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
-            return self.join(parts, counts)
-        column, size = self._flat_column(counts)
+        last = self._last
+        layout: Layout | FieldLayout | None
+        if last is not None and fields is None and last[0] == counts:
+            # the packed layout of these shares' sources, found for the last batch: each
+            # share checks its source's block again (take_shares) and drops it if changed
+            layout, column, size = last[1], last[2], last[3]
+        else:
+            layout = self._layout_of(sources, counts) if fields is None else None
+            if layout is None:
+                parts = [draw_share(s, sources[s], k, replace, fields) for s, k in enumerate(counts) if k]
+                return self.join(parts, counts)
+            column, size = self._flat_column(counts)
+            if type(layout) is Layout:
+                self._last = (list(counts), layout, column, size)
         if isinstance(layout, FieldLayout):
             return self._take_fields(layout, sources, counts, replace, column, size)
         joint = (np.empty(size[0], dtype=layout.dtype), np.empty(size[0], dtype=np.int64))
         weights: list[np.ndarray | None] = [None]
-        parts, lo, in_place = [], 0, True
-        for s, k in enumerate(counts):
-            if k:
-                part = take_share(s, sources[s], k, replace, layout.readers[s], joint, lo, weights)
-                in_place = in_place and part[3] is not None and part[3][2] is joint
-                parts.append(part)
-                lo += k
+        parts, in_place = take_shares(sources, counts, replace, layout.readers, joint, weights)
         out = _join_rows(parts) if in_place else None  # the fields as views of the joint records
-        if out is None:  # a share read its own way (see take_share)
+        if out is None:  # a share read its own way (see take_shares): the layout found anew
+            self._last = None
             return self.join([spelled_out(p, joint, weights[0]) for p in parts], counts)
         return _batch(out, weights[0], column, size, layout)
 

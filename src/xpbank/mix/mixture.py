@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -127,6 +127,11 @@ class Mixture:
         self._lock = threading.RLock()
         self._assembler = Assembler(keys)
         self._counts: dict[tuple[Any, ...], list[int]] = {}  # (weights, batch size) -> counts
+        # constant weights (every schedule a Constant): batch size -> counts, else None
+        self._fixed: dict[int, list[int]] | None = (
+            {} if all(type(w) is Constant for w in self.weights) else None
+        )
+        self._fixed_for = self.weights  # (the weights those counts are of)
         self._checked: tuple[Any, ...] | None = None  # the specs whose keys were found the same
 
     def __repr__(self) -> str:
@@ -151,8 +156,17 @@ class Mixture:
         return list(found)
 
     def _draw_counts(self, batch_size: int) -> list[int]:
+        """The next batch's counts (read only: a kept list where the weights are constant)."""
         if self.exact:
-            return self.counts(batch_size)
+            fixed = self._fixed
+            if fixed is None or self._fixed_for is not self.weights:
+                return self.counts(batch_size)
+            found = fixed.get(batch_size)
+            if found is None:
+                if len(fixed) >= 64:
+                    fixed.clear()
+                found = fixed[batch_size] = self.counts(batch_size)
+            return found
         p = torch.tensor(self.fractions(), dtype=torch.float64)
         drawn = torch.multinomial(p, batch_size, replacement=True, generator=self.generator)
         return [int(c) for c in torch.bincount(drawn, minlength=len(self.sources))]
@@ -175,7 +189,8 @@ class Mixture:
             SpecError: the sources' batches differ in keys (``keys="same"``), or a kept
                 key differs in shape or dtype between sources.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        kind = type(batch_size)  # (an int: one check)
+        if (kind is not int and (kind is bool or not isinstance(batch_size, int))) or batch_size <= 0:
             raise CapacityError(f"batch_size: expected an int > 0, got {batch_size!r}")
         with self._lock:
             counts = self._draw_counts(batch_size)
@@ -187,30 +202,22 @@ class Mixture:
     def _check_sources(self, counts: list[int], replace: bool) -> None:
         same = self.keys == "same"
         given = []  # (source, spec) of the sources with a share and a spec
+        sources = self.sources
         for s, k in enumerate(counts):
-            if not k:
-                continue
-            rb = self.sources[s]
-            n = len(rb)
-            if n == 0:
-                raise EmptyBufferError(
-                    f"sample: source {s} is empty but its weight gives it {k} items of this batch; "
-                    "fill it first or give it weight 0"
-                )
-            if not replace and k > n:
-                raise CapacityError(
-                    f"sample: source {s}: {k} distinct items asked for (replace=False), "
-                    f"but only {n} are stored"
-                )
-            if same and (spec := rb.spec):
-                given.append((s, spec))
-        if same and (checked := tuple(given)) != self._checked:
-            # specs are compared by value: checked once per change
-            specs = [(s, set(spec.keyset)) for s, spec in checked]
+            if k:
+                rb = sources[s]
+                n = len(rb)
+                if not n or (not replace and k > n):
+                    _refuse_share(s, k, n)
+                if same and (spec := rb.spec) is not None:
+                    given.append((s, spec))
+        if same and (seen := tuple(given)) != self._checked:
+            # specs are compared by value: checked once per change (an empty spec is none)
+            specs = [(s, set(spec.keyset)) for s, spec in seen if spec]
             for s, keys in specs[1:]:
                 if keys != specs[0][1]:
                     refuse_keys(specs[0], (s, keys))
-            self._checked = checked
+            self._checked = seen
 
     # -- updates ----------------------------------------------------------------
     def update(self, source: Any, indices: Any, values: Any) -> None:
@@ -322,6 +329,19 @@ class Mixture:
                 f"load_saved: the bank's metadata holds no {METADATA_KEY!r} entry (not saved by Mixture.save)"
             )
         self.load_state_dict(state)
+
+
+def _refuse_share(s: int, k: int, n: int) -> NoReturn:
+    """Raise for source ``s``'s share of ``k`` items where it holds ``n``: none, or (drawn
+    without replacement) fewer than ``k``."""
+    if n == 0:
+        raise EmptyBufferError(
+            f"sample: source {s} is empty but its weight gives it {k} items of this batch; "
+            "fill it first or give it weight 0"
+        )
+    raise CapacityError(
+        f"sample: source {s}: {k} distinct items asked for (replace=False), but only {n} are stored"
+    )
 
 
 def _open(source: Any, i: int) -> ReplayBuffer:

@@ -12,7 +12,7 @@ and reads through it:
   <xpbank.sampler.UniformSampler.draw_into>`: the same draws as the general path), then
   the batch;
 - :func:`try_prioritized`, for the prioritized sampler (NumPy trees, numba): its draw
-  into the same kept slot tensor (:func:`~xpbank.sampler.prioritized_fast.draw_into`:
+  into the same kept slot tensor (:func:`~xpbank.sampler.prioritized_fast.draw_at`:
   the same draws, weights and schedule as its ``sample``), then the batch with the
   weights;
 - :func:`try_read`, after any other sampler's own draw: the batch of its slots and
@@ -46,7 +46,7 @@ import torch
 
 from xpbank.ring.ids import Ring
 from xpbank.sampler.prioritized import PrioritizedSampler
-from xpbank.sampler.prioritized_fast import draw_into
+from xpbank.sampler.prioritized_fast import draw_at
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.batch import flat_tensordict, to_tensordict
 
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReadPlan",
+    "draw_prioritized_at",
     "draw_prioritized_rows",
     "draw_records",
     "ids_of_rows",
@@ -83,7 +84,7 @@ class ReadPlan:
         self.uniform = type(rb._sampler) is UniformSampler  # try_sample draws for it
         self.prioritized = type(rb._sampler) is PrioritizedSampler  # try_prioritized draws for it
         self.flat = self.usable and all(type(k) is str for k in reader.keys)  # no nested keys
-        # the records' address and row size, for a draw's prefetch (prioritized_fast.draw_into)
+        # the records' address and row size, for a draw's prefetch (prioritized_fast.draw_at)
         records = reader.records if self.usable else None
         self.records_at = (0, 0) if records is None else (int(records.ctypes.data), records.strides[0])
         # batch size -> (slot tensor, its NumPy view, the batch's torch.Size)
@@ -157,12 +158,12 @@ def try_sample(rb: Any, batch_size: Any) -> TensorDict | None:
     return _batch(plan, rb._ring, rows, size, None)
 
 
-def _prioritized_draw(
+def _prioritized_rows(
     rb: Any, batch_size: Any
-) -> tuple[ReadPlan, np.ndarray, torch.Size, torch.Tensor, torch.Tensor] | None:
-    """The prioritized sampler's draw with replacement into the plan's kept slot tensor:
-    ``(plan, the slots as NumPy rows, the batch's size, the items' ids, their weights)``,
-    or ``None`` before anything is drawn (the caller holds the lock)."""
+) -> tuple[ReadPlan, torch.Tensor, np.ndarray, torch.Size] | None:
+    """The plan and its kept slot tensor for the prioritized sampler's draw with
+    replacement: ``(plan, slots, the slots' NumPy view, the batch's size)``, or ``None``
+    where the fast path does not apply (the caller holds the lock)."""
     ring = rb._ring
     if type(batch_size) is not int or not 0 < batch_size <= _MAX_BATCH or ring.size == 0:
         return None
@@ -172,21 +173,22 @@ def _prioritized_draw(
     if plan is None or not plan.prioritized:
         return None
     slots, rows, size = plan.draw(batch_size)
-    drawn = draw_into(plan.sampler, ring, slots, rb._generator, plan.records_at)
-    if drawn is None:
-        return None
-    return plan, rows, size, drawn[0], drawn[1]
+    return plan, slots, rows, size
 
 
 def try_prioritized(rb: Any, batch_size: Any) -> TensorDict | None:
     """``sample(batch_size)`` of every field from a buffer with the prioritized sampler
     (the caller holds the lock), or ``None`` before anything is drawn: the general path
     takes the call (and raises what it raises)."""
-    drawn = _prioritized_draw(rb, batch_size)
-    if drawn is None:
+    found = _prioritized_rows(rb, batch_size)
+    if found is None:
         return None
-    plan, rows, size, ids, weights = drawn
-    return _batch(plan, rb._ring, rows, size, {"weight": weights}, ids)  # the ids the draw wrote
+    plan, slots, rows, size = found
+    ids = torch.from_numpy(np.empty(batch_size, dtype=np.int64))  # (~0.2 µs less than torch.empty)
+    weights = draw_at(plan.sampler, rb._ring, slots, rb._generator, plan.records_at, ids.data_ptr())
+    if weights is None:
+        return None
+    return _batch(plan, rb._ring, rows, size, {"weight": torch.from_numpy(weights)}, ids)  # the draw's ids
 
 
 def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray] | None:
@@ -196,11 +198,31 @@ def draw_prioritized_rows(rb: Any, batch_size: int) -> tuple[np.ndarray, np.ndar
     :func:`draw_records` for a uniform source; ``None`` where :func:`try_prioritized`
     would decline. The rows are the plan's kept slot array: read them before this
     buffer's next draw. The caller holds the lock."""
-    drawn = _prioritized_draw(rb, batch_size)
-    if drawn is None:
+    found = _prioritized_rows(rb, batch_size)
+    if found is None:
         return None
-    plan, rows, _, ids, weights = drawn
-    return rows, weights.numpy(), plan.reader, ids.numpy()
+    plan, slots, rows, _ = found
+    ids = torch.from_numpy(np.empty(batch_size, dtype=np.int64))
+    weights = draw_at(plan.sampler, rb._ring, slots, rb._generator, plan.records_at, ids.data_ptr())
+    if weights is None:
+        return None
+    return rows, weights, plan.reader, ids.numpy()
+
+
+def draw_prioritized_at(rb: Any, batch_size: int, ids_at: int, weights: np.ndarray) -> np.ndarray | None:
+    """:func:`draw_prioritized_rows`' draw with the items' ids written at address
+    ``ids_at`` (int64, ``batch_size`` long) and their weights into ``weights`` (float32,
+    ``batch_size`` long): a :class:`~xpbank.Mixture`'s share written straight into its
+    batch. Returns the drawn slots as NumPy rows (the plan's kept array: read them before
+    this buffer's next draw), or ``None`` where :func:`try_prioritized` would decline
+    (nothing drawn or written). The caller holds the lock."""
+    found = _prioritized_rows(rb, batch_size)
+    if found is None:
+        return None
+    plan, slots, rows, _ = found
+    if draw_at(plan.sampler, rb._ring, slots, rb._generator, plan.records_at, ids_at, weights) is None:
+        return None
+    return rows
 
 
 def draw_records(rb: Any, batch_size: int) -> tuple[np.ndarray, Any] | None:

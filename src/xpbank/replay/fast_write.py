@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from xpbank.errors import XpbankError
-from xpbank.replay import raw_rows
+from xpbank.replay import fast_values, raw_rows
 from xpbank.replay.fast_frames import FrameSignature, frame_signature
 from xpbank.ring.episode_step import lockstep_step, state_address
 from xpbank.sampler.uniform import UniformSampler
@@ -72,14 +72,14 @@ from xpbank.spec.spec import Spec
 
 __all__ = ["Signature", "remember", "signature_of", "try_write"]
 
-# how a field's value is taken (the kind of the value seen when the signature was made)
-_ARRAY = 0  # np.ndarray of the field's dtype and the batch's shape: stored as it is
-_TENSOR0 = 1  # a 0-d torch tensor of the field's dtype: its .tolist(), a number (exact)
-_TENSOR_LIST = 2  # a small 1-d torch tensor of the field's dtype and shape: its .tolist()
-_TENSOR = 3  # a CPU torch tensor of the field's dtype and shape: its NumPy view
-_NUMBER = 4  # a Python / NumPy scalar of one type, stored as it is (exact)
-_BOUNDED = 5  # a Python / NumPy scalar stored only within +-bound (exact / finite there)
-_ARRAY_NARROW = 6  # a float64 array into a float32 field, within +-bound
+# how a field's value is taken: the kinds of fast_values (which reads them)
+_ARRAY, _TENSOR0, _TENSOR_LIST, _TENSOR = (
+    fast_values.ARRAY,
+    fast_values.TENSOR0,
+    fast_values.TENSOR_LIST,
+    fast_values.TENSOR,
+)
+_NUMBER, _BOUNDED, _ARRAY_NARROW = fast_values.NUMBER, fast_values.BOUNDED, fast_values.ARRAY_NARROW
 _LIST_MAX = 8  # a 1-d tensor up to this long: tolist() + a store of numbers beat numpy() (even at 16)
 
 # float64 -> float32 rounds once, as torch's conversion does; float16 is left to the full
@@ -128,6 +128,7 @@ class Signature:
             # which it reads as arrays or numbers: no lists
             entries = [(e[0], _TENSOR, *e[2:]) if e[1] == _TENSOR_LIST else e for e in entries]
         self.entries = entries
+        self.read = fast_values.reader(entries)  # src -> the values in record order, or None
         self.count = len(entries)
         self.keys = [e[0] for e in entries]
         self.views = [block.np_views[key] for key in self.keys]
@@ -162,53 +163,7 @@ class Signature:
     def values(self, batch: Any) -> list[Any] | None:
         """The values to store, in record order, or ``None``: not this signature."""
         src = self.source(batch)
-        if src is None:
-            return None
-        out = []
-        get = src.get
-        # module globals as locals: each global (and torch.Tensor's attribute) lookup
-        # per field added ~0.1 µs to a call of six fields
-        ndarray, tensor = np.ndarray, torch.Tensor
-        for key, kind, want, shape, bound in self.entries:
-            v = get(key)
-            if kind == _ARRAY:
-                if type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
-                    return None
-            elif kind <= _TENSOR_LIST:  # a torch tensor read as Python numbers (exact)
-                # a device the full path refuses (not CPU or CUDA) would convert here
-                if type(v) is not tensor or v.dtype is not want or not (v.is_cpu or v.is_cuda):
-                    return None
-                try:  # raise: a nested tensor's shape, tolist() of a sparse, mkldnn or meta
-                    # tensor (the full path refuses each: no layout check needed, ~50 ns)
-                    if kind == _TENSOR_LIST and v.shape != shape:
-                        return None
-                    v = v.tolist()  # ~0.2 µs; .numpy() is ~0.55 µs, .item() + .dim() ~0.25
-                except (RuntimeError, TypeError, NotImplementedError):
-                    return None
-                if kind == _TENSOR0 and type(v) is list:
-                    return None  # not 0-d
-            elif kind == _TENSOR:
-                if type(v) is not tensor or v.dtype is not want:
-                    return None
-                try:  # a dense CPU tensor without grad: a view (raises for any other)
-                    v = v.numpy()
-                except (RuntimeError, TypeError):
-                    return None
-                if v.shape != shape:
-                    return None
-            elif kind == _NUMBER:
-                if type(v) is not want:
-                    return None
-            elif kind == _BOUNDED:
-                if type(v) is not want or not -bound <= v <= bound:
-                    return None
-            else:  # _ARRAY_NARROW
-                if type(v) is not np.ndarray or v.dtype != want or v.shape != shape:
-                    return None
-                if v.size and not np.abs(v).max() <= bound:  # NaN fails too: the full path takes it
-                    return None
-            out.append(v)
-        return out
+        return None if src is None else self.read(src)
 
 
 def _nothing() -> None:
@@ -325,10 +280,13 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     # a new spec is laid out anew (initialize), so a kept block means a kept spec
     if storage is not sig.storage or storage.host_block is not sig.block or rb._sampler is not sig.sampler:
         return None
+    src = sig.source(batch)
+    if src is None:
+        return None
     raw = sig.raw  # all torch tensors: their pointers where each is dense on the CPU
-    ptrs = None if raw is None or (src := sig.source(batch)) is None else raw_rows.pointers(raw[2], src)
+    ptrs = None if raw is None else raw[2](src)
     if ptrs is None:
-        values = sig.values(batch)
+        values = sig.read(src)
         if values is None:
             return None
     ring = rb._ring

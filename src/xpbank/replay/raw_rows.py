@@ -4,17 +4,18 @@ the write fast path's torch ``extend`` and ``add`` (:mod:`xpbank.replay.fast_wri
 Where every field of a signature is a torch tensor, the fast path's per-field cost is
 the tensor's conversion (``numpy()``, ~0.55 µs, or ``tolist()``, ~0.2 µs) and then a
 NumPy store into a strided column of the rows (~0.3 µs). A tensor that is dense in
-memory needs neither: its bytes are the values to store, in order. :func:`pointers`
-checks each field in Python (type, dtype, CPU, shape, contiguous, no negative bit;
-a conjugate bit only exists for complex dtypes, which the fast path never stores; a
-layout other than strided fails ``shape`` or ``data_ptr()``) and takes its
-``data_ptr()``; one compiled call (:func:`copy_rows`) then copies every field's bytes
-into its columns of the rows (aligned 8- or 4-byte words where it can). One ``[8]``
-env step of six fields: the whole ``extend`` ~4.5 µs instead of ~8.2 µs
-(``benchmarks/ab_small_writes.py``); the checks are most of what is left (~0.45 µs a
-field: each torch attribute read is ~40-80 ns). An ``add`` of one transition is one row
-(each tensor without the batch dim): six 0-d / 1-d fields, ~4.9 µs through ``tolist()``
-and a record store, ~4 µs here. A field of one value skips ``is_contiguous()`` (a strided
+memory needs neither: its bytes are the values to store, in order. :func:`checker`
+makes, once per signature, the function that checks each field in Python (type, dtype,
+CPU, shape, contiguous, no negative bit; a conjugate bit only exists for complex dtypes,
+which the fast path never stores; a layout other than strided fails ``shape`` or
+``data_ptr()``) and takes its ``data_ptr()``; one compiled call (:func:`copy_rows`)
+then copies every field's bytes into its columns of the rows (aligned 8- or 4-byte words
+where it can). One ``[8]`` env step of six fields: the whole ``extend`` ~4.5 µs instead
+of ~8.2 µs (``benchmarks/ab_small_writes.py``); the checks are most of what is left (~0.35 µs a
+field: each torch attribute read is ~40-80 ns; ~0.45 µs as a loop over the fields). An
+``add`` of one transition is one row (each tensor without the batch dim): six 0-d / 1-d
+fields, ~4.9 µs through ``tolist()`` and a record store, ~3.9 µs here (SB3's ``add``:
+~3.2 µs in the same process). A field of one value skips ``is_contiguous()`` (a strided
 tensor of one value always is), and a 0-d one reads ``dim()`` instead of ``shape``.
 
 The kernel refuses, before it writes a byte, a null pointer (a tensor without storage)
@@ -33,14 +34,16 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from xpbank import _jit
+from xpbank.replay.fast_values import made
 
-__all__ = ["copy_arrays", "copy_rows", "plan", "plan_arrays", "pointers"]
+__all__ = ["checker", "copy_arrays", "copy_rows", "plan", "plan_arrays"]
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +180,7 @@ def _compiled(kernel: Any, types: tuple[Any, ...]) -> Any:
 def plan(
     block: Any, entries: list[tuple[Any, ...]], n: int, tensor_kinds: tuple[int, ...]
 ) -> tuple[Any, ...] | None:
-    """What :func:`pointers` and the copy take for a signature of ``n`` rows (an
+    """What the copy takes (and the :func:`checker` of its pointers) for a signature of ``n`` rows (an
     ``extend``) whose ``entries`` are all torch tensors (kinds in ``tensor_kinds``), or
     ``None``: no numba or a field of another kind. ``n == 0``: an ``add`` (one row, each
     tensor without the batch dim)."""
@@ -187,11 +190,11 @@ def plan(
     if layout is None:
         return None
     # a tensor of one value is contiguous wherever it is strided: no is_contiguous() (~50 ns)
-    checks = [(e[0], e[2], e[3], math.prod(e[3]) <= 1) for e in entries]
+    check = checker([(e[0], e[2], e[3], math.prod(e[3]) <= 1) for e in entries])
     from numba import typeof  # type: ignore[import-untyped, unused-ignore]
 
     call = _compiled(_kernel, tuple(typeof(x) for x in (layout, 0, 0, tuple(0 for _ in entries))))
-    return None if call is None else (call, layout, checks)
+    return None if call is None else (call, layout, check)
 
 
 def plan_arrays(block: Any, entries: list[tuple[Any, ...]], array_kind: int) -> tuple[Any, ...] | None:
@@ -217,26 +220,43 @@ def plan_arrays(block: Any, entries: list[tuple[Any, ...]], array_kind: int) -> 
     return None if call is None else (call, layout)
 
 
-def pointers(checks: list[tuple[Any, ...]], src: Any) -> tuple[int, ...] | None:
-    """Each field's ``data_ptr()`` where every value of ``src`` (the batch's own dict)
-    is a dense CPU tensor of the signature's dtype and shape, else ``None``."""
-    out = []
-    get = src.get
-    tensor = torch.Tensor
-    for key, want, shape, one in checks:
-        v = get(key)
-        if type(v) is not tensor or v.dtype is not want or not v.is_cpu:
-            return None
-        # no layout check (~40 ns a field): a strided nested tensor's shape raises (and
-        # it has 2+ dims), data_ptr() of every other layout raises (sparse, mkldnn; a
-        # jagged nested tensor is a subclass); tests/test_fast_write_raw*.py check each
-        try:
-            if one:  # one value (an add's 0-d field: dim(), ~30 ns less than shape)
-                if (v.shape != shape if shape else v.dim()) or v.is_neg():
-                    return None
-            elif v.shape != shape or not v.is_contiguous() or v.is_neg():
-                return None
-            out.append(v.data_ptr())
-        except (RuntimeError, TypeError, NotImplementedError):
-            return None
-    return tuple(out)
+def checker(checks: list[tuple[Any, ...]]) -> Callable[[Any], tuple[int, ...] | None]:
+    """``pointers(src)`` for one signature: each field's ``data_ptr()`` where every value of
+    ``src`` (the batch's own dict) is a dense CPU tensor of its dtype and shape, else ``None``.
+
+    ``checks`` holds ``(key, dtype, shape, one)`` per field (``one``: a field of one value).
+    The checks are written out field by field in one function, made once per signature:
+    a loop over the fields cost ~0.1 µs a field more (a tuple unpacked, an append, a
+    ``try`` entered each time), a third of an ``add`` of six torch fields. Only names
+    appear in the generated text (``k0``, ``d0``, ...); the keys, dtypes and shapes are the
+    function's globals, never text, so a key is never code.
+
+    Each field is checked in the order a per-field loop would: type, dtype and CPU first,
+    then its shape (a nested tensor's raises), its contiguity, its negative bit; its
+    ``data_ptr()`` (raises for a sparse or mkldnn tensor) only after all of them passed.
+    """
+    names: dict[str, Any] = {"T": torch.Tensor}
+    heads, tails, ptrs = [], [], []
+    for i, (key, want, shape, one) in enumerate(checks):
+        names[f"k{i}"], names[f"d{i}"], names[f"s{i}"] = key, want, shape
+        heads.append(f"type(v{i}) is not T or v{i}.dtype is not d{i} or not v{i}.is_cpu")
+        if one:  # one value: always contiguous; a 0-d one reads dim() (~30 ns less than shape)
+            tails.append(f"v{i}.shape != s{i} or v{i}.is_neg()" if shape else f"v{i}.dim() or v{i}.is_neg()")
+        else:
+            tails.append(f"v{i}.shape != s{i} or not v{i}.is_contiguous() or v{i}.is_neg()")
+        ptrs.append(f"v{i}.data_ptr(), ")
+    fetch = "".join(f"    v{i} = get(k{i})\n" for i in range(len(checks)))
+    text = (
+        "def pointers(src):\n"
+        "    get = src.get\n"
+        f"{fetch}"
+        f"    if {' or '.join(heads) or 'False'}:\n"
+        "        return None\n"
+        "    try:\n"
+        f"        if {' or '.join(tails) or 'False'}:\n"
+        "            return None\n"
+        f"        return ({''.join(ptrs)})\n"
+        "    except (RuntimeError, TypeError, NotImplementedError):\n"
+        "        return None\n"
+    )
+    return made(text, f"<raw_rows.checker of {len(checks)} fields>", "pointers", names)

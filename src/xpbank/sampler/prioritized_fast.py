@@ -5,16 +5,19 @@ fresh uniform tensor and its NumPy view, the draw kernel, the weights, the check
 update kernel, each with its Python glue), ~0.5-1 µs apiece against a C++ library's one
 call. Here each is what it must be:
 
-- a draw (:func:`draw_into`): the stratified uniforms from the buffer's generator into
+- a draw (:func:`draw_at`): the stratified uniforms from the buffer's generator into
   a float64 tensor kept per batch size (:class:`DrawArrays`: the same draws as
   ``torch.rand(B, dtype=torch.float64)``), one compiled call at addresses
   (:func:`~xpbank.sampler.prioritized_calls.draw`: after a write the top's prefix sums
   into a kept array, then fractions, descent, the weights' bases, the ids; the drawn
-  records prefetched for the read) writing the slots into the caller's tensor, then the
-  weights' power (NumPy's, see :func:`~xpbank.sampler.priorities.power`).
-  :meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` and the
-  buffer's read fast path (:mod:`xpbank.replay.fast_read`) both draw through it: same
-  slots, weights and schedule position;
+  records prefetched for the read) writing the slots into the caller's tensor and the
+  ids at the caller's address, then the weights' power (NumPy's, see
+  :func:`~xpbank.sampler.priorities.power`) into a new array or the caller's.
+  :meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` (through
+  :func:`draw_into`: new ids and weights tensors), the buffer's read fast path
+  (:mod:`xpbank.replay.fast_read`) and a :class:`~xpbank.Mixture`'s share (ids and
+  weights written into its batch) all draw through it: same slots, weights and
+  schedule position;
 - an update (:func:`update_ids`) of two plain CPU tensors (``batch["index"]`` and a TD
   error): their dtypes, shapes, device, layout and bits checked in Python, then one
   compiled call at their ``data_ptr()`` checks the ids' liveness and the values, adds
@@ -55,7 +58,7 @@ from xpbank.sampler.prioritized_calls import TreeCalls
 if TYPE_CHECKING:
     from xpbank.ring.ids import Ring
 
-__all__ = ["DrawArrays", "draw_into", "tree_calls", "update_ids", "write"]
+__all__ = ["DrawArrays", "draw_at", "draw_into", "tree_calls", "update_ids", "write"]
 
 
 class DrawArrays:
@@ -88,10 +91,15 @@ class DrawArrays:
         return (DrawArrays, ())
 
 
-def _weights(sampler: Any, ratios: np.ndarray) -> np.ndarray:
-    """The weights of the bases ``ratios`` (a new float32 array); the schedule moves on."""
+def _weights(sampler: Any, ratios: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The weights of the bases ``ratios`` (a new float32 array, or written into ``out``:
+    float32, the same values); the schedule moves on."""
     beta = sampler.beta0 if sampler.beta_steps is None else sampler.beta
-    weights = power(ratios, -beta).astype(np.float32)  # NumPy's power, as importance_weights
+    if out is None:
+        weights = power(ratios, -beta).astype(np.float32)  # NumPy's power, as importance_weights
+    else:
+        out[...] = power(ratios, -beta)  # (the same cast to float32 as astype's)
+        weights = out
     sampler._samples += 1
     return weights
 
@@ -118,11 +126,31 @@ def draw_into(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:meth:`PrioritizedSampler.sample <xpbank.PrioritizedSampler.sample>` with
     replacement into ``slots`` (a CPU int64 tensor, dense, the batch size long) in one
-    compiled call (:func:`~xpbank.sampler.prioritized_calls.draw`); returns the items'
-    ids (a new tensor) and weights, or ``None`` before any draw where the sampler's own
-    ``sample`` must take the call (no numba, the torch trees, nothing written, every
-    priority 0: it raises). ``records``: the address and row size of the records the
-    batch reads next (prefetched), or ``(0, 0)``."""
+    compiled call (:func:`draw_at`); returns the items' ids (a new tensor) and weights,
+    or ``None`` before any draw where the sampler's own ``sample`` must take the call
+    (no numba, the torch trees, nothing written, every priority 0: it raises).
+    ``records``: the address and row size of the records the batch reads next
+    (prefetched), or ``(0, 0)``."""
+    ids = torch.from_numpy(np.empty(slots.shape[0], dtype=np.int64))  # (~0.2 µs less than torch.empty)
+    weights = draw_at(sampler, ring, slots, generator, records, ids.data_ptr())
+    return None if weights is None else (ids, torch.from_numpy(weights))
+
+
+def draw_at(
+    sampler: Any,
+    ring: Ring,
+    slots: torch.Tensor,
+    generator: torch.Generator,
+    records: tuple[int, int],
+    ids_at: int,
+    weights: np.ndarray | None = None,
+) -> np.ndarray | None:
+    """:func:`draw_into`'s draw with the items' ids written at address ``ids_at`` (int64,
+    the batch size long) and their weights returned (a new float32 array, or written
+    into ``weights``: float32, the batch size long, e.g. a slice of a
+    :class:`~xpbank.Mixture`'s batch), or ``None`` before any draw, as :func:`draw_into`.
+    One compiled call (:func:`~xpbank.sampler.prioritized_calls.draw`), then the
+    weights' power."""
     calls = sampler._calls
     if calls.levels is not sampler._levels or calls.smallest is not sampler._smallest or calls.draw is None:
         calls = tree_calls(sampler)
@@ -145,13 +173,12 @@ def draw_into(
     if arrays.size != b:
         arrays.of(b)
     arrays.uniforms.uniform_(generator=generator)  # (DrawArrays.fill, inline: one call less)
-    ids = torch.from_numpy(np.empty(b, dtype=np.int64))  # (~0.2 µs less than torch.empty)
     calls.draw(
-        calls.address, arrays.draws_at, arrays.ratios_at, slots.data_ptr(), ids.data_ptr(), b,
+        calls.address, arrays.draws_at, arrays.ratios_at, slots.data_ptr(), ids_at, b,
         fresh, scale, divisor, ring.next_id - ring.size, ring.capacity, *records,
     )  # fmt: skip
     sampler._cums = calls.cums  # the top's prefix sums, until the next write
-    return ids, torch.from_numpy(_weights(sampler, arrays.ratios))
+    return _weights(sampler, arrays.ratios, weights)
 
 
 def write(sampler: Any, kernels: Any, slots: np.ndarray, shifted: np.ndarray) -> None:
