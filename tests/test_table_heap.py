@@ -3,6 +3,8 @@ the same first items, the same items below a bound, after the same random operat
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,38 @@ def test_pickled_heap_table_samples_as_the_original() -> None:
                 assert torch.equal(got, want)
             b.update_priority(got, new.flip(0) if b is other else new)
         twin.update_priority(want, new)
+
+
+def test_taken_indices_written_on_demand_and_old_pickles() -> None:
+    """A pop leaves the taken items' indices unwritten; a removal or an update of taken
+    items out of the sample's order writes them first (the order stays heapq's); a heap
+    pickled when ``n`` had two entries (its indices written) unpickles with a third."""
+    kernels = heap_module.load()
+    if kernels is None:
+        pytest.skip("numba is not installed: only the heapq path runs")
+    capacity = 300
+    ring = TableRing(capacity)
+    fast, lazy = heap_module.IndexedHeap(capacity, kernels), LazyHeap(capacity, "stamp")
+    slots = ring.take_free(capacity)
+    ring.insert(slots)
+    keys = np.random.default_rng(0).permutation(capacity).astype(np.float64)
+    fast.push(ring, slots, keys)
+    lazy.push(ring, slots, keys)
+    taken = fast.best(ring, 40)
+    assert taken.tolist() == lazy.best(ring, 40).tolist() and fast.n[2] == 1
+    assert (fast.t[9] == -1).all()  # no index written by the pops
+    updated, new = taken[::-1][:5], np.array([500.0, 501, 502, 503, 504])  # out of order
+    ring.restamp(updated)
+    fast.rekey(ring, updated, new)
+    lazy.rekey(ring, updated, new)
+    assert fast.n[2] == 0 and fast.t[9][taken].tolist() == list(range(40))
+    ring.release(taken[:3])
+    fast.remove(ring, taken[:3])
+    lazy.remove(ring, taken[:3])
+    state = pickle.loads(pickle.dumps(fast.__getstate__()))
+    state["n"] = state["n"][:2].copy()  # as pickled before n had a third entry
+    old = heap_module.IndexedHeap.__new__(heap_module.IndexedHeap)
+    old.__setstate__(state)
+    assert old.n.tolist() == [fast.n[0], fast.n[1], 0]
+    expected = lazy.best(ring, capacity).tolist()
+    assert fast.best(ring, capacity).tolist() == expected == old.best(ring, capacity).tolist()

@@ -64,10 +64,11 @@ def live_table(
     items (``taken``: a min-heap's then a max-heap's, each slot's index among them or
     -1; empty: no such heap) the key they keep (``kept``, :func:`~xpbank.table.heap_store.order_bits`
     of the priority, a max-heap's of minus it; ``lists``, ``counts``: each heap's taken
-    slots in order and how many, so that an update of the sample just taken, in its
-    order, reads no ``taken`` entry). Returns how many (slot, heap) pairs
-    were not taken (their heap rekeys them), or -1: nothing written (``old``: the
-    stamps, kept to put back on a repeat)."""
+    slots in order and its ``n`` (how many are taken, and whether their ``taken``
+    entries are unwritten: then written here before the first is read), so that an
+    update of the sample just taken, in its order, reads no ``taken`` entry). Returns
+    how many (slot, heap) pairs were not taken (their heap rekeys them), or -1: nothing
+    written (``old``: the stamps, kept to put back on a repeat)."""
     n = ids.shape[0]
     capacity = live.shape[0]
     lines = (ring_ids.ctypes.data, live.ctypes.data, stamp.ctypes.data, priority.ctypes.data)
@@ -102,8 +103,16 @@ def live_table(
         if taken[h].shape[0] > 0:
             bits = ((keys if h == 0 else -keys) + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0
             bits ^= (bits >> 63) & MASK
+            c = counts[h]  # the heap's n: items in the tree, taken, whether their indices are unwritten
             for j in range(n):  # the usual update: the ids of the sample just taken, in its order
-                i = j if j < counts[h] and lists[h][j] == slots[j] else taken[h][slots[j]]
+                i = j
+                if j >= c[1] or lists[h][j] != slots[j]:
+                    if c[2]:  # a pop leaves the taken items' indices unwritten (heap._index)
+                        for r in range(c[1]):
+                            if lists[h][r] >= 0:
+                                taken[h][lists[h][r]] = r
+                        c[2] = 0
+                    i = taken[h][slots[j]]
                 if i >= 0:
                     kept[h][i] = bits[j]
                 rest += i < 0
@@ -125,7 +134,7 @@ def live_at(ctx: Any, ids: Any, values: Any, next_id: Any, stamps: Any) -> Any:
         _carray(_int64s(ctx[14]), m),
     )
     lists = (_carray(_int64s(ctx[15]), ctx[1]), _carray(_int64s(ctx[16]), ctx[2]))
-    counts = (_carray(_int64s(ctx[17]), 2)[1], _carray(_int64s(ctx[18]), 2)[1])
+    counts = (_carray(_int64s(ctx[17]), 3), _carray(_int64s(ctx[18]), 3))
     return live_table(
         ids,
         values,
@@ -167,7 +176,7 @@ def _kernel() -> Any:
     return _KERNEL[0]
 
 
-_NO_COUNT = np.zeros(2, dtype=np.int64)  # no heap: none taken
+_NO_COUNT = np.zeros(3, dtype=np.int64)  # no heap: none taken
 _CONTEXTS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], np.ndarray, np.ndarray]] = (
     weakref.WeakKeyDictionary()
 )
@@ -224,9 +233,9 @@ def update_ids(t: Any, indices: Any, priorities: Any, stale: str) -> bool:
     rest = kernel(ctx, ids, values, ring.next_id, ring.stamps)
     if rest < 0:
         return False
-    slots, keys = work[0, :n], work[1, :n].view(np.float64)
     ring.stamps += n
     if rest:  # some are in a heap's tree (not taken): the heap rekeys them
+        slots, keys = work[0, :n], work[1, :n].view(np.float64)
         if t.min_heap is not None:
             t.min_heap.rekey(ring, slots, keys)
         if t.max_heap is not None:

@@ -16,18 +16,20 @@ reference the tests compare this one with), whatever the changes that built the 
 
 - Changing or removing a slot recomputes its group and the nodes above, up to the first
   that stays the same; a slot entering (an insert, a taken item put back) only meets its
-  group's winner and runner-up, and climbs while it wins. A batch prefetches what the
-  items a few ahead read. One compiled call per batch. The hot loops have no branches
-  to mispredict (selects), and their helpers are inlined.
+  group's winner and runner-up, and climbs while it wins (most do not: no climb). A
+  batch prefetches what the items a few ahead read. One compiled call per batch. The
+  scans and a group's changes are selects (no branch to mispredict), helpers inlined.
 - The ``k`` first items (:meth:`IndexedHeap.best`): the root's winner, ``k`` times, each
   taken out of the tree (its group's runner-up takes its place, or a used one's group is
-  read again) and set aside as *taken*, the likely next winner's lines prefetched;
-  :meth:`IndexedHeap.take` also reads their ids and counts their draws in the same call.
-  Taken items still count: a priority update of one only sets its kept key, a removal
-  only drops it; the next call that reads the order (``best``, ``below``) first puts the
-  taken ones back. So the usual loop (a sample of the first ``k``, then a priority update
-  of those ``k``) enters each once with its new key, and a consume-once table's removal
-  of them costs nothing more.
+  read again) and set aside as *taken*; its ancestors 1-3 levels below the root become
+  their changed child or their siblings' best, found before the pop (which leaves them
+  as they are): the best of those is the likely next winner, its lines prefetched.
+  :meth:`IndexedHeap.take` also reads their ids and counts their draws. Taken items
+  still count: an update of one only sets its kept key, a removal only drops it; the
+  next call that reads the order (``best``, ``below``) first puts them back. So the
+  usual loop (a sample of the first ``k``, then an update of those ``k``) enters each
+  once with its new key, and never writes a slot's index among the taken (only an
+  update or removal out of that order needs them: :func:`_index`).
 
 The kernels below are plain Python over NumPy arrays; :func:`load` compiles them once.
 """
@@ -93,31 +95,6 @@ def _group(lk: Any, lq: Any, nk: Any, nq: Any, ns: Any, rk: Any, rq: Any, rs: An
     return True
 
 
-def _enter(a: Any, off: Any, s: Any, key: Any, seq: Any) -> None:
-    """Slot ``s`` (not in the tree) enters under ``(key, seq)`` without reading its group:
-    it becomes the winner (the old one the runner-up) or the runner-up, or changes
-    nothing; a used runner-up stays used unless the newcomer wins. A new winner climbs
-    while it beats the node above (a child that only got better: no scan). Without
-    branches: every store is a select (a mispredicted branch costs more than the stores)."""
-    lk, lq, nk, nq, ns, rk, rq, rs = a  # the tree's first 8 arrays
-    g = s >> SHIFT
-    lk[s], lq[s] = key, seq
-    wk, wq, ws = nk[g], nq[g], ns[g]
-    xk, xq, xs = rk[g], rq[g], rs[g]
-    win = key < wk or (key == wk and seq < wq)
-    second = xs != USED and (key < xk or (key == xk and seq < xq))
-    nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
-    rk[g] = wk if win else (key if second else xk)
-    rq[g] = wq if win else (seq if second else xq)
-    rs[g] = ws if win else (s if second else xs)
-    for level in range(1, off.shape[0] - 1):
-        g >>= SHIFT
-        at = off[level] + g
-        wk, wq = nk[at], nq[at]
-        win = win and (key < wk or (key == wk and seq < wq))
-        nk[at], nq[at], ns[at] = key if win else wk, seq if win else wq, s if win else ns[at]
-
-
 def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
     """Recompute the nodes above leaf group ``g``, up to the first that stays the same."""
     for level in range(1, off.shape[0] - 1):
@@ -130,9 +107,19 @@ def _up(nk: Any, nq: Any, ns: Any, off: Any, g: Any) -> None:
         nk[at], nq[at], ns[at] = bk, bq, ns[i]
 
 
+def _others(off: Any, g: Any, level: Any) -> Any:
+    """Leaf group ``g``'s ancestor at ``level`` and the first of its 16 siblings: places."""
+    a = g >> (SHIFT * level)
+    return off[level] + a, off[level] + ((a >> SHIFT) << SHIFT)
+
+
+def _before(ka: Any, qa: Any, kb: Any, qb: Any) -> Any:
+    """Whether ``(ka, qa)`` comes before ``(kb, qb)`` (no branch)."""
+    return (ka < kb) | ((ka == kb) & (qa < qb))
+
+
 def _at(t: Any) -> Any:
-    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call);
-    the last: the runner-ups' (a group's key, seq and slot share a line)."""
+    """The addresses :func:`_lines` prefetches from (``.ctypes`` is slow: once a call)."""
     return (
         np.int64(t[0].ctypes.data), np.int64(t[1].ctypes.data), np.int64(t[9].ctypes.data),
         np.int64(t[2].ctypes.data), np.int64(t[3].ctypes.data), np.int64(t[4].ctypes.data),
@@ -142,14 +129,13 @@ def _at(t: Any) -> Any:
 
 def _lines(at: Any, s: Any, whole: Any, siblings: Any) -> None:
     """Prefetch what setting or taking slot ``s`` reads: its keys and seqs (``whole``: its
-    group's), taken index, group's winner and runner-up (``siblings``: its parent's 16)."""
+    group's), group's winner and runner-up (``siblings``: its parent's 16)."""
     g = s >> SHIFT
     line = (g << SHIFT) * 8 if whole else s * 8
     for a in at[:2]:
         prefetch(a + line)
         if whole:
             prefetch(a + line + 64)
-    prefetch(at[2] + s * 8)
     for a in at[3:6]:
         prefetch(a + g * 8)
     prefetch(at[6] + g * (RUNNER * 8))
@@ -170,6 +156,8 @@ def _ahead(at: Any, slots: Any, j: Any, mode: Any) -> None:
                 prefetch(at[0] + s * 8)
             else:
                 _lines(at, s, mode == 2, False)
+                if mode == 2:
+                    prefetch(at[2] + s * 8)
 
 
 def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
@@ -179,6 +167,8 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
     their list, -1 where removed meanwhile; ``keys``, ``seqs``: theirs)."""
     lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk = t[:12]
     at = _at(t)
+    if mode == 1 or mode == 2:
+        _index(taken, ts, n)
     for j in range(slots.shape[0]):
         _ahead(at, slots, j, mode)
         s = slots[j]
@@ -186,9 +176,27 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             if s < 0:  # (3) removed while taken
                 continue
             n[0] += 1
-            if mode == 3:
+            if mode == 3 and n[2] == 0:
                 taken[s] = -1
-            _enter(t[:8], off, s, keys[j], seqs[j])
+            # it meets its group's winner and runner-up only: it becomes the winner (the old
+            # one the runner-up) or the runner-up (unless used), or changes nothing (selects)
+            key, seq, g = keys[j], seqs[j], s >> SHIFT
+            lk[s], lq[s] = key, seq
+            wk, wq, ws, xk, xq, xs = nk[g], nq[g], ns[g], rk[g], rq[g], rs[g]
+            win = key < wk or (key == wk and seq < wq)
+            second = xs != USED and (key < xk or (key == xk and seq < xq))
+            nk[g], nq[g], ns[g] = key if win else wk, seq if win else wq, s if win else ws
+            rk[g] = wk if win else (key if second else xk)
+            rq[g] = wq if win else (seq if second else xq)
+            rs[g] = ws if win else (s if second else xs)
+            level = 1
+            while win and level < off.shape[0] - 1:  # a new winner climbs while it wins (most lose)
+                g >>= SHIFT
+                x = off[level] + g
+                win = key < nk[x] or (key == nk[x] and seq < nq[x])
+                if win:
+                    nk[x], nq[x], ns[x] = key, seq, s
+                level += 1
             continue
         elif mode == 1:
             if taken[s] >= 0:
@@ -209,11 +217,21 @@ def _apply(t: Any, n: Any, slots: Any, keys: Any, seqs: Any, mode: Any) -> None:
             _up(nk, nq, ns, off, g)
 
 
+def _index(taken: Any, ts: Any, n: Any) -> None:
+    """Each taken item's place among them into ``taken``, where a pop left them out (``n[2]``)."""
+    if n[2]:
+        for j in range(n[1]):
+            if ts[j] >= 0:
+                taken[ts[j]] = j
+        n[2] = 0
+
+
 def _settle(t: Any, n: Any) -> None:
     """Put the taken items back (with their kept keys)."""
     m = n[1]
     n[1] = 0
     _apply(t, n, t[10][:m], t[11][:m], t[12][:m], 3)
+    n[2] = 0
 
 
 def _bits(keys: Any) -> Any:
@@ -243,37 +261,61 @@ def first(t: Any, n: Any, k: Any, out: Any, ids: Any, times: Any, got: Any) -> A
     """The ``k`` first slots in order into ``out`` (fewer if fewer are in); they are
     taken (see the module docstring). Where ``got`` is not empty, also each one's id
     (``ids[slot]``) into it, and its ``times`` counted up by one. Returns how many."""
-    lk, lq, nk, nq, ns, rk, rq, rs, off, taken, ts, tk, tq = t
+    lk, lq, nk, nq, ns, rk, rq, rs, off, _, ts, tk, tq = t
     count, lines = got.shape[0] > 0, (ids.ctypes.data, times.ctypes.data)
     _settle(t, n)
     m = min(k, n[0])
-    root = off[off.shape[0] - 2]
-    at, top = _at(t), off.shape[0] - 3  # the level below the root (none: -1)
+    top = off.shape[0] - 2  # the root's level
+    root, at = off[top], _at(t)
     for j in range(m):
         w = ns[root]
         out[j] = w
-        if top >= 0 and j + 1 < m:  # the next winner is most likely the best of the others below the root
-            _k, _q, i = _other(nk, nq, off[top], off[top] + ((w >> SHIFT) >> (SHIFT * top)))
+        g = w >> SHIFT
+        # w's ancestors 1-3 levels below the root (c1, c2, c3) and their siblings' best (o1, o2, o3)
+        c1 = c2 = c3 = o1 = o2 = o3 = root
+        k1 = k2 = k3 = q1 = q2 = q3 = EMPTY
+        if top >= 1:
+            c1, o1 = _others(off, g, top - 1)
+            k1, q1, o1 = _other(nk, nq, o1, c1)
+        if top >= 2:
+            c2, o2 = _others(off, g, top - 2)
+            k2, q2, o2 = _other(nk, nq, o2, c2)
+        if top >= 3:
+            c3, o3 = _others(off, g, top - 3)
+            k3, q3, o3 = _other(nk, nq, o3, c3)
+        if top >= 1 and j + 1 < m:  # the next winner, unless it is in w's group or its parent's
+            i = o2 if _before(k2, q2, k1, q1) else o1
+            i = o3 if _before(k3, q3, nk[i], nq[i]) else i
             if ns[i] >= 0:
                 _lines(at, ns[i], True, True)
                 if count:
                     prefetch(lines[0] + ns[i] * 8)
                     prefetch(lines[1] + ns[i] * 8)
         ts[j], tk[j], tq[j] = w, nk[root], nq[root]
-        taken[w] = j
         if count:
             got[j] = ids[w]
             times[w] += 1
         lk[w], lq[w] = EMPTY, EMPTY
-        g = w >> SHIFT
         if rs[g] != USED:  # its runner-up takes its place
             nk[g], nq[g], ns[g] = rk[g], rq[g], rs[g]
             rs[g] = USED
         else:  # read the group again
             _group(lk, lq, nk, nq, ns, rk, rq, rs, g)
-        _up(nk, nq, ns, off, g)
+        for level in range(1, top - 2):  # the path up to c3, each node the best of its children
+            bk, bq, i = _best(nk, nq, off[level - 1] + ((g >> (SHIFT * level)) << SHIFT))
+            x = off[level] + (g >> (SHIFT * level))
+            nk[x], nq[x], ns[x] = bk, bq, ns[i]
+        if top >= 3:  # then each ancestor is its changed child or the best of the others
+            i = o3 if _before(k3, q3, nk[c3], nq[c3]) else c3
+            nk[c2], nq[c2], ns[c2] = nk[i], nq[i], ns[i]
+        if top >= 2:
+            i = o2 if _before(k2, q2, nk[c2], nq[c2]) else c2
+            nk[c1], nq[c1], ns[c1] = nk[i], nq[i], ns[i]
+        if top >= 1:
+            i = o1 if _before(k1, q1, nk[c1], nq[c1]) else c1
+            nk[root], nq[root], ns[root] = nk[i], nq[i], ns[i]
     n[0] -= m
-    n[1] = m
+    n[1], n[2] = m, m > 0  # their places not in ``taken`` (see _index)
     return m
 
 
@@ -290,14 +332,13 @@ def first_at(ctx: Any, k: Any, got: Any) -> Any:
         _carray(_int64s(ctx[7]), taken), _carray(_int64s(ctx[8]), taken),
         _carray(_int64s(ctx[9]), taken), _carray(_int64s(ctx[10]), taken),
     )  # fmt: skip
-    n, out = _carray(_int64s(ctx[11]), 2), _carray(_int64s(ctx[12]), taken)
+    n, out = _carray(_int64s(ctx[11]), 3), _carray(_int64s(ctx[12]), taken)
     ids, times = _carray(_int64s(ctx[18]), ctx[20]), _carray(_int64s(ctx[19]), ctx[20])
     return first(t, n, k, out, ids, times, got)
 
 
 def below(t: Any, n: Any, bound: Any, out: Any) -> Any:
-    """Take out for good every slot with a key below ``bound``, in order, into ``out``;
-    returns how many."""
+    """Take out for good every slot with a key below ``bound``, in order, into ``out``: how many."""
     nk, ns, off = t[2], t[4], t[8]
     _settle(t, n)
     root = off[off.shape[0] - 2]
@@ -327,7 +368,6 @@ def build(t: Any) -> None:
 _int64s: Any = _jit.compiled_only
 _carray: Any = _jit.compiled_only
 
-
 _KERNELS: SimpleNamespace | None = None
 _LOADED = False
 
@@ -342,21 +382,10 @@ def load() -> SimpleNamespace | None:
 
             (_int64s,), _carray = ptrs, carray  # first_at's globals
         kernels = (push, rekey, remove, first, below, build, first_at)
-        helpers: tuple[Any, ...] = (
-            _bits,
-            _win,
-            _other,
-            _best,
-            _group,
-            _enter,
-            _up,
-            _at,
-            _lines,
-            _ahead,
-            _apply,
-        )
-        helpers += (_settle, first)  # first: first_at calls it
-        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=(_best, _win, _group, _enter, _up))
+        helpers: tuple[Any, ...] = (_bits, _win, _other, _best, _group, _up, _others, _before)
+        helpers += (_at, _lines, _ahead, _index, _apply, _settle, first)  # first: first_at calls it
+        inline = (_best, _win, _group, _up, _others, _before)
+        fns = _jit.compile_kernels(*kernels, helpers=helpers, inline=inline)
         names = ("push", "rekey", "remove", "first", "below", "build", "first_at")
         _KERNELS = None if fns is None else SimpleNamespace(**dict(zip(names, fns, strict=True)))
         _LOADED = True

@@ -60,8 +60,8 @@ class IndexedHeap:
     winner (``nk``, ``nq``, ``ns``; levels from the leaf groups up, starting at ``off``),
     each leaf group's runner-up (``rk``, ``rq``, ``rs``: strided views of one
     ``[groups, RUNNER]`` array, so that a group's three share a cache line), and the taken items (each
-    slot's index among them or -1; their slots, keys and seqs). ``n``: items in the
-    tree, items taken."""
+    slot's index among them or -1, written only where a call needs it; their slots, keys
+    and seqs). ``n``: items in the tree, items taken, whether their indices are unwritten."""
 
     def __init__(self, capacity: int, kernels: SimpleNamespace):
         self.k = kernels
@@ -72,7 +72,7 @@ class IndexedHeap:
         arrays += [runners[:, 0], runners[:, 1], runners[:, 2]]
         taken = [np.empty(capacity, dtype=np.int64) for _ in range(4)]
         self.t = (*arrays, off, *taken)
-        self.n = np.zeros(2, dtype=np.int64)
+        self.n = np.zeros(3, dtype=np.int64)
         self.out = np.zeros(capacity, dtype=np.int64)
         self.runners = runners  # the block rk, rq, rs view
         self.ctx = np.zeros(21, dtype=np.int64)  # context(): the arrays' addresses and lengths
@@ -113,8 +113,11 @@ class IndexedHeap:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """The runner-ups' views unpickle as three arrays: back into one block."""
+        """The runner-ups' views unpickle as three arrays: back into one block (and a
+        heap pickled before ``n`` had three entries gets its third)."""
         self.__dict__.update(state)
+        if self.n.shape[0] < 3:
+            self.n = np.append(self.n, 0)
         runners = _aligned(self.runners.size).reshape(-1, RUNNER)
         t = list(self.t)
         for i in range(3):
