@@ -187,8 +187,6 @@ def samplers(extras: dict[str, Any]) -> dict[str, Callable[[int], object]]:
     return out
 
 
-
-
 def _cell(v: list[float]) -> str:
     return f"{np.median(v):,.1f} ({min(v):,.1f}-{max(v):,.1f})"
 

@@ -111,8 +111,6 @@ def build(base: Any) -> dict[str, Callable[[int], object]]:
     return fns
 
 
-
-
 def ratio(t: dict[str, list[float]], a: str, b: str) -> str:
     if a not in t or b not in t:
         return ""

@@ -19,7 +19,6 @@ untimed call. No timing is asserted anywhere.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from _common import freeze_heap
+from _common import freeze_heap, phase_medians, print_phases, time_phases
 from bench_mix import _buffer
 from xpbank import Mixture
 from xpbank.mix import assemble
@@ -59,18 +58,6 @@ DIRECT = [
 ]
 
 
-def timed(acc: dict[str, int], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        start = time.thread_time_ns()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[label] = acc.get(label, 0) + time.thread_time_ns() - start
-
-    return run
-
-
 def instrument(mix: Mixture, acc: dict[str, int]) -> None:
     """Wrap the real functions both calls take (module attributes, methods, instances)."""
     patches: list[tuple[Any, str, str]] = [
@@ -93,8 +80,7 @@ def instrument(mix: Mixture, acc: dict[str, int]) -> None:
         calls = prioritized_fast.tree_calls(rb.sampler)
         if calls is not None:
             patches.append((calls, "draw", "compiled draw (prioritized_calls.draw)"))
-    for owner, name, label in patches:
-        setattr(owner, name, timed(acc, label, getattr(owner, name)))
+    time_phases(patches, acc)
 
 
 def untimed(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict[str, float]:
@@ -112,20 +98,12 @@ def untimed(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> di
 
 def phases(fn: Callable[[], object], acc: dict[str, int], calls: int, repeats: int) -> dict[str, float]:
     """µs per call of each wrapped phase: the median of ``repeats`` runs of ``calls`` calls."""
-    runs = []
-    for _ in range(repeats):
-        acc.clear()
-        for _ in range(calls):
-            fn()
-        runs.append({k: v / calls / 1e3 for k, v in acc.items()})
-    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in set().union(*runs)}
+    return phase_medians(lambda: [fn() for _ in range(calls)], calls, acc, repeats)
 
 
 def show(title: str, table: list[tuple[str, int]], found: dict[str, float]) -> None:
     print(title)
-    for label, depth in table:
-        if found.get(label):  # (a phase this call does not take is left out)
-            print(f"{'  ' * depth}{label:<{72 - 2 * depth}} {found[label]:8.1f}")
+    print_phases(table, found, 72)
     print()
 
 

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import pstats
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from _common import freeze_heap
+from _common import freeze_heap, phase_medians, print_phases, time_phases
 from bench_prioritized import BATCH, per_data, priorities
 from xpbank import PrioritizedSampler, ReplayBuffer
 from xpbank.replay import fast_read, reading, writing
@@ -83,18 +81,6 @@ def build(capacity: int) -> ReplayBuffer:
     return rb
 
 
-def timed(acc: dict[str, int], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        start = time.thread_time_ns()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[label] = acc.get(label, 0) + time.thread_time_ns() - start
-
-    return run
-
-
 def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     """Wrap the real functions of both paths (module attributes, methods, instances)."""
     sampler = rb.sampler
@@ -142,8 +128,7 @@ def instrument(rb: ReplayBuffer, acc: dict[str, int]) -> None:
     plan = fast_read._plan(rb)
     if plan is not None:
         patches.append((plan.reader, "read", "records (RecordReader.read)"))
-    for owner, name, label in patches:
-        setattr(owner, name, timed(acc, label, getattr(owner, name)))
+    time_phases(patches, acc)
 
 
 def run_steps(rb: ReplayBuffer, prios: list[torch.Tensor], steps: int) -> None:
@@ -187,16 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plain = (time.thread_time() - start) / args.steps
     acc: dict[str, int] = {}
     instrument(rb, acc)
-    runs = []
-    for _ in range(args.repeats):
-        acc.clear()
-        run_steps(rb, prios, args.steps)
-        runs.append({k: v / args.steps / 1e3 for k, v in acc.items()})
-    for label, depth in PHASES:
-        values = [r.get(label, 0.0) for r in runs]
-        if not any(values):  # a phase this path does not take (numba or NumPy)
-            continue
-        print(f"{'  ' * depth}{label:<{60 - 2 * depth}} {statistics.median(values):8.1f}")
+    found = phase_medians(lambda: run_steps(rb, prios, args.steps), args.steps, acc, args.repeats)
+    print_phases(PHASES, found)  # a phase this path does not take (numba or NumPy) is left out
     print(f"\none step without timers (one run): {plain * 1e6:.1f} µs")
     print(f"load average: {np.round(__import__('os').getloadavg(), 2).tolist()}")
     return 0
