@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import os
@@ -102,7 +103,6 @@ def fastest_block(fn: Callable[[], object], calls: int, chunks: int) -> float:
 
 def phase_timer(acc: dict[str, int], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` wrapped to add its thread CPU time (ns) to ``acc[label]`` (a profile's phase)."""
-    import functools
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:

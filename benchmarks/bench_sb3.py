@@ -54,7 +54,6 @@ from _common import (
 )
 
 BATCH = 256
-_CLOCK = ["wall"]  # the clock's name, for the report
 
 
 def learn_rate(algo: str, buffer: str, steps: int) -> float:
@@ -156,7 +155,10 @@ def bench_calls(size: int, n_envs: int, calls: int, rounds: int) -> dict[str, di
 
 
 def report(
-    training: dict[str, dict[str, list[float]]], calls: dict[str, dict[str, dict[str, float]]], size: int
+    training: dict[str, dict[str, list[float]]],
+    calls: dict[str, dict[str, dict[str, float]]],
+    size: int,
+    clock_name: str,
 ) -> str:
     rows = []
     for name, rates in training.items():
@@ -167,7 +169,7 @@ def report(
     out = "## SB3 learn(): env steps/s (1 gradient step of batch 256 per env step)\n\n"
     out += markdown_table(["algorithm / env", "buffer", "steps/s", "time vs SB3's buffer"], rows)
     out += (
-        f"\n\n{len(next(iter(training.values()))['sb3'])} interleaved rounds, {_CLOCK[0]} clock: steps/s of "
+        f"\n\n{len(next(iter(training.values()))['sb3'])} interleaved rounds, {clock_name} clock: steps/s of "
         "the median round; time vs SB3's buffer: learn()'s time / SB3's buffer's, median (range) "
         "of the rounds' ratios (below 1.0x: faster)"
     )
@@ -206,7 +208,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     set_clock(args.clock)
-    _CLOCK[0] = args.clock
     warnings.filterwarnings("ignore")
     logging.getLogger("stable_baselines3").setLevel(logging.ERROR)
     steps = args.steps or (300 if args.quick else 3000)
@@ -219,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("# xpbank SB3 drop-in benchmark\n\n" + " · ".join(f"{k} {v}" for k, v in env.items()))
     training = bench_training(steps, rounds)
     calls = {n: bench_calls(size, n, 500 if args.quick else 2000, rounds) for n in (1, 8)}
-    print("\n" + report(training, calls, size), flush=True)
+    print("\n" + report(training, calls, size, args.clock), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
