@@ -348,6 +348,47 @@ def test_attributes_before_and_after_the_layout_as_rsl_rl():
     assert not hasattr(ours, "not_a_field")
 
 
+class _Mine(RolloutStorage):
+    """A user's subclass (module level: pickled by reference)."""
+
+    def extra(self) -> str:
+        return "mine"
+
+
+def test_class_before_and_after_the_layout_pickles_and_keeps_subclasses():
+    """Until its first step a storage's class answers rsl_rl's attributes through
+    ``__getattr__``; once laid out it has none (reads specialize as on rsl_rl's plain
+    class), only descriptors for the fields the layout lacks. Either way it is an
+    instance of the user's class, keeps that class's methods and pickles as it."""
+    import copy
+    import pickle
+
+    for cls in (RolloutStorage, _Mine):
+        st = cls("rl", E, T, _obs(), [A])
+        assert isinstance(st, cls) and "__getattr__" in dir(type(st))
+        back = pickle.loads(pickle.dumps(st))
+        assert isinstance(back, cls) and back.distribution_params is None
+        with pytest.raises(NotReadyError):
+            _ = back.values
+        trs = _transitions()
+        st.add_transition(trs[0])
+        assert isinstance(st, cls) and not hasattr(type(st), "__getattr__")
+        assert type(st).__name__ == cls.__name__
+        for other in (pickle.loads(pickle.dumps(st)), copy.deepcopy(st)):
+            assert type(other) is type(st) and torch.equal(other.actions, st.actions)
+            with pytest.raises(SpecError, match=r"^time_outs: this storage holds no such field"):
+                _ = other.time_outs
+            other.add_transition(trs[1])  # its own buffer: the original is untouched
+            assert other.step == 2 and st.step == 1
+        if cls is _Mine:
+            assert st.extra() == "mine"
+    tr = _transitions()[0]
+    tr.time_outs, tr.final_values = torch.zeros(E, dtype=torch.bool), torch.zeros(E, 1)
+    st = RolloutStorage("rl", E, T, _obs(), [A])
+    st.add_transition(tr)
+    assert st.time_outs.shape == (T, E, 1) and "time_outs" not in vars(type(st))
+
+
 def test_overflow_and_wrong_mode_and_empty():
     ours = RolloutStorage("rl", E, T, _obs(), [A])
     with pytest.raises(NotReadyError, match="no transition stored yet"):

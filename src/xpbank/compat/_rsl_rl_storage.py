@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from xpbank.compat._rsl_rl_class import absent_fields, laid_out, pending, restore, user_class
 from xpbank.compat._rsl_rl_read import env_groups, flat_batches, recurrent_batches
 from xpbank.compat._rsl_rl_steps import (
     gives_time_outs,
@@ -19,7 +20,7 @@ from xpbank.compat._rsl_rl_steps import (
     transition_step,
 )
 from xpbank.compat._rsl_rl_types import Batch, Transition
-from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Views, missing
+from xpbank.compat._rsl_rl_views import TIME_OUT_FIELDS, Views
 from xpbank.errors import BufferChangedError, NotReadyError, SpecError, check_positive_int
 from xpbank.replay.state import seed_from
 from xpbank.rollout import RolloutBuffer, RolloutKeys
@@ -98,6 +99,15 @@ class RolloutStorage:
 
     Transition = Transition
     Batch = Batch
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RolloutStorage:
+        # a subclass of ``cls`` whose __getattr__ answers until the layout is fixed
+        # (:mod:`~xpbank.compat._rsl_rl_class`: plain attribute reads after that)
+        return object.__new__(pending(user_class(cls)))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickled as the user's class (its class before/after the layout is chosen anew)."""
+        return restore, (user_class(type(self)), self.__dict__)
 
     def __init__(
         self,
@@ -195,7 +205,9 @@ class RolloutStorage:
         self._t += 1
         self._track(step)
         self._views = Views(self._rb, self._num_params, self._hidden)
-        self.__dict__.update(self._views.attributes())  # plain attributes: read as cheaply as rsl_rl's
+        attributes = self._views.attributes()
+        self.__dict__.update(attributes)  # plain attributes: read as cheaply as rsl_rl's
+        self.__class__ = laid_out(user_class(type(self)), absent_fields(set(attributes)))
         self._adv = self._views.advantages
         self._adv_shape = self._adv.shape
 
@@ -277,12 +289,6 @@ class RolloutStorage:
     def step(self) -> int:
         """Steps stored in this rollout."""
         return self._t
-
-    def __getattr__(self, name: str) -> Any:
-        """rsl_rl's tensor attributes before they exist: ``None`` or an xpbank error
-        (:func:`~xpbank.compat._rsl_rl_views.missing`); once the layout is fixed they are
-        plain attributes and this is not called."""
-        return missing(name, self.__dict__.get("_views") is not None)
 
     def _get_advantages(self) -> torch.Tensor:
         adv = self._adv
