@@ -15,7 +15,8 @@ both give the same result (bit for bit where the row says so).
   ``parity=True``); ``recurrent_mini_batch_generator`` (an LSTM actor's and a GRU
   critic's states stored; 5 x 4); a whole PPO iteration (rsl_rl's ``PPO``: act +
   process_env_step x 24, compute_returns, update; MLP and recurrent models, a synthetic
-  env).
+  env), with an A/A row: a second rsl_rl PPO on rsl_rl's own storage timed as the others,
+  whose ratio is the rows' noise floor (the networks are ~90% of an iteration).
 - metta: ``xpbank.compat.metta.Experience.store`` against metta's write (a TensorDict
   ``[segments, bptt]`` written with ``update_at_`` at each agent's row and time index),
   and a minibatch read as metta's losses do (``buffer[idx]``).
@@ -304,6 +305,7 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
         ppo.update()
 
     ref, ours, par = make(Ref), make(RolloutStorage, seed=0), make(RolloutStorage, parity=True)
+    control = make(Ref)  # A/A: a second rsl_rl PPO on rsl_rl's storage, the rows' noise floor
     torch.manual_seed(5)
     iteration(ref)
     torch.manual_seed(5)
@@ -315,6 +317,7 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
             "ref": timed(lambda: iteration(ref)),
             "xp": timed(lambda: iteration(ours)),
             "parity": timed(lambda: iteration(par)),
+            "control": timed(lambda: iteration(control)),
         },
         rounds,
     )
@@ -325,6 +328,11 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
             f"PPO iteration, {kind}, parity, {e} envs",
             *ratio_cells(t["ref"], t["parity"]),
             "parameters " + _eq(same),
+        ],
+        [
+            f"PPO iteration, {kind}, A/A: rsl_rl's storage twice, {e} envs",
+            *ratio_cells(t["ref"], t["control"]),
+            "noise floor (no xpbank)",
         ],
     ]
 
