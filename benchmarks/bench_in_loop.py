@@ -6,7 +6,9 @@ Run from the repository root::
     PYTHONPATH=src .venv/bin/python benchmarks/bench_in_loop.py --threads 1 --quick    # a smoke run
 
 On a shared machine add ``--clock thread`` (this thread's CPU time: the waits while other
-processes run are left out; cache and memory contention stay in).
+processes run are left out; cache and memory contention stay in). ``--control`` runs the
+original a second time in every round (an A/A run): the ratio of its two runs is the
+measurement's own spread, against which the xpbank ratio is read.
 
 Each case runs the library's own loop twice per round, once with its buffer and once
 with xpbank's drop-in, in one process, rounds interleaved (original, xpbank, original,
@@ -371,6 +373,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--torchrl-frames", type=int, default=None, help="frames (default 4096; quick 512)")
     p.add_argument("--only", default=None, help="run only the cases whose name contains this")
+    p.add_argument(
+        "--control", action="store_true", help="also run the original twice per round (an A/A noise floor)"
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     q = args.quick
@@ -389,7 +394,7 @@ def summarize(name: str, original: str, runs: dict[str, list[tuple[float, float]
     buffer_ratios = [xb / ob for (_, ob), (_, xb) in zip(o, x, strict=True)]
     share = [b / t for t, b in o], [b / t for t, b in x]
     med = statistics.median
-    return [
+    row = [
         name,
         original,
         f"{med(t for t, _ in o):.2f}",
@@ -399,6 +404,9 @@ def summarize(name: str, original: str, runs: dict[str, list[tuple[float, float]
         f"{100 * med(share[1]):.1f}%",
         _ratio(buffer_ratios),
     ]
+    if "again" in runs:  # the A/A control: the original's second run over its first
+        row.append(_ratio([at / ot for (ot, _), (at, _) in zip(o, runs["again"], strict=True)]))
+    return row
 
 
 def _ratio(ratios: list[float]) -> str:
@@ -409,7 +417,7 @@ def _ratio(ratios: list[float]) -> str:
 
 def notes_for(rounds: int, threads: int, clock_name: str = "wall") -> str:
     return (
-        f"{rounds} round(s), interleaved (the order alternates per round); seconds: median of the "
+        f"{rounds} round(s), interleaved (the order rotates per round); seconds: median of the "
         "rounds; ratios: median of the per-round ratios (range in brackets); buffer share: time inside "
         "the buffer's calls / the loop's time; buffer time: the seconds inside the buffer's calls, "
         "xpbank's over the original's (the rest of the loop is the same work, so this is the ratio the "
@@ -418,6 +426,7 @@ def notes_for(rounds: int, threads: int, clock_name: str = "wall") -> str:
     )
 
 
+CONTROL_HEADER = "A/A: original again / original (range)"
 HEADERS = [
     "loop",
     "original buffer",
@@ -439,23 +448,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     freeze_heap()
     chosen = {k: v for k, v in cases(args).items() if args.only is None or args.only in k}
     runs: dict[str, dict[str, list[tuple[float, float]]]]
-    runs = {k: {"original": [], "xpbank": []} for k in chosen}
+    who_runs = ["original", "xpbank"] + ["again"] * args.control
+    runs = {k: {who: [] for who in who_runs} for k in chosen}
     for name in chosen:  # warm-up, not reported: imports, env registration, torch's first calls
         log(f"warm-up: {name}")
         for xp in (False, True):
             warm_up(name, xp)
     for r in range(args.rounds):
         for name, (_, run) in chosen.items():
-            order = (False, True) if r % 2 == 0 else (True, False)  # alternate who goes first
-            for xp in order:
-                total, buffer = run(xp)
-                runs[name]["xpbank" if xp else "original"].append((total, buffer))
-                who = "xpbank" if xp else "original"
+            shift = r % len(who_runs)  # rotate who goes first
+            for who in who_runs[shift:] + who_runs[:shift]:
+                total, buffer = run(who == "xpbank")
+                runs[name][who].append((total, buffer))
                 log(f"round {r} {name} {who}: {total:.2f} s, buffer {buffer:.2f} s")
     rows = [summarize(name, chosen[name][0], runs[name]) for name in chosen]
     notes = notes_for(args.rounds, args.threads, args.clock)
+    headers = HEADERS + [CONTROL_HEADER] * args.control
+    if args.control:
+        notes += (
+            " A/A: the original buffer's loop run a second time in the same round; its ratio is the "
+            "spread of the measurement itself (a whole-loop ratio within it is no difference)."
+        )
     print("## Whole training loops: the peer's own buffer vs xpbank's\n")
-    print(markdown_table(HEADERS, rows) + "\n\n" + notes)
+    print(markdown_table(headers, rows) + "\n\n" + notes)
     if args.json:
         from importlib.metadata import version
 
@@ -475,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": "PYTHONPATH=src python benchmarks/bench_in_loop.py " + " ".join(sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "environment": environment(versions),
-            "tables": [{"title": "Whole training loops", "headers": HEADERS, "rows": rows, "notes": notes}],
+            "tables": [{"title": "Whole training loops", "headers": headers, "rows": rows, "notes": notes}],
             "runs": runs,
         }
         with open(args.json, "w") as f:
