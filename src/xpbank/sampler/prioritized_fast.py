@@ -158,7 +158,8 @@ def draw_at(
             return None
     fresh = sampler._cums is None  # a write since the last sample: the kernel sums the top first
     if sampler.normalize_weights:
-        scale, divisor = 1.0, sampler._smallest.value
+        smallest = sampler._smallest
+        scale, divisor = 1.0, smallest._value if smallest._known else smallest.value  # (LazyMin.value)
         if not divisor < math.inf:  # no positive leaf: the total is 0 (the sampler raises)
             return None
     else:
@@ -246,8 +247,9 @@ def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.T
         if n == 0:
             return None
         calls.update_arrays(n)
+    stop = ring.next_id  # (and stop - size: ring.first_id, inline)
     if not calls.check(
-        ids.data_ptr(), values.data_ptr(), kind is torch.float32, n, ring.first_id, ring.next_id,
+        ids.data_ptr(), values.data_ptr(), kind is torch.float32, n, stop - ring.size, stop,
         ring.capacity, sampler.eps, calls.slots_at, calls.shifted_at,
     ):  # fmt: skip
         return False
@@ -259,6 +261,7 @@ def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.T
     )
     if largest > sampler.max_priority:
         sampler.max_priority = largest
-    smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
+    if exact == exact or hit or low <= smallest._value:  # else kept_up changes nothing
+        smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
     sampler._cums = None
     return True
