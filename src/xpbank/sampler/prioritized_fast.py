@@ -33,10 +33,12 @@ call. Here each is what it must be:
 
 Where a step's time goes (``sample(32)`` + ``update_priority`` of its ids, 100k
 CartPole-sized items, thread CPU time): the draw's own work is ~1.5-3 µs (the uniforms
-from torch's generator ~1, the descent's cache misses), the weights' power ~1-2 (NumPy
-raises 32 values one by one where it has no vector routine), the new ids and weights
-tensors ~1.5; the rest is the batch the uniform sampler's read builds too (records,
-TensorDict) and the update's Python checks (~1.2) around its two calls.
+from torch's generator ~1, the descent's cache misses; the top searched for the whole
+batch in lockstep, :func:`~xpbank.sampler.sumtree_numba.search_right_all`), the
+weights' power ~1-2 (NumPy raises 32 values one by one where it has no vector
+routine), the new ids and weights tensors ~1.5; the rest is the batch the uniform
+sampler's read builds too (records, TensorDict) and the update's Python checks (~1.2)
+around its two calls.
 
 Without numba every function here declines or is not called: the NumPy path is the
 reference, unchanged. ``sampler`` is a :class:`~xpbank.PrioritizedSampler` throughout
