@@ -251,7 +251,6 @@ class ReplayBuffer:
         """
         writing.update(self, indices, batch)
 
-    @locked
     def update_priority(self, indices: Any, priorities: Any, stale: str = "raise") -> None:
         """Set the priorities of stored items, by the ids a sample returned.
 
@@ -269,7 +268,8 @@ class ReplayBuffer:
             XpbankIndexError: an id that was never issued.
             StaleIndexError: (``stale="raise"``) an overwritten or cleared id.
         """
-        writing.update_priority(self, indices, priorities, stale)
+        with self._lock:  # as add: a training loop's every step calls it
+            writing.update_priority(self, indices, priorities, stale)
 
     @locked
     def clear(self) -> None:
@@ -280,7 +280,6 @@ class ReplayBuffer:
         self._sampler.on_clear()
 
     # -- reading ---------------------------------------------------------------
-    @locked
     def sample(
         self, batch_size: int, replace: bool = True, fields: Sequence[Any] | None = None, **options: Any
     ) -> TensorDict:
@@ -303,7 +302,8 @@ class ReplayBuffer:
 
         Threads: one step under rb.lock.
         """
-        return reading.sample(self, batch_size, replace, fields, options)
+        with self._lock:  # as add
+            return reading.sample(self, batch_size, replace, fields, options)
 
     @locked
     def sample_by_index(self, indices: Any, fields: Sequence[Any] | None = None) -> TensorDict:

@@ -33,10 +33,12 @@ call. Here each is what it must be:
 
 Where a step's time goes (``sample(32)`` + ``update_priority`` of its ids, 100k
 CartPole-sized items, thread CPU time): the draw's own work is ~1.5-3 µs (the uniforms
-from torch's generator ~1, the descent's cache misses), the weights' power ~1-2 (NumPy
-raises 32 values one by one where it has no vector routine), the new ids and weights
-tensors ~1.5; the rest is the batch the uniform sampler's read builds too (records,
-TensorDict) and the update's Python checks (~1.2) around its two calls.
+from torch's generator ~1, the descent's cache misses; the top searched for the whole
+batch in lockstep, :func:`~xpbank.sampler.sumtree_numba.search_right_all`), the
+weights' power ~1-2 (NumPy raises 32 values one by one where it has no vector
+routine), the new ids and weights tensors ~1.5; the rest is the batch the uniform
+sampler's read builds too (records, TensorDict) and the update's Python checks (~1.2)
+around its two calls.
 
 Without numba every function here declines or is not called: the NumPy path is the
 reference, unchanged. ``sampler`` is a :class:`~xpbank.PrioritizedSampler` throughout
@@ -158,7 +160,8 @@ def draw_at(
             return None
     fresh = sampler._cums is None  # a write since the last sample: the kernel sums the top first
     if sampler.normalize_weights:
-        scale, divisor = 1.0, sampler._smallest.value
+        smallest = sampler._smallest
+        scale, divisor = 1.0, smallest._value if smallest._known else smallest.value  # (LazyMin.value)
         if not divisor < math.inf:  # no positive leaf: the total is 0 (the sampler raises)
             return None
     else:
@@ -246,8 +249,9 @@ def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.T
         if n == 0:
             return None
         calls.update_arrays(n)
+    stop = ring.next_id  # (and stop - size: ring.first_id, inline)
     if not calls.check(
-        ids.data_ptr(), values.data_ptr(), kind is torch.float32, n, ring.first_id, ring.next_id,
+        ids.data_ptr(), values.data_ptr(), kind is torch.float32, n, stop - ring.size, stop,
         ring.capacity, sampler.eps, calls.slots_at, calls.shifted_at,
     ):  # fmt: skip
         return False
@@ -259,6 +263,7 @@ def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.T
     )
     if largest > sampler.max_priority:
         sampler.max_priority = largest
-    smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
+    if exact == exact or hit or low <= smallest._value:  # else kept_up changes nothing
+        smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
     sampler._cums = None
     return True

@@ -89,13 +89,37 @@ def search_right(cums: np.ndarray, n: int, u: float) -> int:
     return base + 1 if cums[base + 1] <= u else base
 
 
+def search_right_all(cums: np.ndarray, n: int, u: np.ndarray, out: np.ndarray) -> None:
+    """:func:`search_right` of every ``u[i]`` into ``out[i]``, the items in lockstep: each
+    halving step is taken for the whole batch before the next. One item's steps depend
+    on each other's loads, and compiled one item at a time the step became a branch,
+    mispredicted half the time on random ``u`` (~1.2 µs of a 32-item draw over a
+    391-node top); in lockstep the items' loads overlap and the step is a product."""
+    b = u.shape[0]
+    for i in range(b):
+        out[i] = 0
+    if n == 0:
+        return
+    size = n  # every answer lies in [out[i], out[i] + size]
+    while size > 1:
+        half = size >> 1
+        for i in range(b):
+            base = out[i]
+            out[i] = base + half * (cums[base + half] <= u[i])
+        size -= half
+    for i in range(b):
+        base = out[i]
+        out[i] = base + (cums[base + 1] <= u[i])
+
+
 def search_top(top: np.ndarray, cums: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """The top node at each prefix sum ``u`` (``cums``: the top's :func:`prefix`), into
     ``out``; ``u`` becomes the remainder below that node."""
     ntop = top.shape[0]
+    search_right_all(cums, ntop, u, out)
     last_positive = -1  # the last top node with a positive sum, looked up if needed
     for i in range(u.shape[0]):
-        node = search_right(cums, ntop, u[i])
+        node = out[i]
         if node >= ntop:
             if last_positive < 0:
                 last_positive = ntop - 1
@@ -359,7 +383,7 @@ def load() -> SimpleNamespace | None:
         _tried = True
         fns = (prefix, descend, draw_fresh, set_leaves, update, live_slots, live_priorities)
         inline = (search_top, descend_level, refresh_level, write_leaves)  # also called by prioritized_calls
-        helpers = (search_right, *inline, descend_into, prefix_into, draw_body, refresh)
+        helpers = (search_right, search_right_all, *inline, descend_into, prefix_into, draw_body, refresh)
         kernels = _jit.compile_kernels(*fns, helpers=helpers, inline=inline)
         if kernels is not None:
             _loaded = SimpleNamespace(**{fn.__name__: k for fn, k in zip(fns, kernels, strict=True)})
