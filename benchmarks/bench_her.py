@@ -231,11 +231,11 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = np.empty((BATCH, layout.width), layout.word)
         index = np.empty((2, BATCH), dtype=np.int64)
-        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
+        pair = np.empty(shot.pair_shape, shot.pair_dtype)
         context[0] = first_raw + i * raw_step
         first = ring.next_id - ring.size
         shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, pair, index)
-        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)
+        goals = layout.pair_goals(pair)
         return out, goals[0], goals[1]
 
     read_out = [read(i) for i in range(calls)]

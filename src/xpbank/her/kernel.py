@@ -55,6 +55,7 @@ _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() c
 _record_compiled: list[tuple[Callable[..., Any], Callable[..., Any]] | None] = []
 _LINE = 64  # bytes per cache line, for the prefetches
 _AHEAD = 16  # records prefetched ahead of the copy
+_STEPS_AHEAD = 32  # cells of the ends table prefetched ahead of their goal's choice
 _MASK53, _EPS53 = (1 << 53) - 1, 2.0**-53  # a float64 uniform_ draw: 53 bits of a 64-bit word
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _NO_IDS = np.zeros(0, dtype=np.int64)  # arguments a phase does not read
@@ -63,7 +64,7 @@ _NO_GOAL = np.zeros((0, 1), dtype=np.uint8)
 # the memory at an address as a pointer to int64; numba.carray (set by record_kernels)
 _i64s: Any = _jit.compiled_only
 _carray: Any = _jit.compiled_only
-_CTX = 5  # a record context's words before its goal_at entries (_drawn_pass)
+_CTX = 6  # a record context's words before its goal_at entries (_drawn_pass)
 
 
 def _goals_loop(
@@ -155,9 +156,11 @@ def _records_loop(
     row_bytes = np.int64(w * src.itemsize)
     left_base = np.int64(left_table.ctypes.data)
     offset = first % capacity  # the oldest item's slot
-    for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
+    for i in range(min(m, _STEPS_AHEAD)):  # the goals' steps are read _STEPS_AHEAD items ahead
         prefetch(left_base + np.int64(rows[i]) * 8)
     for i in range(b + _AHEAD):
+        if i + _STEPS_AHEAD < m:
+            prefetch(left_base + np.int64(rows[i + _STEPS_AHEAD]) * 8)
         if i < b:  # the record copied _AHEAD items later, and the item's id
             at = src_base + np.int64(rows[i]) * step
             for off in range(0, row_bytes, _LINE):
@@ -216,20 +219,28 @@ def _drawn_pass(
     next achieved goals, then their goals: the goal's dtype, or ``src``'s words) and
     ``index`` ``[2, B]`` (the ids, then the goal ids): one call instead of two draws and a
     pass. The arguments kept from call to call are read from the int64 context at address
-    ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`):
-    ``[the draw's words, the ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``."""
+    ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`): ``[the draw's words, the ends
+    table (addresses), stride, achieved, n, by coordinate, goal_at[0 .. n)]``; by
+    coordinate (not 0), ``pair`` is ``[2, g, m]``: goal ``i``'s words are column ``i``."""
     c = _carray(_i64s(ctx), (_CTX,))
-    b, m = out.shape[0], pair.shape[1]
+    by_coordinate = c[5] != 0  # pair [2, g, m]: each goal's numbers a column
+    b, m = out.shape[0], pair.shape[2] if by_coordinate else pair.shape[1]
     raw = _carray(_i64s(c[0]), ((b >> 1) + m,))
     left = _carray(_i64s(c[1]), (src.shape[0],))
     goal_at = _carray(_i64s(ctx + 8 * _CTX), (c[4],))
     words = pair.view(src.dtype)  # (the goal's own dtype where NumPy gave it: the same bytes)
     rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
     _decode(raw, rows, size, uniform)
-    _records_loop(
-        src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1], words[0],
-        index[0], index[1],
-    )  # fmt: skip
+    if by_coordinate:
+        _records_loop(
+            src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1].T,
+            words[0].T, index[0], index[1],
+        )  # fmt: skip
+    else:
+        _records_loop(
+            src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1],
+            words[0], index[0], index[1],
+        )  # fmt: skip
 
 
 def kernel() -> Callable[..., Any] | None:

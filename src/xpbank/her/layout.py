@@ -13,6 +13,7 @@ from xpbank.her.goals import ends_table
 __all__ = ["RecordLayout"]
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_PAIRWISE = 8  # NumPy's pairwise sum adds runs shorter than this one number after another
 
 
 class RecordLayout:
@@ -60,6 +61,14 @@ class RecordLayout:
         self.goal_words = goal_type.itemsize // size
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
+        # compute_reward's two [m, *goal shape] inputs: each goal's numbers a column of the
+        # pair's memory (item-minor) where a goal has fewer numbers than NumPy's pairwise
+        # sum takes at once (8): a sum over a goal's numbers then adds in the order it adds
+        # them for row-major inputs, to the bit, and a reduction over the goal axis (a
+        # distance) runs along whole columns: ~2.5 µs less for gymnasium-robotics' reward
+        self.by_coordinate = self.goal_words < _PAIRWISE
+        n = len(self.goal_shape)
+        self.pair_axes = (0, n + 1, *range(1, n + 1))  # [2, *goal shape, m] -> [2, m, *goal shape]
         self.reward_name = name["reward"]
         reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
         # the reward as one column of the rows viewed as its dtype, where it is one
@@ -93,6 +102,23 @@ class RecordLayout:
             return
         field = np.ndarray(out.shape[0], self.record, out)[self.reward_name][:m]
         field[...] = value if field.ndim == 1 else value.reshape(field.shape)
+
+    def pair_shape(self, m: int) -> tuple[int, int, int]:
+        """The shape of the fresh ``[2, ...]`` array of next achieved goals and goals that
+        the pass writes: ``[2, g, m]`` by coordinate, else ``[2, m, g]`` (``g`` words)."""
+        return (2, self.goal_words, m) if self.by_coordinate else (2, m, self.goal_words)
+
+    def pair_goals(self, pair: np.ndarray) -> np.ndarray:
+        """``pair`` (:meth:`pair_shape`) as ``[2, m, *goal shape]`` goals of the goal's
+        dtype (a view; by coordinate, item-minor)."""
+        goals = pair if pair.dtype is self.goal_dtype else pair.view(self.goal_dtype)
+        if self.by_coordinate:
+            if len(self.goal_shape) != 1:
+                goals = goals.reshape(2, *self.goal_shape, pair.shape[2])
+            return goals.transpose(self.pair_axes)
+        if len(self.goal_shape) != 1:
+            goals = goals.reshape(2, pair.shape[1], *self.goal_shape)
+        return goals
 
     def as_goals(self, words: np.ndarray) -> np.ndarray:
         """``[m, goal_words]`` words as ``[m, *goal shape]`` goals (a view)."""

@@ -184,10 +184,55 @@ def sample_records(
     records, their ids, info)`` with ``info["her_goal"]``, or ``None`` (nothing drawn)
     where the fast path does not apply. The caller holds the buffer's lock.
 
+    The sampler keeps the :class:`~xpbank.her.shot.Shot` of its last fused sample
+    (``her._hot``, dropped whenever any of its attributes is set): a call with the same
+    plan, batch size, spec and episode index skips the checks of the sampler's settings
+    and of the layout (:func:`_sample_checked` makes them).
+
     Raises:
         SpecError: the goal fields not found, or ``compute_reward`` returning the wrong
             number of values (the goals are drawn by then, as in the general path).
     """
+    shot = her._hot
+    if (
+        shot is None
+        or shot.plan is not plan
+        or shot.batch_size != batch_size
+        or shot.spec is not plan.storage.spec
+        or shot.episodes is not ring.episodes
+        or not 0 < ring.size < _FUSED_LIMIT
+    ):
+        return _sample_checked(her, plan, ring, batch_size, generator)
+    layout, m = shot.layout, shot.m  # both draws in one, decoded by the kernel
+    out = np.empty(shot.out_shape, shot.word)
+    index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
+    pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
+    table = shot.table
+    if table is not None and table.seen != ring.next_id:  # items written since
+        table.catch_up(ring, shot.episodes)
+    shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
+    size, next_id = ring.size, ring.next_id
+    shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
+    if m:
+        axes = shot.pair_axes  # both goals at once, [2, m, g] (by coordinate: item-minor)
+        goals = layout.pair_goals(pair) if axes is None else pair.transpose(axes)
+        value = her.compute_reward(goals[0], goals[1], None)
+        if type(value) is not np.ndarray or value.shape != (m,):
+            value = _per_item("compute_reward", value, m)
+        if shot.reward_column is not None:  # one column of the rows (put_rewards' case, inline)
+            out.view(layout.reward_type)[shot.reward_column] = value
+        else:
+            layout.put_rewards(out, m, value)
+    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
+    return records, index[0], {"her_goal": torch.from_numpy(index[1])}
+
+
+def _sample_checked(
+    her: Any, plan: Any, ring: Any, batch_size: int, generator: torch.Generator
+) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
+    """:func:`sample_records` after checking the sampler's settings and the layout: a
+    fused sample keeps its Shot as ``her._hot`` and goes through :func:`sample_records`;
+    any other (two draws, or NumPy) runs here."""
     reward = her.compute_reward
     if (
         reward is None  # the general path raises
@@ -214,50 +259,36 @@ def sample_records(
     if shot is None or shot.fraction != her.relabel_fraction or shot.final is not (her.strategy == "final"):
         shot = _shot(layout, her, ring, batch_size)
     if shot is not None and 0 < ring.size < _FUSED_LIMIT:  # both draws in one: decoded by the kernel
-        m = shot.m
-        out = np.empty(shot.out_shape, shot.word)
-        index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
-        pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
-        table = shot.table
-        if table is not None and table.seen != ring.next_id:  # items written since
-            table.catch_up(ring, episodes)
-        shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
-        size, next_id = ring.size, ring.next_id
-        shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
+        shot.plan = plan
+        her._hot = shot  # (set last: any setting of the sampler drops it)
+        return sample_records(her, plan, ring, batch_size, generator)
+    m = int(her.relabel_fraction * batch_size)
+    out = np.empty((batch_size, layout.width), layout.word)
+    index = np.empty((2, batch_size), _INT64)
+    pair = np.empty(layout.pair_shape(m), layout.pair_dtype)
+    left = layout.ends(ring) if m else _NO_LEFT
+    kernels = _kernels()
+    slots, rows, _ = plan.draw(batch_size)
+    her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
+    uniform = her._draw(m, generator) if m else _NO_U
+    words = pair if pair.dtype is layout.word else pair.view(layout.word)
+    if layout.by_coordinate:
+        words = words.transpose(0, 2, 1)  # [2, m, g] views
+    if kernels is None:
+        _numpy_pass(layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1])
     else:
-        m = int(her.relabel_fraction * batch_size)
-        out = np.empty((batch_size, layout.width), layout.word)
-        index = np.empty((2, batch_size), _INT64)
-        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
-        left = layout.ends(ring) if m else _NO_LEFT
-        kernels = _kernels()
-        slots, rows, _ = plan.draw(batch_size)
-        her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
-        uniform = her._draw(m, generator) if m else _NO_U
-        words = pair if pair.dtype is layout.word else pair.view(layout.word)
-        if kernels is None:
-            _numpy_pass(
-                layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1]
-            )
-        else:
-            kernels[0](
-                layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-                her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
-                index[1],
-            )  # fmt: skip
+        kernels[0](
+            layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
+            her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
+            index[1],
+        )  # fmt: skip
     if m:
-        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)  # both at once
-        if len(layout.goal_shape) != 1:
-            goals = goals.reshape(2, m, *layout.goal_shape)
+        goals = layout.pair_goals(pair)
         value = reward(goals[0], goals[1], None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        if layout.reward_at >= 0:  # one column of the rows (put_rewards' case, inline)
-            out.view(layout.reward_type)[:m, layout.reward_at] = value
-        else:
-            layout.put_rewards(out, m, value)
-    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
-    return records, index[0], {"her_goal": torch.from_numpy(index[1])}
+        layout.put_rewards(out, m, value)
+    return np.ndarray(batch_size, layout.record, out), index[0], {"her_goal": torch.from_numpy(index[1])}
 
 
 def _numpy_pass(

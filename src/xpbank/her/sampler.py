@@ -89,6 +89,9 @@ class HerSampler:
     """
 
     needs_episodes = True
+    # the read fast path's Shot of the last fused sample, its checks of this sampler's
+    # settings passed (xpbank.her.records.sample_records); any attribute set drops it
+    _hot: Any = None
 
     def __init__(
         self,
@@ -135,10 +138,16 @@ class HerSampler:
         self._uniform: tuple[torch.Tensor, np.ndarray] | None = None  # _draw's tensor
         self._records: RecordLayout | None = None  # sample_records' view of the storage
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a changed setting (strategy, compute_reward, base ...) may end the fast path: the
+        # next sample checks them again (records._sample_checked)
+        self.__dict__["_hot"] = None
+        object.__setattr__(self, name, value)
+
     def __getstate__(self) -> dict[str, Any]:
         # the caches hold views (the draw tensor's NumPy view, the storage's goal rows):
         # a pickled or copied sampler makes them again, or its view would not alias
-        return {**self.__dict__, "_resolved": None, "_uniform": None, "_records": None}
+        return {**self.__dict__, "_resolved": None, "_uniform": None, "_records": None, "_hot": None}
 
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
