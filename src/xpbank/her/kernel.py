@@ -64,7 +64,7 @@ _NO_GOAL = np.zeros((0, 1), dtype=np.uint8)
 # the memory at an address as a pointer to int64; numba.carray (set by record_kernels)
 _i64s: Any = _jit.compiled_only
 _carray: Any = _jit.compiled_only
-_CTX = 6  # a record context's words before its goal_at entries (_drawn_pass)
+_CTX = 5  # a record context's words before its goal_at entries (_drawn_pass)
 
 
 def _goals_loop(
@@ -212,35 +212,38 @@ def _decode(raw: Any, rows: Any, size: Any, uniform: Any) -> None:  # pragma: no
 
 
 def _drawn_pass(
-    ctx: Any, size: Any, first: Any, next_id: Any, final: Any, src: Any, out: Any, pair: Any, index: Any
+    ctx: Any,
+    size: Any,
+    first: Any,
+    next_id: Any,
+    final: Any,
+    src: Any,
+    out: Any,
+    reached: Any,
+    goal: Any,
+    index: Any,
 ) -> None:  # pragma: no cover - run compiled
     """:func:`_decode` the fused draw into the slots and goal offsets (scratch arrays of
-    its own), then :func:`_records_loop` into ``out``, ``pair`` ``[2, m, g]`` (the items'
-    next achieved goals, then their goals: the goal's dtype, or ``src``'s words) and
+    its own), then :func:`_records_loop` into ``out`` (``src``'s words, or the reward's
+    dtype: the same size), ``reached`` and ``goal`` ``[m, g]`` (the items' next achieved
+    goals and their goals: the goal's dtype, or ``src``'s words; C or Fortran order) and
     ``index`` ``[2, B]`` (the ids, then the goal ids): one call instead of two draws and a
     pass. The arguments kept from call to call are read from the int64 context at address
-    ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`): ``[the draw's words, the ends
-    table (addresses), stride, achieved, n, by coordinate, goal_at[0 .. n)]``; by
-    coordinate (not 0), ``pair`` is ``[2, g, m]``: goal ``i``'s words are column ``i``."""
+    ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`):
+    ``[the draw's words, the ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``."""
     c = _carray(_i64s(ctx), (_CTX,))
-    by_coordinate = c[5] != 0  # pair [2, g, m]: each goal's numbers a column
-    b, m = out.shape[0], pair.shape[2] if by_coordinate else pair.shape[1]
+    b, m = out.shape[0], goal.shape[0]
     raw = _carray(_i64s(c[0]), ((b >> 1) + m,))
     left = _carray(_i64s(c[1]), (src.shape[0],))
     goal_at = _carray(_i64s(ctx + 8 * _CTX), (c[4],))
-    words = pair.view(src.dtype)  # (the goal's own dtype where NumPy gave it: the same bytes)
     rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
     _decode(raw, rows, size, uniform)
-    if by_coordinate:
-        _records_loop(
-            src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1].T,
-            words[0].T, index[0], index[1],
-        )  # fmt: skip
-    else:
-        _records_loop(
-            src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1],
-            words[0], index[0], index[1],
-        )  # fmt: skip
+    # the views: the rows as the reward's dtype, the goals as theirs, as NumPy made them (the same bytes)
+    words, goal_words, reached_words = out.view(src.dtype), goal.view(src.dtype), reached.view(src.dtype)
+    _records_loop(
+        src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, words, goal_words,
+        reached_words, index[0], index[1],
+    )  # fmt: skip
 
 
 def kernel() -> Callable[..., Any] | None:

@@ -61,14 +61,12 @@ class RecordLayout:
         self.goal_words = goal_type.itemsize // size
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
-        # compute_reward's two [m, *goal shape] inputs: each goal's numbers a column of the
-        # pair's memory (item-minor) where a goal has fewer numbers than NumPy's pairwise
-        # sum takes at once (8): a sum over a goal's numbers then adds in the order it adds
-        # them for row-major inputs, to the bit, and a reduction over the goal axis (a
-        # distance) runs along whole columns: ~2.5 µs less for gymnasium-robotics' reward
-        self.by_coordinate = self.goal_words < _PAIRWISE
-        n = len(self.goal_shape)
-        self.pair_axes = (0, n + 1, *range(1, n + 1))  # [2, *goal shape, m] -> [2, m, *goal shape]
+        # compute_reward's two [m, g] inputs in Fortran order (each goal's numbers a column,
+        # item-minor) where a goal has fewer numbers than NumPy's pairwise sum takes at once
+        # (8): a sum over a goal's numbers then adds in the order it adds them for C-order
+        # inputs, to the bit, and a reduction over the goal axis (a distance) runs along
+        # whole columns: ~2.5 µs less for gymnasium-robotics' reward
+        self.goal_order = "F" if self.goal_words < _PAIRWISE else "C"
         self.reward_name = name["reward"]
         reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
         # the reward as one column of the rows viewed as its dtype, where it is one
@@ -81,7 +79,8 @@ class RecordLayout:
         self.width = self.words.shape[1]
         self._ends_key = ("her_ends", self.stride)
         self.call: Any = None  # the compiled pass's entry for this layout's arrays (records.py)
-        self.pair_dtype = self.word  # the dtype of the [2, m, g] goals it writes
+        self.pair_dtype = self.word  # the dtype of the [m, g] goal arrays the pass writes
+        self.row_dtype = self.word  # the dtype of the [B, width] rows it writes (records.py)
         self.shots: dict[int, Any] = {}  # batch size -> its kept Shot (her/shot.py)
         self.usable = True
 
@@ -103,24 +102,7 @@ class RecordLayout:
         field = np.ndarray(out.shape[0], self.record, out)[self.reward_name][:m]
         field[...] = value if field.ndim == 1 else value.reshape(field.shape)
 
-    def pair_shape(self, m: int) -> tuple[int, int, int]:
-        """The shape of the fresh ``[2, ...]`` array of next achieved goals and goals that
-        the pass writes: ``[2, g, m]`` by coordinate, else ``[2, m, g]`` (``g`` words)."""
-        return (2, self.goal_words, m) if self.by_coordinate else (2, m, self.goal_words)
-
-    def pair_goals(self, pair: np.ndarray) -> np.ndarray:
-        """``pair`` (:meth:`pair_shape`) as ``[2, m, *goal shape]`` goals of the goal's
-        dtype (a view; by coordinate, item-minor)."""
-        goals = pair if pair.dtype is self.goal_dtype else pair.view(self.goal_dtype)
-        if self.by_coordinate:
-            if len(self.goal_shape) != 1:
-                goals = goals.reshape(2, *self.goal_shape, pair.shape[2])
-            return goals.transpose(self.pair_axes)
-        if len(self.goal_shape) != 1:
-            goals = goals.reshape(2, pair.shape[1], *self.goal_shape)
-        return goals
-
     def as_goals(self, words: np.ndarray) -> np.ndarray:
-        """``[m, goal_words]`` words as ``[m, *goal shape]`` goals (a view)."""
-        goals = words.view(self.goal_dtype)
+        """``[m, goal_words]`` words (C or Fortran order) as ``[m, *goal shape]`` goals (a view)."""
+        goals = words if words.dtype is self.goal_dtype else words.view(self.goal_dtype)
         return goals if len(self.goal_shape) == 1 else goals.reshape(words.shape[0], *self.goal_shape)

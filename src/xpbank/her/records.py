@@ -77,26 +77,32 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[..., Any]:
     """:func:`~xpbank.her.kernel._drawn_pass` compiled for ``layout``'s one signature (its
-    words, fresh C arrays of the goal's dtype where numba takes it, else of the words),
-    kept on the layout with that dtype: its calls skip the dispatcher's typing of each
-    argument. The dispatcher itself where numba gives no entry."""
+    words; fresh rows of the reward's dtype where it has the words' size, so the rewards
+    go in without a view, else of the words; fresh goal arrays of the goal's dtype where
+    numba takes it, else of the words), kept on the layout with those dtypes: its calls
+    skip the dispatcher's typing of each argument. The dispatcher itself where numba
+    gives no entry."""
     try:
         import numba  # type: ignore[import-untyped, unused-ignore]
         from numba import types  # type: ignore[import-untyped, unused-ignore]
     except ImportError:  # pragma: no cover - _kernels() found numba
         layout.call = dispatcher
         return dispatcher
-    i8, word = types.int64, numba.from_dtype(layout.word)
-    for pair in (layout.goal_dtype, layout.word):
+    i8 = types.int64
+    rows = [layout.word]
+    if layout.reward_at >= 0 and layout.reward_type.itemsize == layout.word.itemsize:
+        rows.insert(0, layout.reward_type)
+    for pair, row in [(pair, row) for pair in (layout.goal_dtype, layout.word) for row in rows]:
         try:
+            goals = types.Array(numba.from_dtype(pair), 2, layout.goal_order)
             sig = (
-                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words), types.Array(word, 2, "C"),
-                types.Array(numba.from_dtype(pair), 3, "C"), types.Array(i8, 2, "C"),
+                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words),
+                types.Array(numba.from_dtype(row), 2, "C"), goals, goals, types.Array(i8, 2, "C"),
             )  # fmt: skip
             layout.call = dispatcher.compile(sig)  # type: ignore[attr-defined]
         except Exception:  # a dtype numba does not take (float16): the words
             continue
-        layout.pair_dtype = pair
+        layout.pair_dtype, layout.row_dtype = pair, row
         return layout.call
     layout.call = dispatcher  # pragma: no cover - the words always compile
     return dispatcher
@@ -204,23 +210,27 @@ def sample_records(
     ):
         return _sample_checked(her, plan, ring, batch_size, generator)
     layout, m = shot.layout, shot.m  # both draws in one, decoded by the kernel
-    out = np.empty(shot.out_shape, shot.word)
+    out = np.empty(shot.out_shape, shot.row_dtype)  # the rows (as words, or as rewards: the pass's view)
     index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
-    pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
+    reached = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)  # the items' next achieved goals
+    goal = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
     table = shot.table
     if table is not None and table.seen != ring.next_id:  # items written since
         table.catch_up(ring, shot.episodes)
     shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
     size, next_id = ring.size, ring.next_id
-    shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
+    shot.call(
+        shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, reached, goal, index
+    )
     if m:
-        axes = shot.pair_axes  # both goals at once, [2, m, g] (by coordinate: item-minor)
-        goals = layout.pair_goals(pair) if axes is None else pair.transpose(axes)
-        value = her.compute_reward(goals[0], goals[1], None)
+        if shot.plain:
+            value = her.compute_reward(reached, goal, None)
+        else:
+            value = her.compute_reward(layout.as_goals(reached), layout.as_goals(goal), None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
         if shot.reward_column is not None:  # one column of the rows (put_rewards' case, inline)
-            out.view(layout.reward_type)[shot.reward_column] = value
+            out[shot.reward_column] = value
         else:
             layout.put_rewards(out, m, value)
     records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
@@ -265,26 +275,26 @@ def _sample_checked(
     m = int(her.relabel_fraction * batch_size)
     out = np.empty((batch_size, layout.width), layout.word)
     index = np.empty((2, batch_size), _INT64)
-    pair = np.empty(layout.pair_shape(m), layout.pair_dtype)
+    reached = np.empty((m, layout.goal_words), layout.pair_dtype, layout.goal_order)
+    goal = np.empty((m, layout.goal_words), layout.pair_dtype, layout.goal_order)
     left = layout.ends(ring) if m else _NO_LEFT
     kernels = _kernels()
     slots, rows, _ = plan.draw(batch_size)
     her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
     uniform = her._draw(m, generator) if m else _NO_U
-    words = pair if pair.dtype is layout.word else pair.view(layout.word)
-    if layout.by_coordinate:
-        words = words.transpose(0, 2, 1)  # [2, m, g] views
+    words = (
+        (goal, reached) if goal.dtype is layout.word else (goal.view(layout.word), reached.view(layout.word))
+    )
     if kernels is None:
-        _numpy_pass(layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1])
+        _numpy_pass(layout, ring, rows, uniform, her.strategy, out, words[0], words[1], index[0], index[1])
     else:
         kernels[0](
             layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-            her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
+            her.strategy == "final", layout.achieved, layout.goal_at, out, words[0], words[1], index[0],
             index[1],
         )  # fmt: skip
     if m:
-        goals = layout.pair_goals(pair)
-        value = reward(goals[0], goals[1], None)
+        value = reward(layout.as_goals(reached), layout.as_goals(goal), None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
         layout.put_rewards(out, m, value)

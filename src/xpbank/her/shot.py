@@ -40,8 +40,8 @@ class Shot:
 
     ``draw``: the kept int64 tensor the fused draw fills (``batch_size / 2 + m`` words);
     ``context_at``: the address of the pass's int64 context ``[the draw's words, the
-    ends table (addresses), stride, achieved, n, by coordinate, goal_at[0 .. n)]``, which
-    this object keeps alive with the arrays it points at.
+    ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``, which this object
+    keeps alive with the arrays it points at.
     """
 
     def __init__(self, layout: Any, fraction: float, final: bool, batch_size: int, ring: Any):
@@ -52,21 +52,19 @@ class Shot:
         m = self.m = int(fraction * batch_size)
         self.out_shape = (batch_size, layout.width)
         self.index_shape = (2, batch_size)
-        self.pair_shape = layout.pair_shape(m)
-        self.word, self.pair_dtype = layout.word, layout.pair_dtype
-        # pair's goals as [2, m, g] by a transpose (None: a view of the goal's dtype first)
-        plain = self.pair_dtype is layout.goal_dtype and len(layout.goal_shape) == 1
-        self.pair_axes = ((0, 2, 1) if layout.by_coordinate else (0, 1, 2)) if plain else None
-        # the rewards' place: the first m of one column of the rows as the reward's dtype
-        self.reward_column = (slice(0, m), layout.reward_at) if layout.reward_at >= 0 else None
+        self.goal_shape, self.order = (m, layout.goal_words), layout.goal_order
+        self.word, self.pair_dtype, self.row_dtype = layout.word, layout.pair_dtype, layout.row_dtype
+        # the two goal arrays are compute_reward's arguments as they are (else: layout.as_goals)
+        self.plain = self.pair_dtype is layout.goal_dtype and len(layout.goal_shape) == 1
+        # the rewards' place: the first m of one column of the rows, made as the reward's
+        # dtype (else put_rewards views them)
+        column = layout.reward_at >= 0 and self.row_dtype is layout.reward_type
+        self.reward_column = (slice(0, m), layout.reward_at) if column else None
         self.table = ends_table(layout.episodes, ring, layout.stride) if m else None
         self.left = _NO_LEFT if self.table is None else self.table.left
         self.draw = torch.empty((batch_size >> 1) + m, dtype=torch.int64)
         self.raw = self.draw.numpy()
         at = layout.goal_at.tolist()
-        words = [
-            self.raw.ctypes.data, self.left.ctypes.data, layout.stride, layout.achieved, len(at),
-            int(layout.by_coordinate), *at,
-        ]  # fmt: skip
+        words = [self.raw.ctypes.data, self.left.ctypes.data, layout.stride, layout.achieved, len(at), *at]
         self.context = np.array(words, dtype=np.int64)
         self.context_at = int(self.context.ctypes.data)
