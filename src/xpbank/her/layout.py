@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ class RecordLayout:
         # (8): a sum over a goal's numbers then adds in the order it adds them for C-order
         # inputs, to the bit, and a reduction over the goal axis (a distance) runs along
         # whole columns: ~2.5 µs less for gymnasium-robotics' reward
-        self.goal_order = "F" if self.goal_words < _PAIRWISE else "C"
+        self.goal_order: Literal["C", "F"] = "F" if self.goal_words < _PAIRWISE else "C"
         self.reward_name = name["reward"]
         reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
         # the reward as one column of the rows viewed as its dtype, where it is one
