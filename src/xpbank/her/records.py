@@ -185,19 +185,31 @@ def _fusion_holds() -> bool:
 def sample_records(
     her: Any, plan: Any, ring: Any, batch_size: int, generator: torch.Generator
 ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
-    """``her``'s (a :class:`~xpbank.her.HerSampler`) sample of ``batch_size`` read
-    through ``plan`` (the buffer's :class:`~xpbank.replay.fast_read.ReadPlan`): ``(the
-    records, their ids, info)`` with ``info["her_goal"]``, or ``None`` (nothing drawn)
-    where the fast path does not apply. The caller holds the buffer's lock.
+    """:meth:`HerSampler.sample <xpbank.her.HerSampler.sample>` and :meth:`relabel
+    <xpbank.her.HerSampler.relabel>` in one read of whole records (``HerSampler.sample_records``
+    is this function), for the buffer's read fast path: the same batch as the general
+    path, or ``None`` (nothing drawn) where it does not apply.
 
     The sampler keeps the :class:`~xpbank.her.shot.Shot` of its last fused sample
     (``her._hot``, dropped whenever any of its attributes is set): a call with the same
     plan, batch size, spec and episode index skips the checks of the sampler's settings
     and of the layout (:func:`_sample_checked` makes them).
 
+    Args:
+        her: the :class:`~xpbank.her.HerSampler` (``self``).
+        plan: the buffer's :class:`~xpbank.replay.fast_read.ReadPlan`.
+        ring: the buffer's ring (with its episode index).
+        batch_size: items to sample (with replacement).
+        generator: the buffer's generator.
+
+    Returns:
+        ``(the records, their ids, info)`` with ``info["her_goal"]``, or ``None``.
+
     Raises:
         SpecError: the goal fields not found, or ``compute_reward`` returning the wrong
             number of values (the goals are drawn by then, as in the general path).
+
+    Threads: the caller holds the buffer's lock (``rb.lock``).
     """
     shot = her._hot
     if (
@@ -227,7 +239,7 @@ def sample_records(
             value = her.compute_reward(reached, goal, None)
         else:
             value = her.compute_reward(layout.as_goals(reached), layout.as_goals(goal), None)
-        if type(value) is not np.ndarray or value.shape != (m,):
+        if type(value) is not np.ndarray or value.shape != shot.reward_shape:
             value = _per_item("compute_reward", value, m)
         if shot.reward_column is not None:  # one column of the rows (put_rewards' case, inline)
             out[shot.reward_column] = value
@@ -245,7 +257,8 @@ def _sample_checked(
     any other (two draws, or NumPy) runs here."""
     reward = her.compute_reward
     if (
-        reward is None  # the general path raises
+        not her._reads_records()
+        or reward is None  # the general path raises
         or type(her.base) is not UniformSampler
         or her.strategy == "episode"
         or her.info_keys

@@ -293,25 +293,16 @@ class HerSampler:
             )
         return resolved
 
-    def sample_records(
-        self, plan: Any, ring: Ring, batch_size: int, generator: torch.Generator
-    ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
-        """:meth:`sample` and :meth:`relabel` in one read of whole records, for the
-        buffer's read fast path (:func:`xpbank.her.records.sample_records`): the same
-        batch, or ``None`` (nothing drawn) where it does not apply.
+    # :meth:`sample` and :meth:`relabel` in one read of whole records, for the buffer's
+    # read fast path: the function itself (its docstring), no method wrapping it (one
+    # Python call less a sample)
+    sample_records = sample_records
 
-        Threads: the caller holds the buffer's lock (``rb.lock``).
-
-        Raises:
-            SpecError: the goal fields not found, or ``compute_reward`` returning the
-                wrong number of values.
-        """
+    def _reads_records(self) -> bool:
+        """Whether :meth:`sample_records` may read for this sampler: not for a subclass
+        that changes the draw or the relabelling (the general path)."""
         cls = type(self)
-        if cls is not HerSampler and (
-            cls.relabel is not HerSampler.relabel or cls.sample is not HerSampler.sample
-        ):
-            return None  # a subclass that changes the draw or the relabelling: the general path
-        return sample_records(self, plan, ring, batch_size, generator)
+        return cls is HerSampler or (cls.relabel is HerSampler.relabel and cls.sample is HerSampler.sample)
 
     def _kernel_goals(
         self,

@@ -60,6 +60,7 @@ class Shot:
         # dtype (else put_rewards views them)
         column = layout.reward_at >= 0 and self.row_dtype is layout.reward_type
         self.reward_column = (slice(0, m), layout.reward_at) if column else None
+        self.reward_shape = (m,)  # compute_reward's answer as it is written
         self.table = ends_table(layout.episodes, ring, layout.stride) if m else None
         self.left = _NO_LEFT if self.table is None else self.table.left
         self.draw = torch.empty((batch_size >> 1) + m, dtype=torch.int64)
