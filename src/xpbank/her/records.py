@@ -17,17 +17,22 @@ sample does, plus the relabelling:
   two draws; the first compiled for the layout's one signature and reading its kept
   arguments from an int64 context of addresses: ~0.5 µs less call than numba's
   dispatcher typing thirteen arguments; what it needs kept per batch size in a
-  :class:`~xpbank.her.shot.Shot`): it prefetches the relabelled items' cells of the ends
-  table; then, item by item, prefetches the record a few items ahead, chooses the goal
-  (the rule of :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row
-  and copies a record whole into fresh memory; then copies each goal (the goal step's next achieved
-  goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
-  ...]`` array of the goal's dtype (no view made for ``compute_reward``) beside the
-  item's own next achieved goal; the ids and goal ids go into one fresh ``[2, B]`` array;
-- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
-  two halves of that array, each contiguous), its rewards written into the records'
-  reward field (:meth:`RecordLayout.put_rewards
-  <xpbank.her.layout.RecordLayout.put_rewards>`: one column of the rows where it can);
+  :class:`~xpbank.her.shot.Shot`, the sampler's last one kept as ``her._hot``): item by
+  item, it prefetches the record and the item's cell of the ends table a few items
+  ahead, chooses the goal (the rule of :func:`xpbank.her.kernel._goals_loop`, to the
+  bit), prefetches its row and copies a record whole into fresh rows (made as the
+  reward's dtype where it has the words' size: the pass views them as words); then
+  copies each goal (the goal step's next achieved goal) over the record's desired goal
+  and next desired goal, and into a fresh ``[m, ...]`` array of the goal's dtype beside
+  one of the item's own next achieved goals; the ids and goal ids go into one fresh
+  ``[2, B]`` array;
+- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (those
+  two arrays as they are; in Fortran order where a goal has fewer than 8 numbers:
+  NumPy's sum over a goal's numbers then adds them in the order it adds C-order rows,
+  to the bit, and a distance over the goal axis runs along whole columns, ~2.5 µs less
+  for gymnasium-robotics' reward), its rewards written into the records' reward field
+  (one column of the rows where it can, else :meth:`RecordLayout.put_rewards
+  <xpbank.her.layout.RecordLayout.put_rewards>`);
 - the batch split from the records as the fast read does (:meth:`RecordReader.split
   <xpbank.storage.blocks.RecordReader.split>`): the same keys, order, dtypes and values
   as the general path (the tests compare the two).

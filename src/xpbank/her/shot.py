@@ -10,7 +10,10 @@ view) were several µs. A :class:`Shot` holds them for one batch size (a layout 
 few, as the read plan keeps its slot tensors): a call checks that the sampler's
 fraction and strategy are still those it was made for, catches the ends table up where
 items were written since, draws into its kept tensor and calls the pass with its own
-context of addresses (:func:`xpbank.her.kernel._drawn_pass`).
+context of addresses (:func:`xpbank.her.kernel._drawn_pass`). The sampler keeps the
+Shot of its last fused sample (``her._hot``, dropped by ``HerSampler.__setattr__``
+whenever a setting is set), with the plan, spec and episode index it was checked
+against: a repeat sample checks only those (four identities and the batch size).
 """
 
 from __future__ import annotations
