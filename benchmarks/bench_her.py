@@ -230,12 +230,12 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = np.empty((BATCH, layout.width), shot.row_dtype)
-        index = np.empty((2, BATCH), dtype=np.int64)
+        ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
         reached = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
         goal = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
         context[0] = first_raw + i * raw_step
         first = ring.next_id - ring.size
-        shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, reached, goal, index)
+        shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, reached, goal, ids, goal_ids)
         return out, layout.as_goals(reached), layout.as_goals(goal)
 
     read_out = [read(i) for i in range(calls)]

@@ -221,13 +221,14 @@ def _drawn_pass(
     out: Any,
     reached: Any,
     goal: Any,
-    index: Any,
+    ids: Any,
+    goal_ids: Any,
 ) -> None:  # pragma: no cover - run compiled
     """:func:`_decode` the fused draw into the slots and goal offsets (scratch arrays of
     its own), then :func:`_records_loop` into ``out`` (``src``'s words, or the reward's
     dtype: the same size), ``reached`` and ``goal`` ``[m, g]`` (the items' next achieved
     goals and their goals: the goal's dtype, or ``src``'s words; C or Fortran order) and
-    ``index`` ``[2, B]`` (the ids, then the goal ids): one call instead of two draws and a
+    ``ids`` and ``goal_ids`` ``[B]``: one call instead of two draws and a
     pass. The arguments kept from call to call are read from the int64 context at address
     ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`):
     ``[the draw's words, the ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``."""
@@ -242,7 +243,7 @@ def _drawn_pass(
     words, goal_words, reached_words = out.view(src.dtype), goal.view(src.dtype), reached.view(src.dtype)
     _records_loop(
         src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, words, goal_words,
-        reached_words, index[0], index[1],
+        reached_words, ids, goal_ids,
     )  # fmt: skip
 
 

@@ -24,8 +24,7 @@ sample does, plus the relabelling:
   reward's dtype where it has the words' size: the pass views them as words); then
   copies each goal (the goal step's next achieved goal) over the record's desired goal
   and next desired goal, and into a fresh ``[m, ...]`` array of the goal's dtype beside
-  one of the item's own next achieved goals; the ids and goal ids go into one fresh
-  ``[2, B]`` array;
+  one of the item's own next achieved goals; the ids and goal ids into fresh arrays;
 - the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (those
   two arrays as they are; in Fortran order where a goal has fewer than 8 numbers:
   NumPy's sum over a goal's numbers then adds them in the order it adds C-order rows,
@@ -102,7 +101,8 @@ def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[...
             goals = types.Array(numba.from_dtype(pair), 2, layout.goal_order)
             sig = (
                 i8, i8, i8, i8, types.boolean, numba.typeof(layout.words),
-                types.Array(numba.from_dtype(row), 2, "C"), goals, goals, types.Array(i8, 2, "C"),
+                types.Array(numba.from_dtype(row), 2, "C"), goals, goals, types.Array(i8, 1, "C"),
+                types.Array(i8, 1, "C"),
             )  # fmt: skip
             layout.call = dispatcher.compile(sig)  # type: ignore[attr-defined]
         except Exception:  # a dtype numba does not take (float16): the words
@@ -228,7 +228,8 @@ def sample_records(
         return _sample_checked(her, plan, ring, batch_size, generator)
     layout, m = shot.layout, shot.m  # both draws in one, decoded by the kernel
     out = np.empty(shot.out_shape, shot.row_dtype)  # the rows (as words, or as rewards: the pass's view)
-    index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
+    ids = np.empty(batch_size, _INT64)
+    goal_ids = np.empty(batch_size, _INT64)
     reached = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)  # the items' next achieved goals
     goal = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
     table = shot.table
@@ -237,8 +238,9 @@ def sample_records(
     shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
     size, next_id = ring.size, ring.next_id
     shot.call(
-        shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, reached, goal, index
-    )
+        shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, reached, goal, ids,
+        goal_ids,
+    )  # fmt: skip
     if m:
         if shot.plain:
             value = her.compute_reward(reached, goal, None)
@@ -251,7 +253,7 @@ def sample_records(
         else:
             layout.put_rewards(out, m, value)
     records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
-    return records, index[0], {"her_goal": torch.from_numpy(index[1])}
+    return records, ids, {"her_goal": torch.from_numpy(goal_ids)}
 
 
 def _sample_checked(

@@ -54,7 +54,6 @@ class Shot:
         self.plan: Any = None  # the read plan of the sample that made it the sampler's _hot
         m = self.m = int(fraction * batch_size)
         self.out_shape = (batch_size, layout.width)
-        self.index_shape = (2, batch_size)
         self.goal_shape, self.order = (m, layout.goal_words), layout.goal_order
         self.word, self.pair_dtype, self.row_dtype = layout.word, layout.pair_dtype, layout.row_dtype
         # the two goal arrays are compute_reward's arguments as they are (else: layout.as_goals)
