@@ -211,7 +211,8 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     her = xpbank_buffer(data, sampler)
     her.sample(BATCH)  # resolves the goal keys and the record layout, catches up the episode ends
     ring, gen, plan, layout = her._ring, her._generator, _plan(her), sampler._records
-    if plan is None or layout is None or not layout.usable or kernel() is None or layout.reward_at < 0:
+    shot = None if layout is None else layout.shots.get(BATCH)  # what the sample keeps (her/shot.py)
+    if plan is None or shot is None or kernel() is None or shot.reward_column is None:
         raise SystemExit("--profile: the HER read fast path does not apply here (numba missing?)")
     m = int(sampler.relabel_fraction * BATCH)
     raws = np.empty((calls, BATCH // 2 + m), dtype=np.int64)  # the fused draws, as sample_records makes them
@@ -223,27 +224,26 @@ def profile(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[s
     rows = np.empty((calls, BATCH), dtype=np.int64)  # the slots, for the uniform take below
     for i, raw in enumerate(raws):
         _decode(raw, rows[i], ring.size, np.empty(m))  # (its source, run as Python: not timed)
-    shot = layout.shots[BATCH]  # what the sample keeps for this batch size (her/shot.py)
     # the pass's context as the sample's, pointing at draw i (an int set per call)
     context = shot.context.copy()
     at, first_raw, raw_step = int(context.ctypes.data), int(raws.ctypes.data), raws.strides[0]
 
     def read(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = np.empty((BATCH, layout.width), layout.word)
-        index = np.empty((2, BATCH), dtype=np.int64)
-        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
+        out = np.empty((BATCH, layout.width), shot.row_dtype)
+        ids, goal_ids = np.empty(BATCH, dtype=np.int64), np.empty(BATCH, dtype=np.int64)
+        reached = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
+        goal = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
         context[0] = first_raw + i * raw_step
         first = ring.next_id - ring.size
-        shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, pair, index)
-        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)
-        return out, goals[0], goals[1]
+        shot.call(at, ring.size, first, ring.next_id, False, layout.words, out, reached, goal, ids, goal_ids)
+        return out, layout.as_goals(reached), layout.as_goals(goal)
 
     read_out = [read(i) for i in range(calls)]
     rewards = [compute_reward(a, g, None) for _, a, g in read_out]
 
     def read_write(i: int) -> None:  # the write on the records the pass just wrote, as in a sample
         out = read(i)[0]
-        out.view(layout.reward_type)[:m, layout.reward_at] = rewards[i]
+        out[shot.reward_column] = rewards[i]
 
     records = [np.ndarray(BATCH, layout.record, out) for out, _, _ in read_out]
     index = np.zeros(BATCH, dtype=np.int64)  # stand-ins for the ids and goal ids (from_numpy'd)

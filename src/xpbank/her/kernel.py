@@ -55,6 +55,7 @@ _compiled: list[Callable[..., Any] | None] = []  # [] until the first kernel() c
 _record_compiled: list[tuple[Callable[..., Any], Callable[..., Any]] | None] = []
 _LINE = 64  # bytes per cache line, for the prefetches
 _AHEAD = 16  # records prefetched ahead of the copy
+_STEPS_AHEAD = 32  # cells of the ends table prefetched ahead of their goal's choice
 _MASK53, _EPS53 = (1 << 53) - 1, 2.0**-53  # a float64 uniform_ draw: 53 bits of a 64-bit word
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _NO_IDS = np.zeros(0, dtype=np.int64)  # arguments a phase does not read
@@ -155,9 +156,11 @@ def _records_loop(
     row_bytes = np.int64(w * src.itemsize)
     left_base = np.int64(left_table.ctypes.data)
     offset = first % capacity  # the oldest item's slot
-    for i in range(m):  # the goals' steps are read first: their lines arrive meanwhile
+    for i in range(min(m, _STEPS_AHEAD)):  # the goals' steps are read _STEPS_AHEAD items ahead
         prefetch(left_base + np.int64(rows[i]) * 8)
     for i in range(b + _AHEAD):
+        if i + _STEPS_AHEAD < m:
+            prefetch(left_base + np.int64(rows[i + _STEPS_AHEAD]) * 8)
         if i < b:  # the record copied _AHEAD items later, and the item's id
             at = src_base + np.int64(rows[i]) * step
             for off in range(0, row_bytes, _LINE):
@@ -209,26 +212,38 @@ def _decode(raw: Any, rows: Any, size: Any, uniform: Any) -> None:  # pragma: no
 
 
 def _drawn_pass(
-    ctx: Any, size: Any, first: Any, next_id: Any, final: Any, src: Any, out: Any, pair: Any, index: Any
+    ctx: Any,
+    size: Any,
+    first: Any,
+    next_id: Any,
+    final: Any,
+    src: Any,
+    out: Any,
+    reached: Any,
+    goal: Any,
+    ids: Any,
+    goal_ids: Any,
 ) -> None:  # pragma: no cover - run compiled
     """:func:`_decode` the fused draw into the slots and goal offsets (scratch arrays of
-    its own), then :func:`_records_loop` into ``out``, ``pair`` ``[2, m, g]`` (the items'
-    next achieved goals, then their goals: the goal's dtype, or ``src``'s words) and
-    ``index`` ``[2, B]`` (the ids, then the goal ids): one call instead of two draws and a
+    its own), then :func:`_records_loop` into ``out`` (``src``'s words, or the reward's
+    dtype: the same size), ``reached`` and ``goal`` ``[m, g]`` (the items' next achieved
+    goals and their goals: the goal's dtype, or ``src``'s words; C or Fortran order) and
+    ``ids`` and ``goal_ids`` ``[B]``: one call instead of two draws and a
     pass. The arguments kept from call to call are read from the int64 context at address
     ``ctx`` (:attr:`Shot.context <xpbank.her.shot.Shot>`):
     ``[the draw's words, the ends table (addresses), stride, achieved, n, goal_at[0 .. n)]``."""
     c = _carray(_i64s(ctx), (_CTX,))
-    b, m = out.shape[0], pair.shape[1]
+    b, m = out.shape[0], goal.shape[0]
     raw = _carray(_i64s(c[0]), ((b >> 1) + m,))
     left = _carray(_i64s(c[1]), (src.shape[0],))
     goal_at = _carray(_i64s(ctx + 8 * _CTX), (c[4],))
-    words = pair.view(src.dtype)  # (the goal's own dtype where NumPy gave it: the same bytes)
     rows, uniform = np.empty(b, dtype=np.int64), np.empty(m, dtype=np.float64)
     _decode(raw, rows, size, uniform)
+    # the views: the rows as the reward's dtype, the goals as theirs, as NumPy made them (the same bytes)
+    words, goal_words, reached_words = out.view(src.dtype), goal.view(src.dtype), reached.view(src.dtype)
     _records_loop(
-        src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, out, words[1], words[0],
-        index[0], index[1],
+        src, rows, first, uniform, left, c[2], next_id, final, c[3], goal_at, words, goal_words,
+        reached_words, ids, goal_ids,
     )  # fmt: skip
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -13,6 +13,7 @@ from xpbank.her.goals import ends_table
 __all__ = ["RecordLayout"]
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_PAIRWISE = 8  # NumPy's pairwise sum adds runs shorter than this one number after another
 
 
 class RecordLayout:
@@ -60,6 +61,12 @@ class RecordLayout:
         self.goal_words = goal_type.itemsize // size
         at = [records.dtype.fields[name[r]][1] // size for r in ("desired", "next_desired") if name[r]]
         self.goal_at = np.array(at, dtype=np.int64)
+        # compute_reward's two [m, g] inputs in Fortran order (each goal's numbers a column,
+        # item-minor) where a goal has fewer numbers than NumPy's pairwise sum takes at once
+        # (8): a sum over a goal's numbers then adds in the order it adds them for C-order
+        # inputs, to the bit, and a reduction over the goal axis (a distance) runs along
+        # whole columns: ~2.5 µs less for gymnasium-robotics' reward
+        self.goal_order: Literal["C", "F"] = "F" if self.goal_words < _PAIRWISE else "C"
         self.reward_name = name["reward"]
         reward_type, reward_at = records.dtype.fields[name["reward"]][:2]
         # the reward as one column of the rows viewed as its dtype, where it is one
@@ -72,7 +79,8 @@ class RecordLayout:
         self.width = self.words.shape[1]
         self._ends_key = ("her_ends", self.stride)
         self.call: Any = None  # the compiled pass's entry for this layout's arrays (records.py)
-        self.pair_dtype = self.word  # the dtype of the [2, m, g] goals it writes
+        self.pair_dtype = self.word  # the dtype of the [m, g] goal arrays the pass writes
+        self.row_dtype = self.word  # the dtype of the [B, width] rows it writes (records.py)
         self.shots: dict[int, Any] = {}  # batch size -> its kept Shot (her/shot.py)
         self.usable = True
 
@@ -95,6 +103,6 @@ class RecordLayout:
         field[...] = value if field.ndim == 1 else value.reshape(field.shape)
 
     def as_goals(self, words: np.ndarray) -> np.ndarray:
-        """``[m, goal_words]`` words as ``[m, *goal shape]`` goals (a view)."""
-        goals = words.view(self.goal_dtype)
+        """``[m, goal_words]`` words (C or Fortran order) as ``[m, *goal shape]`` goals (a view)."""
+        goals = words if words.dtype is self.goal_dtype else words.view(self.goal_dtype)
         return goals if len(self.goal_shape) == 1 else goals.reshape(words.shape[0], *self.goal_shape)

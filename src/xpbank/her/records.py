@@ -17,17 +17,21 @@ sample does, plus the relabelling:
   two draws; the first compiled for the layout's one signature and reading its kept
   arguments from an int64 context of addresses: ~0.5 µs less call than numba's
   dispatcher typing thirteen arguments; what it needs kept per batch size in a
-  :class:`~xpbank.her.shot.Shot`): it prefetches the relabelled items' cells of the ends
-  table; then, item by item, prefetches the record a few items ahead, chooses the goal
-  (the rule of :func:`xpbank.her.kernel._goals_loop`, to the bit), prefetches its row
-  and copies a record whole into fresh memory; then copies each goal (the goal step's next achieved
-  goal) over the record's desired goal and next desired goal, and into a fresh ``[2, m,
-  ...]`` array of the goal's dtype (no view made for ``compute_reward``) beside the
-  item's own next achieved goal; the ids and goal ids go into one fresh ``[2, B]`` array;
-- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (the
-  two halves of that array, each contiguous), its rewards written into the records'
-  reward field (:meth:`RecordLayout.put_rewards
-  <xpbank.her.layout.RecordLayout.put_rewards>`: one column of the rows where it can);
+  :class:`~xpbank.her.shot.Shot`, the sampler's last one kept as ``her._hot``): item by
+  item, it prefetches the record and the item's cell of the ends table a few items
+  ahead, chooses the goal (the rule of :func:`xpbank.her.kernel._goals_loop`, to the
+  bit), prefetches its row and copies a record whole into fresh rows (made as the
+  reward's dtype where it has the words' size: the pass views them as words); then
+  copies each goal (the goal step's next achieved goal) over the record's desired goal
+  and next desired goal, and into a fresh ``[m, ...]`` array of the goal's dtype beside
+  one of the item's own next achieved goals; the ids and goal ids into fresh arrays;
+- the user's ``compute_reward(achieved, goal, None)`` once on the relabelled rows (those
+  two arrays as they are; in Fortran order where a goal has fewer than 8 numbers:
+  NumPy's sum over a goal's numbers then adds them in the order it adds C-order rows,
+  to the bit, and a distance over the goal axis runs along whole columns, ~2.5 µs less
+  for gymnasium-robotics' reward), its rewards written into the records' reward field
+  (one column of the rows where it can, else :meth:`RecordLayout.put_rewards
+  <xpbank.her.layout.RecordLayout.put_rewards>`);
 - the batch split from the records as the fast read does (:meth:`RecordReader.split
   <xpbank.storage.blocks.RecordReader.split>`): the same keys, order, dtypes and values
   as the general path (the tests compare the two).
@@ -77,26 +81,33 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 def _entry(layout: RecordLayout, dispatcher: Callable[..., Any]) -> Callable[..., Any]:
     """:func:`~xpbank.her.kernel._drawn_pass` compiled for ``layout``'s one signature (its
-    words, fresh C arrays of the goal's dtype where numba takes it, else of the words),
-    kept on the layout with that dtype: its calls skip the dispatcher's typing of each
-    argument. The dispatcher itself where numba gives no entry."""
+    words; fresh rows of the reward's dtype where it has the words' size, so the rewards
+    go in without a view, else of the words; fresh goal arrays of the goal's dtype where
+    numba takes it, else of the words), kept on the layout with those dtypes: its calls
+    skip the dispatcher's typing of each argument. The dispatcher itself where numba
+    gives no entry."""
     try:
         import numba  # type: ignore[import-untyped, unused-ignore]
         from numba import types  # type: ignore[import-untyped, unused-ignore]
     except ImportError:  # pragma: no cover - _kernels() found numba
         layout.call = dispatcher
         return dispatcher
-    i8, word = types.int64, numba.from_dtype(layout.word)
-    for pair in (layout.goal_dtype, layout.word):
+    i8 = types.int64
+    rows = [layout.word]
+    if layout.reward_at >= 0 and layout.reward_type.itemsize == layout.word.itemsize:
+        rows.insert(0, layout.reward_type)
+    for pair, row in [(pair, row) for pair in (layout.goal_dtype, layout.word) for row in rows]:
         try:
+            goals = types.Array(numba.from_dtype(pair), 2, layout.goal_order)
             sig = (
-                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words), types.Array(word, 2, "C"),
-                types.Array(numba.from_dtype(pair), 3, "C"), types.Array(i8, 2, "C"),
+                i8, i8, i8, i8, types.boolean, numba.typeof(layout.words),
+                types.Array(numba.from_dtype(row), 2, "C"), goals, goals, types.Array(i8, 1, "C"),
+                types.Array(i8, 1, "C"),
             )  # fmt: skip
             layout.call = dispatcher.compile(sig)  # type: ignore[attr-defined]
         except Exception:  # a dtype numba does not take (float16): the words
             continue
-        layout.pair_dtype = pair
+        layout.pair_dtype, layout.row_dtype = pair, row
         return layout.call
     layout.call = dispatcher  # pragma: no cover - the words always compile
     return dispatcher
@@ -179,18 +190,82 @@ def _fusion_holds() -> bool:
 def sample_records(
     her: Any, plan: Any, ring: Any, batch_size: int, generator: torch.Generator
 ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
-    """``her``'s (a :class:`~xpbank.her.HerSampler`) sample of ``batch_size`` read
-    through ``plan`` (the buffer's :class:`~xpbank.replay.fast_read.ReadPlan`): ``(the
-    records, their ids, info)`` with ``info["her_goal"]``, or ``None`` (nothing drawn)
-    where the fast path does not apply. The caller holds the buffer's lock.
+    """:meth:`HerSampler.sample <xpbank.her.HerSampler.sample>` and :meth:`relabel
+    <xpbank.her.HerSampler.relabel>` in one read of whole records (``HerSampler.sample_records``
+    is this function), for the buffer's read fast path: the same batch as the general
+    path, or ``None`` (nothing drawn) where it does not apply.
+
+    The sampler keeps the :class:`~xpbank.her.shot.Shot` of its last fused sample
+    (``her._hot``, dropped whenever any of its attributes is set): a call with the same
+    plan, batch size, spec and episode index skips the checks of the sampler's settings
+    and of the layout (:func:`_sample_checked` makes them).
+
+    Args:
+        her: the :class:`~xpbank.her.HerSampler` (``self``).
+        plan: the buffer's :class:`~xpbank.replay.fast_read.ReadPlan`.
+        ring: the buffer's ring (with its episode index).
+        batch_size: items to sample (with replacement).
+        generator: the buffer's generator.
+
+    Returns:
+        ``(the records, their ids, info)`` with ``info["her_goal"]``, or ``None``.
 
     Raises:
         SpecError: the goal fields not found, or ``compute_reward`` returning the wrong
             number of values (the goals are drawn by then, as in the general path).
+
+    Threads: the caller holds the buffer's lock (``rb.lock``).
     """
+    shot = her._hot
+    if (
+        shot is None
+        or shot.plan is not plan
+        or shot.batch_size != batch_size
+        or shot.spec is not plan.storage.spec
+        or shot.episodes is not ring.episodes
+        or not 0 < ring.size < _FUSED_LIMIT
+    ):
+        return _sample_checked(her, plan, ring, batch_size, generator)
+    layout, m = shot.layout, shot.m  # both draws in one, decoded by the kernel
+    out = np.empty(shot.out_shape, shot.row_dtype)  # the rows (as words, or as rewards: the pass's view)
+    ids = np.empty(batch_size, _INT64)
+    goal_ids = np.empty(batch_size, _INT64)
+    reached = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)  # the items' next achieved goals
+    goal = np.empty(shot.goal_shape, shot.pair_dtype, shot.order)
+    table = shot.table
+    if table is not None and table.seen != ring.next_id:  # items written since
+        table.catch_up(ring, shot.episodes)
+    shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
+    size, next_id = ring.size, ring.next_id
+    shot.call(
+        shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, reached, goal, ids,
+        goal_ids,
+    )  # fmt: skip
+    if m:
+        if shot.plain:
+            value = her.compute_reward(reached, goal, None)
+        else:
+            value = her.compute_reward(layout.as_goals(reached), layout.as_goals(goal), None)
+        if type(value) is not np.ndarray or value.shape != shot.reward_shape:
+            value = _per_item("compute_reward", value, m)
+        if shot.reward_column is not None:  # one column of the rows (put_rewards' case, inline)
+            out[shot.reward_column] = value
+        else:
+            layout.put_rewards(out, m, value)
+    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
+    return records, ids, {"her_goal": torch.from_numpy(goal_ids)}
+
+
+def _sample_checked(
+    her: Any, plan: Any, ring: Any, batch_size: int, generator: torch.Generator
+) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
+    """:func:`sample_records` after checking the sampler's settings and the layout: a
+    fused sample keeps its Shot as ``her._hot`` and goes through :func:`sample_records`;
+    any other (two draws, or NumPy) runs here."""
     reward = her.compute_reward
     if (
-        reward is None  # the general path raises
+        not her._reads_records()
+        or reward is None  # the general path raises
         or type(her.base) is not UniformSampler
         or her.strategy == "episode"
         or her.info_keys
@@ -214,50 +289,36 @@ def sample_records(
     if shot is None or shot.fraction != her.relabel_fraction or shot.final is not (her.strategy == "final"):
         shot = _shot(layout, her, ring, batch_size)
     if shot is not None and 0 < ring.size < _FUSED_LIMIT:  # both draws in one: decoded by the kernel
-        m = shot.m
-        out = np.empty(shot.out_shape, shot.word)
-        index = np.empty(shot.index_shape, _INT64)  # the ids, then the goal ids: one allocation
-        pair = np.empty(shot.pair_shape, shot.pair_dtype)  # next achieved goals, then goals
-        table = shot.table
-        if table is not None and table.seen != ring.next_id:  # items written since
-            table.catch_up(ring, episodes)
-        shot.draw.random_(_LOW, None, generator=generator)  # fused_draw's draw
-        size, next_id = ring.size, ring.next_id
-        shot.call(shot.context_at, size, next_id - size, next_id, shot.final, layout.words, out, pair, index)
+        shot.plan = plan
+        her._hot = shot  # (set last: any setting of the sampler drops it)
+        return sample_records(her, plan, ring, batch_size, generator)
+    m = int(her.relabel_fraction * batch_size)
+    out = np.empty((batch_size, layout.width), layout.word)
+    index = np.empty((2, batch_size), _INT64)
+    reached = np.empty((m, layout.goal_words), layout.pair_dtype, layout.goal_order)
+    goal = np.empty((m, layout.goal_words), layout.pair_dtype, layout.goal_order)
+    left = layout.ends(ring) if m else _NO_LEFT
+    kernels = _kernels()
+    slots, rows, _ = plan.draw(batch_size)
+    her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
+    uniform = her._draw(m, generator) if m else _NO_U
+    words = (
+        (goal, reached) if goal.dtype is layout.word else (goal.view(layout.word), reached.view(layout.word))
+    )
+    if kernels is None:
+        _numpy_pass(layout, ring, rows, uniform, her.strategy, out, words[0], words[1], index[0], index[1])
     else:
-        m = int(her.relabel_fraction * batch_size)
-        out = np.empty((batch_size, layout.width), layout.word)
-        index = np.empty((2, batch_size), _INT64)
-        pair = np.empty((2, m, layout.goal_words), layout.pair_dtype)
-        left = layout.ends(ring) if m else _NO_LEFT
-        kernels = _kernels()
-        slots, rows, _ = plan.draw(batch_size)
-        her.base.draw_into(ring, slots, generator)  # the wrapped sampler's draws
-        uniform = her._draw(m, generator) if m else _NO_U
-        words = pair if pair.dtype is layout.word else pair.view(layout.word)
-        if kernels is None:
-            _numpy_pass(
-                layout, ring, rows, uniform, her.strategy, out, words[1], words[0], index[0], index[1]
-            )
-        else:
-            kernels[0](
-                layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
-                her.strategy == "final", layout.achieved, layout.goal_at, out, words[1], words[0], index[0],
-                index[1],
-            )  # fmt: skip
+        kernels[0](
+            layout.words, rows, ring.next_id - ring.size, uniform, left, layout.stride, ring.next_id,
+            her.strategy == "final", layout.achieved, layout.goal_at, out, words[0], words[1], index[0],
+            index[1],
+        )  # fmt: skip
     if m:
-        goals = pair if pair.dtype is layout.goal_dtype else pair.view(layout.goal_dtype)  # both at once
-        if len(layout.goal_shape) != 1:
-            goals = goals.reshape(2, m, *layout.goal_shape)
-        value = reward(goals[0], goals[1], None)
+        value = reward(layout.as_goals(reached), layout.as_goals(goal), None)
         if type(value) is not np.ndarray or value.shape != (m,):
             value = _per_item("compute_reward", value, m)
-        if layout.reward_at >= 0:  # one column of the rows (put_rewards' case, inline)
-            out.view(layout.reward_type)[:m, layout.reward_at] = value
-        else:
-            layout.put_rewards(out, m, value)
-    records = np.ndarray(batch_size, layout.record, out)  # the rows as records (~0.5 µs less than a view)
-    return records, index[0], {"her_goal": torch.from_numpy(index[1])}
+        layout.put_rewards(out, m, value)
+    return np.ndarray(batch_size, layout.record, out), index[0], {"her_goal": torch.from_numpy(index[1])}
 
 
 def _numpy_pass(

@@ -89,6 +89,9 @@ class HerSampler:
     """
 
     needs_episodes = True
+    # the read fast path's Shot of the last fused sample, its checks of this sampler's
+    # settings passed (xpbank.her.records.sample_records); any attribute set drops it
+    _hot: Any = None
 
     def __init__(
         self,
@@ -135,10 +138,16 @@ class HerSampler:
         self._uniform: tuple[torch.Tensor, np.ndarray] | None = None  # _draw's tensor
         self._records: RecordLayout | None = None  # sample_records' view of the storage
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a changed setting (strategy, compute_reward, base ...) may end the fast path: the
+        # next sample checks them again (records._sample_checked)
+        self.__dict__["_hot"] = None
+        object.__setattr__(self, name, value)
+
     def __getstate__(self) -> dict[str, Any]:
         # the caches hold views (the draw tensor's NumPy view, the storage's goal rows):
         # a pickled or copied sampler makes them again, or its view would not alias
-        return {**self.__dict__, "_resolved": None, "_uniform": None, "_records": None}
+        return {**self.__dict__, "_resolved": None, "_uniform": None, "_records": None, "_hot": None}
 
     # -- the Sampler protocol, delegated ------------------------------------------------
     def sample(
@@ -284,25 +293,16 @@ class HerSampler:
             )
         return resolved
 
-    def sample_records(
-        self, plan: Any, ring: Ring, batch_size: int, generator: torch.Generator
-    ) -> tuple[np.ndarray, np.ndarray, dict[str, torch.Tensor]] | None:
-        """:meth:`sample` and :meth:`relabel` in one read of whole records, for the
-        buffer's read fast path (:func:`xpbank.her.records.sample_records`): the same
-        batch, or ``None`` (nothing drawn) where it does not apply.
+    # :meth:`sample` and :meth:`relabel` in one read of whole records, for the buffer's
+    # read fast path: the function itself (its docstring), no method wrapping it (one
+    # Python call less a sample)
+    sample_records = sample_records
 
-        Threads: the caller holds the buffer's lock (``rb.lock``).
-
-        Raises:
-            SpecError: the goal fields not found, or ``compute_reward`` returning the
-                wrong number of values.
-        """
+    def _reads_records(self) -> bool:
+        """Whether :meth:`sample_records` may read for this sampler: not for a subclass
+        that changes the draw or the relabelling (the general path)."""
         cls = type(self)
-        if cls is not HerSampler and (
-            cls.relabel is not HerSampler.relabel or cls.sample is not HerSampler.sample
-        ):
-            return None  # a subclass that changes the draw or the relabelling: the general path
-        return sample_records(self, plan, ring, batch_size, generator)
+        return cls is HerSampler or (cls.relabel is HerSampler.relabel and cls.sample is HerSampler.sample)
 
     def _kernel_goals(
         self,

@@ -10,7 +10,10 @@ view) were several µs. A :class:`Shot` holds them for one batch size (a layout 
 few, as the read plan keeps its slot tensors): a call checks that the sampler's
 fraction and strategy are still those it was made for, catches the ends table up where
 items were written since, draws into its kept tensor and calls the pass with its own
-context of addresses (:func:`xpbank.her.kernel._drawn_pass`).
+context of addresses (:func:`xpbank.her.kernel._drawn_pass`). The sampler keeps the
+Shot of its last fused sample (``her._hot``, dropped by ``HerSampler.__setattr__``
+whenever a setting is set), with the plan, spec and episode index it was checked
+against: a repeat sample checks only those (four identities and the batch size).
 """
 
 from __future__ import annotations
@@ -46,11 +49,20 @@ class Shot:
 
     def __init__(self, layout: Any, fraction: float, final: bool, batch_size: int, ring: Any):
         self.fraction, self.final, self.call = fraction, final, layout.call
+        self.layout, self.batch_size = layout, batch_size
+        self.spec, self.episodes = layout.spec, layout.episodes
+        self.plan: Any = None  # the read plan of the sample that made it the sampler's _hot
         m = self.m = int(fraction * batch_size)
         self.out_shape = (batch_size, layout.width)
-        self.index_shape = (2, batch_size)
-        self.pair_shape = (2, m, layout.goal_words)
-        self.word, self.pair_dtype = layout.word, layout.pair_dtype
+        self.goal_shape, self.order = (m, layout.goal_words), layout.goal_order
+        self.word, self.pair_dtype, self.row_dtype = layout.word, layout.pair_dtype, layout.row_dtype
+        # the two goal arrays are compute_reward's arguments as they are (else: layout.as_goals)
+        self.plain = self.pair_dtype is layout.goal_dtype and len(layout.goal_shape) == 1
+        # the rewards' place: the first m of one column of the rows, made as the reward's
+        # dtype (else put_rewards views them)
+        column = layout.reward_at >= 0 and self.row_dtype is layout.reward_type
+        self.reward_column = (slice(0, m), layout.reward_at) if column else None
+        self.reward_shape = (m,)  # compute_reward's answer as it is written
         self.table = ends_table(layout.episodes, ring, layout.stride) if m else None
         self.left = _NO_LEFT if self.table is None else self.table.left
         self.draw = torch.empty((batch_size >> 1) + m, dtype=torch.int64)

@@ -320,7 +320,8 @@ def try_records(rb: Any, batch_size: Any) -> TensorDict | None:
     flat = plan.reader.split(records)
     flat["index"] = torch.from_numpy(ids)
     flat.update(info)
-    size = plan.draw(batch_size)[2]
+    kept = plan.draws.get(batch_size)  # (plan.draw's, without its call)
+    size = (kept or plan.draw(batch_size))[2]
     if plan.flat:
         return flat_tensordict(flat, size, plan.device)
     return to_tensordict(flat, size, plan.device)
