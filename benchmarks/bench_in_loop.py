@@ -62,20 +62,30 @@ import torch
 import xpbank
 from _common import clock, environment, fmt_ratio, freeze_heap, log, markdown_table, set_clock, settle
 
+_END = object()  # a wrapped generator's end
+
 
 class CallTimer:
-    """Seconds spent inside wrapped calls (and inside each ``next`` of wrapped generators)."""
+    """Seconds spent inside wrapped calls (and inside each ``next`` of wrapped generators).
+
+    A wrapped call made inside another (SB3's ``sample`` calls its ``_get_samples``) is
+    counted once, in the outer call."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.depth = 0  # wrapped calls in progress
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.depth:  # inside a timed call: its time is already counted
+                return fn(*args, **kwargs)
+            self.depth += 1
             start = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds += clock() - start
+                self.depth -= 1
 
         return timed
 
@@ -83,13 +93,18 @@ class CallTimer:
         def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
             it = self.wrap(fn)(*args, **kwargs)
             while True:
-                start = clock()
-                try:
-                    item = next(it)
-                except StopIteration:
-                    self.seconds += clock() - start
+                if self.depth:  # drawn inside a timed call
+                    item = next(it, _END)
+                else:
+                    self.depth += 1
+                    start = clock()
+                    try:
+                        item = next(it, _END)
+                    finally:
+                        self.seconds += clock() - start
+                        self.depth -= 1
+                if item is _END:
                     return
-                self.seconds += clock() - start
                 yield item
 
         return timed
