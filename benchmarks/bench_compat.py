@@ -116,6 +116,27 @@ class FixedCritic:
         return None
 
 
+def make_ppo(obs0: TensorDict, recurrent: bool, storage: Any, **kw: Any) -> Any:
+    """rsl_rl's PPO over ``storage``: MLP or recurrent actor and critic, made after
+    ``torch.manual_seed(0)`` (the same networks for every storage)."""
+    from rsl_rl.algorithms import PPO
+    from rsl_rl.models import MLPModel, RNNModel
+    from rsl_rl.modules.distribution import GaussianDistribution
+
+    torch.manual_seed(0)
+    groups = {"actor": ["policy"], "critic": ["policy"]}
+    dist = {"class_name": GaussianDistribution}
+    if recurrent:
+        actor = RNNModel(
+            obs0, groups, "actor", ACT, hidden_dims=[64], distribution_cfg=dist, rnn_hidden_dim=64
+        )
+        critic = RNNModel(obs0, groups, "critic", 1, hidden_dims=[64], rnn_type="gru", rnn_hidden_dim=64)
+    else:
+        actor = MLPModel(obs0, groups, "actor", ACT, hidden_dims=[64, 64], distribution_cfg=dist)
+        critic = MLPModel(obs0, groups, "critic", 1, hidden_dims=[64, 64])
+    return PPO(actor, critic, storage, num_mini_batches=MINIBATCHES, **kw)
+
+
 def stub_ppo(st: Any, last: torch.Tensor) -> Any:
     """What rsl_rl's ``PPO.compute_returns`` reads of its ``self``: the storage, the
     critic (its value of the last observation), gamma, lam."""
@@ -264,9 +285,6 @@ def _eq(same: bool) -> str:
 
 def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
     """A whole rsl_rl PPO iteration over a synthetic env (random observations and rewards)."""
-    from rsl_rl.algorithms import PPO
-    from rsl_rl.models import MLPModel, RNNModel
-    from rsl_rl.modules.distribution import GaussianDistribution
     from rsl_rl.storage import RolloutStorage as Ref
 
     g = torch.Generator().manual_seed(0)
@@ -281,18 +299,7 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
     obs0 = steps[0][0]
 
     def make(storage_cls: Any, **kw: Any) -> Any:
-        torch.manual_seed(0)
-        groups = {"actor": ["policy"], "critic": ["policy"]}
-        dist = {"class_name": GaussianDistribution}
-        if recurrent:
-            actor = RNNModel(
-                obs0, groups, "actor", ACT, hidden_dims=[64], distribution_cfg=dist, rnn_hidden_dim=64
-            )
-            critic = RNNModel(obs0, groups, "critic", 1, hidden_dims=[64], rnn_type="gru", rnn_hidden_dim=64)
-        else:
-            actor = MLPModel(obs0, groups, "actor", ACT, hidden_dims=[64, 64], distribution_cfg=dist)
-            critic = MLPModel(obs0, groups, "critic", 1, hidden_dims=[64, 64])
-        return PPO(actor, critic, storage_cls("rl", e, T, obs0, [ACT], **kw), num_mini_batches=MINIBATCHES)
+        return make_ppo(obs0, recurrent, storage_cls("rl", e, T, obs0, [ACT], **kw))
 
     def iteration(ppo: Any) -> None:
         obs = obs0

@@ -37,7 +37,7 @@ from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import clock, freeze_heap, set_clock
-from bench_compat import ACT, MINIBATCHES, OBS, T, filled, transitions
+from bench_compat import ACT, OBS, T, filled, make_ppo, transitions
 from xpbank.compat.rsl_rl import RolloutStorage
 
 PHASES = ("rollout", "returns", "generator", "model", "total")
@@ -52,26 +52,6 @@ def storage_class(name: str) -> Callable[..., Any]:
     if name == "parity":
         return lambda *a, **kw: RolloutStorage(*a, parity=True, **kw)
     return lambda *a, **kw: RolloutStorage(*a, seed=0, **kw)
-
-
-def make_ppo(obs0: TensorDict, recurrent: bool, storage: Any, **kw: Any) -> Any:
-    """``bench_compat``'s PPO (the same seed, the same networks) over ``storage``."""
-    from rsl_rl.algorithms import PPO
-    from rsl_rl.models import MLPModel, RNNModel
-    from rsl_rl.modules.distribution import GaussianDistribution
-
-    torch.manual_seed(0)
-    groups = {"actor": ["policy"], "critic": ["policy"]}
-    dist = {"class_name": GaussianDistribution}
-    if recurrent:
-        actor = RNNModel(
-            obs0, groups, "actor", ACT, hidden_dims=[64], distribution_cfg=dist, rnn_hidden_dim=64
-        )
-        critic = RNNModel(obs0, groups, "critic", 1, hidden_dims=[64], rnn_type="gru", rnn_hidden_dim=64)
-    else:
-        actor = MLPModel(obs0, groups, "actor", ACT, hidden_dims=[64, 64], distribution_cfg=dist)
-        critic = MLPModel(obs0, groups, "critic", 1, hidden_dims=[64, 64])
-    return PPO(actor, critic, storage, num_mini_batches=MINIBATCHES, **kw)
 
 
 def timed_generator(st: Any, acc: list[float]) -> None:
