@@ -116,6 +116,19 @@ class FixedCritic:
         return None
 
 
+def ppo_steps(e: int) -> list[tuple[TensorDict, torch.Tensor, torch.Tensor]]:
+    """A synthetic env's ``T`` steps of ``e`` envs: (observations, rewards, dones), seeded."""
+    g = torch.Generator().manual_seed(0)
+    return [
+        (
+            TensorDict({"policy": torch.randn(e, OBS, generator=g)}, [e]),
+            torch.randn(e, generator=g),
+            (torch.rand(e, generator=g) < 0.05).float(),
+        )
+        for _ in range(T)
+    ]
+
+
 def make_ppo(obs0: TensorDict, recurrent: bool, storage: Any, **kw: Any) -> Any:
     """rsl_rl's PPO over ``storage``: MLP or recurrent actor and critic, made after
     ``torch.manual_seed(0)`` (the same networks for every storage)."""
@@ -287,15 +300,7 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
     """A whole rsl_rl PPO iteration over a synthetic env (random observations and rewards)."""
     from rsl_rl.storage import RolloutStorage as Ref
 
-    g = torch.Generator().manual_seed(0)
-    steps = [
-        (
-            TensorDict({"policy": torch.randn(e, OBS, generator=g)}, [e]),
-            torch.randn(e, generator=g),
-            (torch.rand(e, generator=g) < 0.05).float(),
-        )
-        for _ in range(T)
-    ]
+    steps = ppo_steps(e)
     obs0 = steps[0][0]
 
     def make(storage_cls: Any, **kw: Any) -> Any:

@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import clock, freeze_heap, set_clock
-from bench_compat import ACT, OBS, T, filled, make_ppo, transitions
+from bench_compat import ACT, T, filled, make_ppo, ppo_steps, transitions
 from xpbank.compat.rsl_rl import RolloutStorage
 
 PHASES = ("rollout", "returns", "generator", "model", "total")
@@ -84,15 +83,7 @@ def update(ppo: Any, gen: list[float]) -> tuple[float, float]:
 
 
 def iteration_runner(e: int, recurrent: bool) -> Callable[[str], Callable[[], dict[str, float]]]:
-    g = torch.Generator().manual_seed(0)
-    steps = [
-        (
-            TensorDict({"policy": torch.randn(e, OBS, generator=g)}, [e]),
-            torch.randn(e, generator=g),
-            (torch.rand(e, generator=g) < 0.05).float(),
-        )
-        for _ in range(T)
-    ]
+    steps = ppo_steps(e)
     obs0 = steps[0][0]
 
     def build(name: str) -> Callable[[], dict[str, float]]:
