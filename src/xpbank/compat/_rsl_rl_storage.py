@@ -100,11 +100,6 @@ class RolloutStorage:
     Transition = Transition
     Batch = Batch
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> RolloutStorage:
-        # a subclass of ``cls`` whose __getattr__ answers until the layout is fixed
-        # (:mod:`~xpbank.compat._rsl_rl_class`: plain attribute reads after that)
-        return object.__new__(pending(user_class(cls)))
-
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         """Pickled as the user's class (its class before/after the layout is chosen anew)."""
         return restore, (user_class(type(self)), self.__dict__)
@@ -124,6 +119,9 @@ class RolloutStorage:
     ) -> None:
         if training_type not in _TYPES:
             raise SpecError(f"training_type: expected one of {list(_TYPES)}, got {training_type!r}")
+        # until the layout is fixed, a subclass of the user's class whose __getattr__ answers
+        # (:mod:`~xpbank.compat._rsl_rl_class`: plain attribute reads after that)
+        self.__class__ = pending(user_class(type(self)))
         self.training_type = training_type
         self.num_envs = check_positive_int("num_envs", num_envs)
         self.num_transitions_per_env = check_positive_int("num_transitions_per_env", num_transitions_per_env)
