@@ -50,18 +50,15 @@ def test_kernels_raise_no_power_of_their_own() -> None:
     np.testing.assert_array_equal(priorities.power(x, 0.6), x**0.6)  # the one routine: NumPy's
 
 
-def test_search_right_is_searchsorted() -> None:
+def test_search_right_all_is_searchsorted() -> None:
     rng = np.random.default_rng(1)
     for n in [1, 2, 3, 7, 16, 100, 4096]:
         cums = np.concatenate([[0.0], np.cumsum(rng.integers(0, 3, n).astype(np.float64))])  # ties
         points = np.concatenate([cums, cums + 0.5, [-1.0, cums[-1] + 1.0]])
         expected = np.searchsorted(cums[1:], points, side="right")
-        for u, found in zip(points, expected, strict=True):
-            assert sumtree_numba.search_right(cums, n, u) == found
         out = np.full(points.shape, -7, dtype=np.int64)
         sumtree_numba.search_right_all(cums, n, points, out)  # the batch in lockstep: each its own
         np.testing.assert_array_equal(out, expected)
-    assert sumtree_numba.search_right(np.zeros(1), 0, 1.0) == 0
     out = np.full(2, -7, dtype=np.int64)
     sumtree_numba.search_right_all(np.zeros(1), 0, np.array([1.0, -1.0]), out)
     assert out.tolist() == [0, 0]

@@ -263,7 +263,6 @@ def _update_tensors(sampler: Any, ring: Ring, ids: torch.Tensor, values: torch.T
     )
     if largest > sampler.max_priority:
         sampler.max_priority = largest
-    if exact == exact or hit or low <= smallest._value:  # else kept_up changes nothing
-        smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
+    smallest.kept_up(low, hit, exact)  # the min-tree kept up to date by the call
     sampler._cums = None
     return True

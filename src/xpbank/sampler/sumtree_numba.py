@@ -77,24 +77,13 @@ _tried = False
 
 
 # -- helpers, compiled into the kernels that call them --------------------------------
-def search_right(cums: np.ndarray, n: int, u: float) -> int:
-    """``np.searchsorted(cums[1 : n + 1], u, side="right")`` (``cums`` sorted), branch-free."""
-    if n == 0:
-        return 0
-    base, size = 0, n  # the answer lies in [base, base + size]
-    while size > 1:
-        half = size >> 1
-        base = base + half if cums[base + half] <= u else base
-        size -= half
-    return base + 1 if cums[base + 1] <= u else base
-
-
 def search_right_all(cums: np.ndarray, n: int, u: np.ndarray, out: np.ndarray) -> None:
-    """:func:`search_right` of every ``u[i]`` into ``out[i]``, the items in lockstep: each
-    halving step is taken for the whole batch before the next. One item's steps depend
-    on each other's loads, and compiled one item at a time the step became a branch,
-    mispredicted half the time on random ``u`` (~1.2 µs of a 32-item draw over a
-    391-node top); in lockstep the items' loads overlap and the step is a product."""
+    """``np.searchsorted(cums[1 : n + 1], u[i], side="right")`` (``cums`` sorted) of every
+    ``u[i]`` into ``out[i]``, the items in lockstep: each halving step is taken for the
+    whole batch before the next. One item's steps depend on each other's loads, and
+    compiled one item at a time the step became a branch, mispredicted half the time on
+    random ``u`` (~1.2 µs of a 32-item draw over a 391-node top); in lockstep the items'
+    loads overlap and the step is a product."""
     b = u.shape[0]
     for i in range(b):
         out[i] = 0
@@ -383,7 +372,7 @@ def load() -> SimpleNamespace | None:
         _tried = True
         fns = (prefix, descend, draw_fresh, set_leaves, update, live_slots, live_priorities)
         inline = (search_top, descend_level, refresh_level, write_leaves)  # also called by prioritized_calls
-        helpers = (search_right, search_right_all, *inline, descend_into, prefix_into, draw_body, refresh)
+        helpers = (search_right_all, *inline, descend_into, prefix_into, draw_body, refresh)
         kernels = _jit.compile_kernels(*fns, helpers=helpers, inline=inline)
         if kernels is not None:
             _loaded = SimpleNamespace(**{fn.__name__: k for fn, k in zip(fns, kernels, strict=True)})
