@@ -55,7 +55,7 @@ class Shot:
         m = self.m = int(fraction * batch_size)
         self.out_shape = (batch_size, layout.width)
         self.goal_shape, self.order = (m, layout.goal_words), layout.goal_order
-        self.word, self.pair_dtype, self.row_dtype = layout.word, layout.pair_dtype, layout.row_dtype
+        self.pair_dtype, self.row_dtype = layout.pair_dtype, layout.row_dtype
         # the two goal arrays are compute_reward's arguments as they are (else: layout.as_goals)
         self.plain = self.pair_dtype is layout.goal_dtype and len(layout.goal_shape) == 1
         # the rewards' place: the first m of one column of the rows, made as the reward's
