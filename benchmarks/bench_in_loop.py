@@ -92,17 +92,9 @@ class CallTimer:
     def wrap_generator(self, fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
         def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
             it = self.wrap(fn)(*args, **kwargs)
+            timed_next = self.wrap(next)  # each item's time, counted once as a call's
             while True:
-                if self.depth:  # drawn inside a timed call
-                    item = next(it, _END)
-                else:
-                    self.depth += 1
-                    start = clock()
-                    try:
-                        item = next(it, _END)
-                    finally:
-                        self.seconds += clock() - start
-                        self.depth -= 1
+                item = timed_next(it, _END)
                 if item is _END:
                     return
                 yield item
