@@ -21,7 +21,7 @@ from typing import Any
 
 from xpbank.compat._rsl_rl_views import ATTRIBUTES, missing
 
-__all__ = ["pending", "laid_out", "user_class", "restore", "absent_fields"]
+__all__ = ["pending", "laid_out", "user_class", "restore", "absent_fields", "class_for"]
 
 _USER = "_xpbank_user_class"  # set in a dynamic class's own dict: the class it stands for
 
@@ -80,8 +80,13 @@ def restore(cls: type, state: dict[str, Any]) -> Any:
     obj.__dict__.update(state)
     views = state.get("_views")
     if views is not None:
-        obj.__class__ = laid_out(cls, absent_fields(set(views.attributes())))
+        obj.__class__ = class_for(cls, views.attributes())
     return obj
+
+
+def class_for(cls: type, attributes: dict[str, Any]) -> type:
+    """The laid-out class of a storage of user class ``cls`` holding ``attributes``."""
+    return laid_out(cls, absent_fields(set(attributes)))
 
 
 def absent_fields(present: set[str]) -> frozenset[str]:

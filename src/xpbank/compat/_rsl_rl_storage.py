@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from xpbank.compat._rsl_rl_class import absent_fields, laid_out, pending, restore, user_class
+from xpbank.compat._rsl_rl_class import class_for, pending, restore, user_class
 from xpbank.compat._rsl_rl_read import env_groups, flat_batches, recurrent_batches
 from xpbank.compat._rsl_rl_steps import (
     gives_time_outs,
@@ -205,7 +205,7 @@ class RolloutStorage:
         self._views = Views(self._rb, self._num_params, self._hidden)
         attributes = self._views.attributes()
         self.__dict__.update(attributes)  # plain attributes: read as cheaply as rsl_rl's
-        self.__class__ = laid_out(user_class(type(self)), absent_fields(set(attributes)))
+        self.__class__ = class_for(user_class(type(self)), attributes)
         self._adv = self._views.advantages
         self._adv_shape = self._adv.shape
 
