@@ -16,7 +16,8 @@ float32[3], action float32[4]) is written into:
   ``compute_reward`` is the same vectorized function).
 
 Each timed block is ``--calls`` calls of ``sample(256)``; the kinds take turns block by
-block (``--rounds`` rounds), so they see the same machine load; each cell is the median
+block (``--rounds`` rounds, the order rotated each round: no kind always follows the same
+other), so they see the same machine load; each cell is the median
 over rounds with the range (fastest .. slowest). No timing is asserted anywhere.
 """
 
@@ -168,9 +169,10 @@ def run(size: int, calls: int, rounds: int) -> tuple[list[list[str]], dict[str, 
         for _ in range(3):
             fn()
     times: dict[str, list[float]] = {k: [] for k in kinds}
+    names = list(kinds)
     for r in range(rounds):
-        for name, fn in kinds.items():
-            times[name].append(fastest_block(fn, calls, 1))
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated: no fixed position
+            times[name].append(fastest_block(kinds[name], calls, 1))
         log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {fmt_us(v[-1])}" for k, v in times.items()))
     base, her_t, sb3_t = (
         np.array(times["xpbank uniform"]),
@@ -317,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = ["sample(256)", "per call: median (range)", "vs xpbank uniform", "SB3 HER / this"]
     notes = (
         f"{size:,} transitions of {E} envs in lockstep, episodes of up to {HORIZON} steps; "
-        f"{rounds} interleaved rounds of {calls} calls each, clock {args.clock}; "
+        f"{rounds} interleaved rounds (order rotated) of {calls} calls each, clock {args.clock}; "
         "ratios per round, median (range). "
         "Targets: HER at most 1.5x uniform, SB3's at least 3x HER's time."
     )
