@@ -10,7 +10,8 @@ both give the same result (bit for bit where the row says so).
   ``E`` envs x 24 steps, obs float32[48], actions float32[12], two distribution
   parameters: ``add_transition`` (per call); returns by rsl_rl's own
   ``PPO.compute_returns`` over each storage (timed in blocks of 10 calls; the same
-  operations on tensors of the same shapes and strides on both sides);
+  operations on tensors of the same shapes and strides on both sides), with an A/A row:
+  a second rsl_rl storage timed in the same rounds, whose ratio is the row's noise floor;
   ``mini_batch_generator`` (5 epochs x 4, every field read; xpbank's default order and
   ``parity=True``); ``recurrent_mini_batch_generator`` (an LSTM actor's and a GRU
   critic's states stored; 5 x 4); a whole PPO iteration (rsl_rl's ``PPO``: act +
@@ -223,19 +224,29 @@ def rsl_rows(e: int, rounds: int) -> list[list[str]]:
     rows.append([f"add_transition, {e} envs", *ratio_cells(t["ref"], t["xp"]), _eq(same)])
 
     last = torch.linspace(-1, 1, e).unsqueeze(1)
-    pr, px = stub_ppo(ref, last), stub_ppo(ours, last)
-    PPO.compute_returns(pr, None), PPO.compute_returns(px, None)
+    control = Ref("rl", e, T, obs, [ACT])  # A/A: a second rsl_rl storage, the row's noise floor
+    fill(control)
+    pr, px, pc = stub_ppo(ref, last), stub_ppo(ours, last), stub_ppo(control, last)
+    PPO.compute_returns(pr, None), PPO.compute_returns(px, None), PPO.compute_returns(pc, None)
     same = torch.equal(ref.returns, ours.returns) and torch.equal(ref.advantages, ours.advantages)
     k = 10  # a block of calls per timing: one call (~0.7 ms) is too short to time alone
     t = interleaved(
         {
             "ref": timed(lambda: [PPO.compute_returns(pr, None) for _ in range(k)], k),
             "xp": timed(lambda: [PPO.compute_returns(px, None) for _ in range(k)], k),
+            "control": timed(lambda: [PPO.compute_returns(pc, None) for _ in range(k)], k),
         },
         rounds,
     )
     rows.append(
         [f"returns: rsl_rl's PPO.compute_returns, {e} envs", *ratio_cells(t["ref"], t["xp"]), _eq(same)]
+    )
+    rows.append(
+        [
+            f"returns, A/A: rsl_rl's storage twice, {e} envs",
+            *ratio_cells(t["ref"], t["control"]),
+            "noise floor (no xpbank)",
+        ]
     )
 
     parity = filled(RolloutStorage, trs, parity=True)
