@@ -51,10 +51,12 @@ import xpbank
 from _common import environment, interleaved_us, log, markdown_table, report
 from bench_images import ENVS, FRAME, STACK, Frames, as_batch, spec
 
+E = ENVS  # envs per step (--envs)
+
 
 def stream(steps: int) -> list[dict[str, np.ndarray]]:
     """``steps`` env steps whose last ends every env's episode (so the list cycles)."""
-    envs = Frames(ENVS, seed=0)
+    envs = Frames(E, seed=0)
     out = [envs.step() for _ in range(steps)]
     out[-1]["terminated"][:] = True
     out[-1]["truncated"][:] = False
@@ -68,30 +70,30 @@ def adders(module: Any, label: str, capacity: int, steps: list[dict[str, np.ndar
     sb3 = __import__(f"{module.__name__}.integrations.sb3", fromlist=["XpbankReplayBuffer"])
     osp = spaces.Box(0, 255, (STACK, *FRAME), np.uint8)
     adapter = sb3.XpbankReplayBuffer(
-        capacity, osp, spaces.Discrete(18), "cpu", n_envs=ENVS, optimize_memory_usage=True
+        capacity, osp, spaces.Discrete(18), "cpu", n_envs=E, optimize_memory_usage=True
     )
     frames = module.ReplayBuffer(
-        capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=ENVS, seed=0
+        capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=E, seed=0
     )
     whole = module.ReplayBuffer(
-        capacity, spec_of(module), storage=module.FrameStorage(capacity, stacked=False), num_envs=ENVS, seed=0
+        capacity, spec_of(module), storage=module.FrameStorage(capacity, stacked=False), num_envs=E, seed=0
     )
     batches = [as_batch(s) for s in steps]
     arrays = [{k: v.numpy() for k, v in b.items()} for b in batches]  # the NumPy arrays SB3 is given
     out = {
         f"SB3 adapter dedup add ({label})": (adapter, lambda b, s: b.add(*sb3_args(s))),
-        f"FrameStorage extend [8] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
-        f"FrameStorage(stacked=False) extend [8] NumPy ({label})": (
+        f"FrameStorage extend [{E}] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
+        f"FrameStorage(stacked=False) extend [{E}] NumPy ({label})": (
             whole,
             lambda b, s: b.extend(arrays[s["_i"]]),
         ),
     }
     if label == "this tree":  # the checks' share: the same writes, not verified
         trusting = module.FrameStorage(capacity, verify=False)
-        unchecked = module.ReplayBuffer(capacity, spec_of(module), storage=trusting, num_envs=ENVS, seed=0)
-        out[f"FrameStorage(verify=False) extend [8] ({label})"] = (
+        unchecked = module.ReplayBuffer(capacity, spec_of(module), storage=trusting, num_envs=E, seed=0)
+        out[f"FrameStorage(verify=False) extend [{E}] ({label})"] = (
             unchecked,
-            out[f"FrameStorage extend [8] ({label})"][1],
+            out[f"FrameStorage extend [{E}] ({label})"][1],
         )
     return out
 
@@ -114,12 +116,12 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
     steps = stream(args.steps)
     for i, s in enumerate(steps):
         s["_i"] = i  # type: ignore[assignment]
-    cap = args.capacity - args.capacity % ENVS
+    cap = args.capacity - args.capacity % E
     infos = [[{"TimeLimit.truncated": bool(t)} for t in s["truncated"]] for s in steps]
     osp = spaces.Box(0, 255, (STACK, *FRAME), np.uint8)
-    sb3 = SB3Buffer(cap, osp, spaces.Discrete(18), "cpu", n_envs=ENVS, optimize_memory_usage=True,
+    sb3 = SB3Buffer(cap, osp, spaces.Discrete(18), "cpu", n_envs=E, optimize_memory_usage=True,
                     handle_timeout_termination=False)  # fmt: skip
-    naive = xpbank.ReplayBuffer(cap, spec(), num_envs=ENVS, seed=0)
+    naive = xpbank.ReplayBuffer(cap, spec(), num_envs=E, seed=0)
     batches = [as_batch(s) for s in steps]
     calls: dict[str, tuple[Any, Callable[[Any, Any], object]]] = {
         "SB3 ReplayBuffer(optimize_memory_usage) add": (
@@ -133,13 +135,13 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
                 infos[s["_i"]],
             ),
         ),
-        "xpbank TensorStorage extend [8] (no dedup)": (naive, lambda b, s: b.extend(batches[s["_i"]])),
+        f"xpbank TensorStorage extend [{E}] (no dedup)": (naive, lambda b, s: b.extend(batches[s["_i"]])),
     }
     calls.update(adders(xpbank, "this tree", cap, steps))
     if base is not None:
         calls.update(adders(base, "base", cap, steps))
     n = len(steps)
-    fill = -(-2 * cap // ENVS // n) * n  # whole cycles, past the first wrap
+    fill = -(-2 * cap // E // n) * n  # whole cycles, past the first wrap
     log(f"filling {len(calls)} buffers with {fill} steps each")
     for buf, fn in calls.values():
         for i in range(fill):
@@ -156,9 +158,9 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
 
         return call
 
-    extras = {"frames": calls["FrameStorage extend [8] (this tree)"][0], "capacity": cap}
+    extras = {"frames": calls[f"FrameStorage extend [{E}] (this tree)"][0], "capacity": cap}
     if base is not None:
-        extras["base frames"] = calls["FrameStorage extend [8] (base)"][0]
+        extras["base frames"] = calls[f"FrameStorage extend [{E}] (base)"][0]
     return {name: timed_fn(name) for name in calls}, extras
 
 
@@ -198,10 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--base", default=None, help="also time the package as of this commit (e.g. main)")
     p.add_argument("--capacity", type=int, default=None, help="transitions per buffer (default 16,000)")
     p.add_argument("--steps", type=int, default=None, help="pre-made steps in the cycle (default 400)")
+    p.add_argument("--envs", type=int, default=ENVS, help=f"envs per step (default {ENVS}; 1: one env's add)")
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200)")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 9; quick 2)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    global E
+    E = args.envs
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -229,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     tables = [
         {
-            "title": f"Adding one [8] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), CPU µs",
+            "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), CPU µs",
             "headers": ["call", "median (range)", "vs SB3's add"],
             "rows": add_rows,
             "notes": "Lower is better. 'vs SB3's add' is the call's time over SB3's (the target is <= 2x).",

@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 _int64s: Any = _jit.compiled_only
 _words: Any = _jit.compiled_only
 _bytes: Any = _jit.compiled_only
+# a store that skips the caches, and the fence after such stores (set by _compile)
+_store: Any = _jit.compiled_only
+_fence: Any = _jit.compiled_only
 
 # the context's entries (int64): addresses, then numbers
 _FRAMES, _SRC, _LAST, _LAST_AT, _LAST_FREE, _KEPT, _KEPT_AT, _KEPT_FREE, _STARTS = range(9)
@@ -91,6 +94,12 @@ def _copy(dst: Any, i: int, src: Any, j: int, w: int) -> None:
     """``dst[i : i + w] = src[j : j + w]`` (words)."""
     for k in range(w):
         dst[i + k] = src[j + k]
+
+
+def _stream(dst: Any, i: int, src: Any, j: int, w: int) -> None:
+    """:func:`_copy` with stores that skip the caches (call ``_fence()`` after)."""
+    for k in range(w):
+        _store(dst, i + k, src[j + k])
 
 
 def step_call(
@@ -198,18 +207,24 @@ def step_call(
         here = positions_of(q, envs, rows)
         if not fresh[i]:
             src[last_id[i] % c * cols + s] = here
-        _copy(frames, here * w, o, i * sw + sw - w, w)
+        if s == 1:  # read by no check to come (only by samples): past the caches
+            _stream(frames, here * w, o, i * sw, w)
+        else:  # read by the next steps' checks: kept in cache
+            _copy(frames, here * w, o, i * sw + sw - w, w)
+    if s == 1:
+        _fence()
     return 0, last_nfree, kept_nfree
 
 
 def _compile() -> Any:
-    global _int64s, _words, _bytes
-    ptrs = _jit.pointers("int64", "uint64", "uint8")
-    if ptrs is None:
+    global _int64s, _words, _bytes, _store, _fence
+    ptrs, streaming = _jit.pointers("int64", "uint64", "uint8"), _jit.streaming()
+    if ptrs is None or streaming is None:
         return None
     _int64s, _words, _bytes = ptrs  # the kernel's globals, resolved when it compiles
-    helpers = (positions_of, _same, _zero, _copy)
-    kernels = _jit.compile_kernels(step_call, helpers=helpers, inline=helpers)
+    _store, _fence = streaming
+    helpers = (positions_of, _same, _zero, _copy, _stream)
+    kernels = _jit.compile_kernels(step_call, helpers=helpers)  # pointers, no arrays: LLVM inlines
     return None if kernels is None else kernels[0]
 
 
