@@ -234,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     tables = [
         {
-            "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), CPU µs",
+            "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), "
+            "CPU µs",
             "headers": ["call", "median (range)", "vs SB3's add"],
             "rows": add_rows,
             "notes": "Lower is better. 'vs SB3's add' is the call's time over SB3's (the target is <= 2x).",

@@ -109,9 +109,10 @@ def streaming() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """Two numba intrinsics for writes nothing reads soon: ``store(pointer, index, value)``
     (``pointer[index] = value`` as a non-temporal store, ``movnti`` on x86-64: the line is
     written to memory without being read into the caches first, and evicts nothing) and
-    ``fence()`` (a full fence, ``mfence`` on x86-64, which orders those stores before
-    any later memory access; call it once after them); ``None`` without numba. A ~28 KB copy into memory out of
-    cache takes ~60% of a cached store's time."""
+    ``fence()`` (a full fence, a locked instruction or ``mfence`` on x86-64, which
+    orders those stores before any later memory access; call it once after them);
+    ``None`` without numba. A ~28 KB copy into memory out of cache takes ~60% of a
+    cached copy's time."""
     if not ENABLED:
         return None
     try:
