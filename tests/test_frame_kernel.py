@@ -19,7 +19,7 @@ import torch
 from test_fast_frames import _index, _np_step
 from test_frames import StackedEnvs, _assert_same, _record
 from test_frames_step import _assert_same_bytes
-from xpbank import FrameStorage, ReplayBuffer, SpecError
+from xpbank import FrameStorage, PrioritizedSampler, ReplayBuffer, SpecError
 from xpbank.replay import fast_frames, frame_kernel
 
 pytestmark = pytest.mark.skipif(frame_kernel._kernel is None, reason="numba is not installed")
@@ -39,9 +39,14 @@ def _counted(monkeypatch) -> list:
     return answers
 
 
-def _pair(capacity: int, num_envs: int, **kw) -> tuple[ReplayBuffer, ReplayBuffer]:
-    fast = ReplayBuffer(capacity, storage=FrameStorage(capacity, **kw), num_envs=num_envs, seed=7)
-    slow = ReplayBuffer(capacity, storage=FrameStorage(capacity, **kw), num_envs=num_envs, seed=7)
+def _pair(capacity: int, num_envs: int, sampler=None, **kw) -> tuple[ReplayBuffer, ReplayBuffer]:
+    fast, slow = (
+        ReplayBuffer(
+            capacity, storage=FrameStorage(capacity, **kw), num_envs=num_envs, seed=7,
+            sampler=None if sampler is None else sampler(),
+        )
+        for _ in range(2)
+    )  # fmt: skip
     slow._fast_write = False
     return fast, slow
 
@@ -53,21 +58,22 @@ def _widen(batch: dict, dtype: type) -> dict:
 
 
 @pytest.mark.parametrize(
-    "capacity,num_envs,stack,pad,stacked,dtype,frame",
+    "capacity,num_envs,stack,pad,stacked,dtype,frame,sampler",
     [
-        (80, 8, 4, "repeat", True, np.uint8, (4, 8)),  # lockstep layout, wraps every 10 steps
-        (84, 8, 4, "zero", True, np.uint8, (4, 8)),  # capacity not a multiple of the envs
-        (48, 8, 3, "repeat", True, np.int16, (2, 4)),  # two-byte frames
-        (24, 8, 1, "zero", False, np.uint8, (4, 8)),  # whole observations
-        (24, 1, 4, "repeat", False, np.uint8, (4, 6, 8)),  # the SB3 adapter's one env (stack in obs)
-        (20, 1, 4, "zero", True, np.uint8, (8, 8)),  # one env, stacked
+        (80, 8, 4, "repeat", True, np.uint8, (4, 8), None),  # lockstep layout, wraps every 10 steps
+        (40, 4, 4, "repeat", True, np.uint8, (4, 8), PrioritizedSampler),  # the sampler's on_write
+        (84, 8, 4, "zero", True, np.uint8, (4, 8), None),  # capacity not a multiple of the envs
+        (48, 8, 3, "repeat", True, np.int16, (2, 4), None),  # two-byte frames
+        (24, 8, 1, "zero", False, np.uint8, (4, 8), None),  # whole observations
+        (24, 1, 4, "repeat", False, np.uint8, (4, 6, 8), None),  # the SB3 adapter's one env (stack in obs)
+        (20, 1, 4, "zero", True, np.uint8, (8, 8), None),  # one env, stacked
     ],
 )
 def test_one_call_step_stores_and_samples_what_the_general_path_does(
-    capacity, num_envs, stack, pad, stacked, dtype, frame, monkeypatch
+    capacity, num_envs, stack, pad, stacked, dtype, frame, sampler, monkeypatch
 ):
     answers = _counted(monkeypatch)
-    fast, slow = _pair(capacity, num_envs, pad=pad, stacked=stacked)
+    fast, slow = _pair(capacity, num_envs, sampler, pad=pad, stacked=stacked)
     envs = StackedEnvs(num_envs, stack, seed=capacity + stack, pad=pad, lengths=(1, 9), frame=frame)
     ref: dict = {}
     for t in range(120):

@@ -174,7 +174,7 @@ class FrameSignature:
         state = p[0] if p is not None and episodes._last_end is p[3] else state_address(episodes)
         obs, nxt = values[self.obs_key], values[self.next_key]
         last, kept = storage._last, storage._stacks
-        n, size = self.n, ring.size
+        n, size, c = self.n, ring.size, storage.capacity
         first_id = first - size
         while True:
             code, a, b = call(context.address, state, first, first_id, size, last.nfree, kept.nfree, obs, nxt)
@@ -190,7 +190,7 @@ class FrameSignature:
                 self.fused = None
                 return None
             self.fused = call, context
-        slot = first % storage.capacity
+        slot = first % c
         rest = tuple(values[self.keys[j]] for j in self.rest)
         if (arrays := self.arrays) is None or not arrays[0](arrays[1], slot, n, rest):
             written = slice(slot, slot + n)  # False above: nothing written
@@ -198,8 +198,12 @@ class FrameSignature:
                 view[written] = v
         if self.on_write is not None:
             self.on_write(slice(slot, slot + n), ring)
-        ring.advance(n)
-        record_step(episodes, self.step, first)  # the index's entries, from the stored ends
+            state = state_address(episodes)  # the state again, as record_step reads it
+        ring.next_id = first + n  # Ring.advance and record_step inlined (~0.3 µs of calls)
+        if size < c:
+            ring.size = size = min(size + n, c)
+        step = self.step  # the index's entries, from the stored ends
+        step[0](step[1], state, first, first + n - size)
         return True
 
 
