@@ -164,3 +164,39 @@ def test_unaligned_steps_and_unverified_writes_store_the_same(monkeypatch):
         _assert_same_bytes(copy, slow)
         _assert_same_bytes(fast, slow)
     assert answers.count(True) > 60
+
+
+def _assert_same_live(a: ReplayBuffer, b: ReplayBuffer) -> None:
+    """:func:`_assert_same_bytes` without its check that dead slots hold nothing aside
+    (a cleared buffer's side stores keep the entries of slots it no longer holds until
+    they are written again, on either path)."""
+    x, y = a.sample_by_index(list(range(len(a)))), b.sample_by_index(list(range(len(b))))
+    for key in x.keys(True, True):
+        assert x[key].numpy().tobytes() == y[key].numpy().tobytes(), key
+    slots = np.sort(np.arange(a._ring.first_id, a._ring.next_id) % a.capacity)
+    np.testing.assert_array_equal(a.storage._frame_table().src[slots], b.storage._frame_table().src[slots])
+    for name in ("_last", "_stacks"):
+        pa, pb = getattr(a.storage, name), getattr(b.storage, name)
+        has = slots[pa.has(slots)]
+        np.testing.assert_array_equal(has, slots[pb.has(slots)])
+        assert pa.get(has).numpy().tobytes() == pb.get(has).numpy().tobytes(), name
+
+
+def test_a_cleared_or_loaded_buffer_goes_on_through_new_contexts(monkeypatch):
+    """clear() gives the side stores new free lists and a state load marks the frame table
+    stale: the one call then reads the storage through a context made anew."""
+    answers = _counted(monkeypatch)
+    envs = StackedEnvs(4, 4, seed=11, lengths=(2, 9), frame=(4, 8))
+    fast, slow = _pair(40, 4)
+    for t in range(75):
+        if t == 25:  # every env starts over after a clear
+            fast.clear()
+            slow.clear()
+            envs.state = [envs._reset() for _ in range(4)]
+        if t == 50:  # the same state into the buffer that wrote it
+            fast.load_state_dict(slow.state_dict())
+        batch = _np_step(envs, 4, True)
+        assert fast.extend(batch) == slow.extend(batch)
+        _assert_same_live(fast, slow)
+        assert _index(fast) == _index(slow)
+    assert answers.count(True) > 55

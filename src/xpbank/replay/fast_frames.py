@@ -183,8 +183,8 @@ class FrameSignature:
         says which), ``None``: the kernel cannot take these arrays (the two-kernel path)."""
         storage, ring, episodes = self.storage, rb._ring, self.episodes
         call, context = self.fused  # type: ignore[misc]
-        if not context.current(storage):
-            context = frame_kernel.StepContext(storage, context.starts)
+        if not context.current(storage, episodes):
+            context = frame_kernel.StepContext(storage, episodes.links().start)
             if not context.ok:
                 self.fused = None
                 return None
@@ -203,7 +203,7 @@ class FrameSignature:
                 return False if code == 2 else None
             last.reserve(a)  # the rule of SlotPool.put; a context for the new stores
             kept.reserve(b)
-            context = frame_kernel.StepContext(storage, context.starts)
+            context = frame_kernel.StepContext(storage, episodes.links().start)
             if not context.ok:
                 self.fused = None
                 return None

@@ -271,11 +271,13 @@ class StepContext:
         )  # fmt: skip
         self.address = int(self.ctx.ctypes.data)
 
-    def current(self, storage: Any) -> bool:
-        """Whether the storage still holds the arrays this context addresses."""
+    def current(self, storage: Any, episodes: Any) -> bool:
+        """Whether the storage and the episode index still hold the arrays this context
+        addresses."""
         h, last, kept = self.held, self.last, self.kept
         return (
             storage._np_frames is h[0]
+            and episodes._start is self.starts
             and not self.table.stale
             and last._np is h[2]
             and last.free is h[3]
