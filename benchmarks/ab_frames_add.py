@@ -8,7 +8,8 @@ Run from the repository root::
 One process, one stream of Atari-like steps (``bench_images.Frames``: 8 envs in
 lockstep, uint8[4, 84, 84] stacked frames, episodes of 100-2000 steps, one env's end
 among many; a cycle of ``--steps`` pre-made steps whose last ends every episode, so it
-repeats as a valid stream), each buffer of ``--capacity`` transitions filled past its
+repeats as a valid stream), then the same with one env (``--envs``: a table per env
+count), each buffer of ``--capacity`` transitions filled past its
 first wrap before timing (the steady state: every add overwrites, stacks are kept aside
 as the ring wraps). Timed per call, adding one ``[8]`` step:
 
@@ -200,13 +201,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--base", default=None, help="also time the package as of this commit (e.g. main)")
     p.add_argument("--capacity", type=int, default=None, help="transitions per buffer (default 16,000)")
     p.add_argument("--steps", type=int, default=None, help="pre-made steps in the cycle (default 400)")
-    p.add_argument("--envs", type=int, default=ENVS, help=f"envs per step (default {ENVS}; 1: one env's add)")
+    p.add_argument(
+        "--envs",
+        type=int,
+        nargs="+",
+        default=[ENVS, 1],
+        help=f"envs per step, a table each (default {ENVS} 1)",
+    )
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200)")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 9; quick 2)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     global E
-    E = args.envs
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -220,33 +226,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ab_nstep import import_base
 
         base = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank_base_")))
-    fns, extras = build(args, base)
-    log(f"timing adds: {rounds} rounds x {calls} calls")
-    adds = interleaved_us(fns, calls, rounds)
-    log("timing samples")
-    samples = interleaved_us(samplers(extras), calls, rounds)
-    ref = float(np.median(adds["SB3 ReplayBuffer(optimize_memory_usage) add"]))
-    add_rows = [[k, _cell(v), f"{np.median(v) / ref:.2f}x"] for k, v in adds.items()]
-    peer = samples.get("cpprb (next_of + stack_compress) sample(32)")
-    sample_rows = [
-        [k, _cell(v), "n/a" if peer is None else f"{np.median(peer) / np.median(v):.2f}x"]
-        for k, v in samples.items()
-    ]
-    tables = [
-        {
-            "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), "
-            "CPU µs",
-            "headers": ["call", "median (range)", "vs SB3's add"],
-            "rows": add_rows,
-            "notes": "Lower is better. 'vs SB3's add' is the call's time over SB3's (the target is <= 2x).",
-        },
-        {
-            "title": "sample(32) from the same FrameStorage buffer, CPU µs",
-            "headers": ["call", "median (range)", "speed vs cpprb"],
-            "rows": sample_rows,
-            "notes": "Higher speed is better (cpprb's time over the call's).",
-        },
-    ]
+    tables, adds_by_envs, samples = [], {}, None
+    for envs in args.envs:  # a table of adds per env count; samples from the first's buffers
+        E = envs
+        fns, extras = build(args, base)
+        log(f"timing adds of [{E}] steps: {rounds} rounds x {calls} calls")
+        adds = adds_by_envs[E] = interleaved_us(fns, calls, rounds)
+        ref = float(np.median(adds["SB3 ReplayBuffer(optimize_memory_usage) add"]))
+        tables.append(
+            {
+                "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), "
+                "CPU µs",
+                "headers": ["call", "median (range)", "vs SB3's add"],
+                "rows": [[k, _cell(v), f"{np.median(v) / ref:.2f}x"] for k, v in adds.items()],
+                "notes": "Lower is better. 'vs SB3's add': the call's time over SB3's (the target is <= 2x).",
+            }
+        )
+        if samples is None:
+            log("timing samples")
+            samples = interleaved_us(samplers(extras), calls, rounds)
+            peer = samples.get("cpprb (next_of + stack_compress) sample(32)")
+            sample_rows = [
+                [k, _cell(v), "n/a" if peer is None else f"{np.median(peer) / np.median(v):.2f}x"]
+                for k, v in samples.items()
+            ]
+            sample_table = {
+                "title": f"sample(32) from the same FrameStorage buffer ([{E}] steps), CPU µs",
+                "headers": ["call", "median (range)", "speed vs cpprb"],
+                "rows": sample_rows,
+                "notes": "Higher speed is better (cpprb's time over the call's).",
+            }
+    tables.append(sample_table)
     import stable_baselines3
 
     versions = {"xpbank": xpbank.__version__, "stable_baselines3": stable_baselines3.__version__}
@@ -259,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": environment(versions),
         "tables": tables,
-        "timings": {"add": adds, "sample": samples},
+        "timings": {"add": {str(k): v for k, v in adds_by_envs.items()}, "sample": samples},
     }
     return report(lines, result, args.json)
 
