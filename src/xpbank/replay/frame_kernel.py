@@ -231,10 +231,21 @@ def _compile() -> Any:
 _kernel = _compile()
 
 
+_calls: dict[tuple[int, int], Any] = {}  # (item size, dims) -> the compiled call (or None)
+
+
 def _compiled(item: int, ndim: int) -> Any:
     """:func:`step_call` compiled for a step's arrays of ``ndim`` dims and ``item``-byte
     items (read as unsigned words of that size: only their addresses and flags are
-    read), called without numba's type dispatch; ``None`` where it does not compile."""
+    read), called without numba's type dispatch; ``None`` where it does not compile.
+    Kept per key: a signature is made again after each write the full path takes."""
+    key = (item, ndim)
+    if key not in _calls:
+        _calls[key] = _compile_for(item, ndim)
+    return _calls[key]
+
+
+def _compile_for(item: int, ndim: int) -> Any:
     from numba import types  # type: ignore[import-untyped, unused-ignore]
 
     words: dict[int, Any] = {1: types.uint8, 2: types.uint16, 4: types.uint32, 8: types.uint64}
