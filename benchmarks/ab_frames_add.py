@@ -8,7 +8,8 @@ Run from the repository root::
 One process, one stream of Atari-like steps (``bench_images.Frames``: 8 envs in
 lockstep, uint8[4, 84, 84] stacked frames, episodes of 100-2000 steps, one env's end
 among many; a cycle of ``--steps`` pre-made steps whose last ends every episode, so it
-repeats as a valid stream), each buffer of ``--capacity`` transitions filled past its
+repeats as a valid stream), then the same with one env (``--envs``: a table per env
+count), each buffer of ``--capacity`` transitions filled past its
 first wrap before timing (the steady state: every add overwrites, stacks are kept aside
 as the ring wraps). Timed per call, adding one ``[8]`` step:
 
@@ -51,10 +52,12 @@ import xpbank
 from _common import environment, interleaved_us, log, markdown_table, report
 from bench_images import ENVS, FRAME, STACK, Frames, as_batch, spec
 
+E = ENVS  # envs per step (--envs)
+
 
 def stream(steps: int) -> list[dict[str, np.ndarray]]:
     """``steps`` env steps whose last ends every env's episode (so the list cycles)."""
-    envs = Frames(ENVS, seed=0)
+    envs = Frames(E, seed=0)
     out = [envs.step() for _ in range(steps)]
     out[-1]["terminated"][:] = True
     out[-1]["truncated"][:] = False
@@ -68,30 +71,30 @@ def adders(module: Any, label: str, capacity: int, steps: list[dict[str, np.ndar
     sb3 = __import__(f"{module.__name__}.integrations.sb3", fromlist=["XpbankReplayBuffer"])
     osp = spaces.Box(0, 255, (STACK, *FRAME), np.uint8)
     adapter = sb3.XpbankReplayBuffer(
-        capacity, osp, spaces.Discrete(18), "cpu", n_envs=ENVS, optimize_memory_usage=True
+        capacity, osp, spaces.Discrete(18), "cpu", n_envs=E, optimize_memory_usage=True
     )
     frames = module.ReplayBuffer(
-        capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=ENVS, seed=0
+        capacity, spec_of(module), storage=module.FrameStorage(capacity), num_envs=E, seed=0
     )
     whole = module.ReplayBuffer(
-        capacity, spec_of(module), storage=module.FrameStorage(capacity, stacked=False), num_envs=ENVS, seed=0
+        capacity, spec_of(module), storage=module.FrameStorage(capacity, stacked=False), num_envs=E, seed=0
     )
     batches = [as_batch(s) for s in steps]
     arrays = [{k: v.numpy() for k, v in b.items()} for b in batches]  # the NumPy arrays SB3 is given
     out = {
         f"SB3 adapter dedup add ({label})": (adapter, lambda b, s: b.add(*sb3_args(s))),
-        f"FrameStorage extend [8] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
-        f"FrameStorage(stacked=False) extend [8] NumPy ({label})": (
+        f"FrameStorage extend [{E}] ({label})": (frames, lambda b, s: b.extend(batches[s["_i"]])),
+        f"FrameStorage(stacked=False) extend [{E}] NumPy ({label})": (
             whole,
             lambda b, s: b.extend(arrays[s["_i"]]),
         ),
     }
     if label == "this tree":  # the checks' share: the same writes, not verified
         trusting = module.FrameStorage(capacity, verify=False)
-        unchecked = module.ReplayBuffer(capacity, spec_of(module), storage=trusting, num_envs=ENVS, seed=0)
-        out[f"FrameStorage(verify=False) extend [8] ({label})"] = (
+        unchecked = module.ReplayBuffer(capacity, spec_of(module), storage=trusting, num_envs=E, seed=0)
+        out[f"FrameStorage(verify=False) extend [{E}] ({label})"] = (
             unchecked,
-            out[f"FrameStorage extend [8] ({label})"][1],
+            out[f"FrameStorage extend [{E}] ({label})"][1],
         )
     return out
 
@@ -114,12 +117,12 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
     steps = stream(args.steps)
     for i, s in enumerate(steps):
         s["_i"] = i  # type: ignore[assignment]
-    cap = args.capacity - args.capacity % ENVS
+    cap = args.capacity - args.capacity % E
     infos = [[{"TimeLimit.truncated": bool(t)} for t in s["truncated"]] for s in steps]
     osp = spaces.Box(0, 255, (STACK, *FRAME), np.uint8)
-    sb3 = SB3Buffer(cap, osp, spaces.Discrete(18), "cpu", n_envs=ENVS, optimize_memory_usage=True,
+    sb3 = SB3Buffer(cap, osp, spaces.Discrete(18), "cpu", n_envs=E, optimize_memory_usage=True,
                     handle_timeout_termination=False)  # fmt: skip
-    naive = xpbank.ReplayBuffer(cap, spec(), num_envs=ENVS, seed=0)
+    naive = xpbank.ReplayBuffer(cap, spec(), num_envs=E, seed=0)
     batches = [as_batch(s) for s in steps]
     calls: dict[str, tuple[Any, Callable[[Any, Any], object]]] = {
         "SB3 ReplayBuffer(optimize_memory_usage) add": (
@@ -133,13 +136,13 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
                 infos[s["_i"]],
             ),
         ),
-        "xpbank TensorStorage extend [8] (no dedup)": (naive, lambda b, s: b.extend(batches[s["_i"]])),
+        f"xpbank TensorStorage extend [{E}] (no dedup)": (naive, lambda b, s: b.extend(batches[s["_i"]])),
     }
     calls.update(adders(xpbank, "this tree", cap, steps))
     if base is not None:
         calls.update(adders(base, "base", cap, steps))
     n = len(steps)
-    fill = -(-2 * cap // ENVS // n) * n  # whole cycles, past the first wrap
+    fill = -(-2 * cap // E // n) * n  # whole cycles, past the first wrap
     log(f"filling {len(calls)} buffers with {fill} steps each")
     for buf, fn in calls.values():
         for i in range(fill):
@@ -156,9 +159,9 @@ def build(args: argparse.Namespace, base: Any) -> tuple[dict[str, Callable[[int]
 
         return call
 
-    extras = {"frames": calls["FrameStorage extend [8] (this tree)"][0], "capacity": cap}
+    extras = {"frames": calls[f"FrameStorage extend [{E}] (this tree)"][0], "capacity": cap}
     if base is not None:
-        extras["base frames"] = calls["FrameStorage extend [8] (base)"][0]
+        extras["base frames"] = calls[f"FrameStorage extend [{E}] (base)"][0]
     return {name: timed_fn(name) for name in calls}, extras
 
 
@@ -198,10 +201,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--base", default=None, help="also time the package as of this commit (e.g. main)")
     p.add_argument("--capacity", type=int, default=None, help="transitions per buffer (default 16,000)")
     p.add_argument("--steps", type=int, default=None, help="pre-made steps in the cycle (default 400)")
+    p.add_argument(
+        "--envs",
+        type=int,
+        nargs="+",
+        default=[ENVS, 1],
+        help=f"envs per step, a table each (default {ENVS} 1)",
+    )
     p.add_argument("--calls", type=int, default=None, help="calls per timed block (default 200)")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 9; quick 2)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    global E
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -215,32 +226,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ab_nstep import import_base
 
         base = import_base(args.base, Path(tempfile.mkdtemp(prefix="xpbank_base_")))
-    fns, extras = build(args, base)
-    log(f"timing adds: {rounds} rounds x {calls} calls")
-    adds = interleaved_us(fns, calls, rounds)
-    log("timing samples")
-    samples = interleaved_us(samplers(extras), calls, rounds)
-    ref = float(np.median(adds["SB3 ReplayBuffer(optimize_memory_usage) add"]))
-    add_rows = [[k, _cell(v), f"{np.median(v) / ref:.2f}x"] for k, v in adds.items()]
-    peer = samples.get("cpprb (next_of + stack_compress) sample(32)")
-    sample_rows = [
-        [k, _cell(v), "n/a" if peer is None else f"{np.median(peer) / np.median(v):.2f}x"]
-        for k, v in samples.items()
-    ]
-    tables = [
-        {
-            "title": f"Adding one [8] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), CPU µs",
-            "headers": ["call", "median (range)", "vs SB3's add"],
-            "rows": add_rows,
-            "notes": "Lower is better. 'vs SB3's add' is the call's time over SB3's (the target is <= 2x).",
-        },
-        {
-            "title": "sample(32) from the same FrameStorage buffer, CPU µs",
-            "headers": ["call", "median (range)", "speed vs cpprb"],
-            "rows": sample_rows,
-            "notes": "Higher speed is better (cpprb's time over the call's).",
-        },
-    ]
+    tables, adds_by_envs, samples = [], {}, None
+    for envs in args.envs:  # a table of adds per env count; samples from the first's buffers
+        E = envs
+        fns, extras = build(args, base)
+        log(f"timing adds of [{E}] steps: {rounds} rounds x {calls} calls")
+        adds = adds_by_envs[E] = interleaved_us(fns, calls, rounds)
+        ref = float(np.median(adds["SB3 ReplayBuffer(optimize_memory_usage) add"]))
+        tables.append(
+            {
+                "title": f"Adding one [{E}] step of uint8[4, 84, 84] stacks ({extras['capacity']:,} items), "
+                "CPU µs",
+                "headers": ["call", "median (range)", "vs SB3's add"],
+                "rows": [[k, _cell(v), f"{np.median(v) / ref:.2f}x"] for k, v in adds.items()],
+                "notes": "Lower is better. 'vs SB3's add': the call's time over SB3's (the target is <= 2x).",
+            }
+        )
+        if samples is None:
+            log("timing samples")
+            samples = interleaved_us(samplers(extras), calls, rounds)
+            peer = samples.get("cpprb (next_of + stack_compress) sample(32)")
+            sample_rows = [
+                [k, _cell(v), "n/a" if peer is None else f"{np.median(peer) / np.median(v):.2f}x"]
+                for k, v in samples.items()
+            ]
+            sample_table = {
+                "title": f"sample(32) from the same FrameStorage buffer ([{E}] steps), CPU µs",
+                "headers": ["call", "median (range)", "speed vs cpprb"],
+                "rows": sample_rows,
+                "notes": "Higher speed is better (cpprb's time over the call's).",
+            }
+    tables.append(sample_table)
     import stable_baselines3
 
     versions = {"xpbank": xpbank.__version__, "stable_baselines3": stable_baselines3.__version__}
@@ -253,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": environment(versions),
         "tables": tables,
-        "timings": {"add": adds, "sample": samples},
+        "timings": {"add": {str(k): v for k, v in adds_by_envs.items()}, "sample": samples},
     }
     return report(lines, result, args.json)
 

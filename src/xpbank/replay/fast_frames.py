@@ -11,7 +11,20 @@ Atari frames. After such a write of a ``dict`` of NumPy arrays (or CPU tensors),
 buffer keeps a :class:`FrameSignature` (:func:`frame_signature`): each field's dtype
 and shape, and where the other fields land (the packed block of the storage's other
 fields). A later step that matches it field by field (a CPU tensor read as its NumPy
-view) goes:
+view) goes, where numba runs and the frames are whole 8-byte words of integers
+(:func:`~xpbank.replay.frame_kernel.step_context`):
+
+1. its frame-stack checks and frame write in one compiled call
+   (:func:`~xpbank.replay.frame_kernel.step_call`, which reads the episode plan of a
+   lockstep step from the index's per-env state); a failed check declines, with
+   nothing changed;
+2. the other fields copied into their rows in one compiled call
+   (:func:`~xpbank.replay.raw_rows.copy_arrays`), the ring advanced, and the index's
+   upkeep in one compiled call that reads the episode ends from the stored rows
+   (:func:`~xpbank.ring.episode_step.record_step`).
+
+Elsewhere (other frames, an unaligned step, or a test that swaps one of the functions
+below to compare or count) it takes the two-kernel path:
 
 1. its episode plan (:meth:`EpisodeIndex.plan <xpbank.EpisodeIndex.plan>`, the value
    checks: a refusal declines);
@@ -20,8 +33,7 @@ view) goes:
    themselves (no tensors); anything but a checked lockstep step declines, with
    nothing changed;
 3. the other fields stored into their rows, the ring advanced, and the index's upkeep
-   in one compiled call that reads the episode ends from the stored rows
-   (:func:`~xpbank.ring.episode_step.record_step`).
+   as above.
 
 It never raises for bad input: it declines, and the full path raises its usual error
 with nothing written (or writes the batch). A ring wrap, a sampler that places rows,
@@ -36,11 +48,13 @@ import numpy as np
 import torch
 
 from xpbank.errors import XpbankError
-from xpbank.ring.episode_step import lockstep_step, record_step
+from xpbank.replay import frame_kernel, raw_rows
+from xpbank.replay.fast_values import made
+from xpbank.ring.episode_step import lockstep_step, record_step, state_address
 from xpbank.sampler.uniform import UniformSampler
 from xpbank.spec.cast import NUMPY_DTYPES
 from xpbank.spec.keys import normalize_key
-from xpbank.storage import frames
+from xpbank.storage import frame_write, frames
 from xpbank.storage.frame_step import StepWrite, compiled_write
 
 __all__ = ["FrameSignature", "frame_signature"]
@@ -67,6 +81,18 @@ class FrameSignature:
         self.views = [
             (k, self.block.np_views[k]) for k in self.keys if k not in (self.obs_key, self.next_key)
         ]
+        self.rest = [self.keys.index(k) for k, _ in self.views]
+        # one compiled call for the checks and the frame write (frame_kernel.py), then one
+        # for the other fields' rows (raw_rows.copy_arrays); None: the two-kernel path
+        obs = entries[self.keys.index(self.obs_key)]
+        item = obs[1].itemsize  # a NumPy or torch dtype: the arrays' item size either way
+        self.fused = frame_kernel.step_context(storage, self.episodes, item, len(obs[2]))
+        others = [(k, 0, _numpy(d), s) for k, d, s in (entries[j] for j in self.rest)]
+        self.arrays = raw_rows.plan_arrays(self.block, others, 0) if self.fused is not None else None
+        self.least = max(storage.stack, 2) * n  # the ring's size, with the step, plan_step asks
+        if storage.capacity < self.least:
+            self.fused = None
+        self.read = _reader(entries, self.keys.index(self.obs_key), self.keys.index(self.next_key), self.rest)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # it holds NumPy views of the storage: a pickled copy would write into copies
@@ -88,27 +114,43 @@ class FrameSignature:
             or ring.episodes is not self.episodes
         ):
             return None
-        values = {}
-        ndarray, tensor, get = np.ndarray, torch.Tensor, batch.get
-        for key, want, shape in self.entries:
-            v = get(key)
-            if type(v) is tensor:  # a dense CPU tensor without grad: its NumPy view
-                if v.dtype is not want:
-                    return None
-                try:  # raises for any other tensor (the full path's then)
-                    v = v.numpy()
-                except (RuntimeError, TypeError):
-                    return None
-                if v.shape != shape:
-                    return None
-            elif type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
+        read = self.read
+        if read is not None:  # NumPy arrays only: one generated function checks them
+            got = read(batch)
+            if got is None:
                 return None
-            values[key] = v
+            obs, nxt, rest = got
+            values = None
+        else:
+            values = {}
+            ndarray, tensor, get = np.ndarray, torch.Tensor, batch.get
+            for key, want, shape in self.entries:
+                v = get(key)
+                if type(v) is tensor:  # a dense CPU tensor without grad: its NumPy view
+                    if v.dtype is not want:
+                        return None
+                    try:  # raises for any other tensor (the full path's then)
+                        v = v.numpy()
+                    except (RuntimeError, TypeError):
+                        return None
+                    if v.shape != shape:
+                        return None
+                elif type(v) is not ndarray or v.shape != shape or ((d := v.dtype) is not want and d != want):
+                    return None
+                values[key] = v
+            obs, nxt = values[self.obs_key], values[self.next_key]
+            rest = tuple(values[self.keys[j]] for j in self.rest)
         n, c = self.n, storage.capacity
         first = ring.next_id
         slot = first % c
         if slot + n > c:  # the wrap: the full path splits it
             return None
+        if self.fused is not None and ring.size + n >= self.least and _own():
+            done = self._fused(rb, obs, nxt, rest, first)
+            if done is not None:
+                return first if done else None
+        if values is None:
+            values = {k: batch[k] for k in self.keys}
         episodes = self.episodes
         try:  # value checks (env ids, whole env steps): a refusal is the full path's to raise
             plan = episodes.plan(values, n, self.spec)
@@ -132,6 +174,103 @@ class FrameSignature:
         ring.advance(n)
         record_step(episodes, self.step, first)  # the plan's entries, from the stored ends
         return first
+
+    def _fused(
+        self, rb: Any, obs: np.ndarray, nxt: np.ndarray, rest: tuple[np.ndarray, ...], first: int
+    ) -> bool | None:
+        """The step through :func:`~xpbank.replay.frame_kernel.step_call`: ``True`` once
+        written (and recorded), ``False``: a check failed (nothing written: the full path
+        says which), ``None``: the kernel cannot take these arrays (the two-kernel path)."""
+        storage, ring, episodes = self.storage, rb._ring, self.episodes
+        call, context = self.fused  # type: ignore[misc]
+        if not context.current(storage, episodes):
+            context = frame_kernel.StepContext(storage, episodes.links().start)
+            if not context.ok:
+                self.fused = None
+                return None
+            self.fused = call, context
+        p = episodes._packed  # the per-env state, as record_step packs it
+        state = p[0] if p is not None and episodes._last_end is p[3] else state_address(episodes)
+        last, kept = storage._last, storage._stacks
+        n, size, c = self.n, ring.size, storage.capacity
+        first_id = first - size
+        while True:
+            code, a, b = call(context.address, state, first, first_id, size, last.nfree, kept.nfree, obs, nxt)
+            if code == 0:
+                last.nfree, kept.nfree = a, b
+                break
+            if code != 1:
+                return False if code == 2 else None
+            last.reserve(a)  # the rule of SlotPool.put; a context for the new stores
+            kept.reserve(b)
+            context = frame_kernel.StepContext(storage, episodes.links().start)
+            if not context.ok:
+                self.fused = None
+                return None
+            self.fused = call, context
+        slot = first % c
+        if (arrays := self.arrays) is None or not arrays[0](arrays[1], slot, n, rest):
+            written = slice(slot, slot + n)  # False above: nothing written
+            for (_, view), v in zip(self.views, rest, strict=True):
+                view[written] = v
+        if self.on_write is not None:
+            self.on_write(slice(slot, slot + n), ring)
+            state = state_address(episodes)  # the state again, as record_step reads it
+        ring.next_id = first + n  # Ring.advance and record_step inlined (~0.3 µs of calls)
+        if size < c:
+            ring.size = size = min(size + n, c)
+        step = self.step  # the index's entries, from the stored ends
+        step[0](step[1], state, first, first + n - size)
+        return True
+
+
+# the functions the two-kernel path looks up in their modules; where a test swaps one (to
+# compare paths or count calls) the step takes the path it swapped into, not the fused call
+_OWN = (frames.plan_step, frames.apply_step, frame_write.step_obeys, frame_write.compiled_write)
+
+
+def _own() -> bool:
+    """Whether the two-kernel path's functions are their modules' own."""
+    own = _OWN
+    return (
+        frames.plan_step is own[0]
+        and frames.apply_step is own[1]
+        and frame_write.step_obeys is own[2]
+        and frame_write.compiled_write is own[3]
+    )
+
+
+def _reader(entries: list[tuple[Any, Any, tuple[int, ...]]], obs: int, nxt: int, rest: list[int]) -> Any:
+    """``read(batch) -> (obs, next obs, (the other fields' arrays))``, or ``None`` where a
+    value is not a NumPy array of its entry's dtype and shape (what the loop in
+    :meth:`FrameSignature.write` checks), written out field by field in one function made
+    once per signature (~1 µs less than the loop for six fields); ``None`` where an entry
+    is a torch dtype (a CPU tensor's: the loop reads its NumPy view). Only names appear
+    in the text; keys, dtypes and shapes are its globals, never text."""
+    if any(not isinstance(e[1], np.dtype) for e in entries):
+        return None
+    names: dict[str, Any] = {"A": np.ndarray}
+    checks = []
+    for i, (key, dtype, shape) in enumerate(entries):
+        names[f"k{i}"], names[f"d{i}"], names[f"s{i}"] = key, dtype, shape
+        checks.append(
+            f"type(v{i}) is not A or v{i}.shape != s{i} or (v{i}.dtype is not d{i} and v{i}.dtype != d{i})"
+        )
+    others = "".join(f"v{j}, " for j in rest)
+    text = (
+        "def read(src):\n"
+        "    get = src.get\n"
+        + "".join(f"    v{i} = get(k{i})\n" for i in range(len(entries)))
+        + f"    if {' or '.join(checks)}:\n"
+        "        return None\n"
+        f"    return v{obs}, v{nxt}, ({others})\n"
+    )
+    return made(text, f"<fast_frames.reader of {len(entries)} fields>", "read", names)
+
+
+def _numpy(dtype: Any) -> np.dtype:
+    """The NumPy dtype of an entry's (a NumPy dtype, or a torch dtype read through ``numpy()``)."""
+    return dtype if isinstance(dtype, np.dtype) else np.dtype(NUMPY_DTYPES[dtype])
 
 
 def _nothing() -> None:
