@@ -270,8 +270,9 @@ def try_write(rb: Any, batch: Any, add: bool) -> int | None:
     """Write ``batch`` (one item when ``add``, else a batch) through the buffer's
     signature; its first id, or ``None``: the signature does not match (nothing was
     written: the full path takes the batch)."""
-    sig = rb.__dict__.get("_signature")
-    if sig is None or (sig.n == 0) != add:
+    state = rb.__dict__
+    sig = state.get("_signature")
+    if sig is None or (sig.n == 0) != add or state.get("_fast_write") is False:  # (switched off since)
         return None
     if type(sig) is FrameSignature:  # a FrameStorage's step (fast_frames.py)
         return sig.write(rb, batch)

@@ -270,6 +270,7 @@ class StepContext:
         last, kept = storage._last, storage._stacks
         self.table, self.last, self.kept, self.starts = table, last, kept, starts
         self.held = (storage._np_frames, table.src, last._np, last.free, kept._np, kept.free)
+        self.verify = storage.verify  # copied into the context: a later switch makes a new one
         frames = storage._np_frames
         arrays = (frames, table.src, last._np, last.index, last.free, kept._np, kept.index, kept.free, starts)
         self.ok = all(a.flags.c_contiguous and a.ctypes.data % 8 == 0 for a in arrays)
@@ -284,7 +285,7 @@ class StepContext:
 
     def current(self, storage: Any, episodes: Any) -> bool:
         """Whether the storage and the episode index still hold the arrays this context
-        addresses."""
+        addresses, and the storage's ``verify`` is the one it copied."""
         h, last, kept = self.held, self.last, self.kept
         return (
             storage._np_frames is h[0]
@@ -294,6 +295,7 @@ class StepContext:
             and last.free is h[3]
             and kept._np is h[4]
             and kept.free is h[5]
+            and storage.verify is self.verify
         )
 
 
