@@ -37,6 +37,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError, require
+from xpbank.integrations.sb3 import fast as _fast
 from xpbank.integrations.sb3 import nstep as _nstep
 from xpbank.integrations.sb3 import views as _views
 from xpbank.integrations.sb3.cursor import RingCursor
@@ -285,7 +286,14 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         """``batch_size`` transitions as SB3's ``ReplayBufferSamples`` (on ``device``).
 
         ``env``: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
+        A uniform one-step sample on the CPU is read straight from the records
+        (:mod:`xpbank.integrations.sb3.fast`): the samples :meth:`samples_of` gives of
+        ``buffer.xp.sample(batch_size)``, without the batch.
         """
+        if env is None and self.device.type == "cpu":
+            samples = _fast.sample(self, batch_size, ReplayBufferSamples)
+            if samples is not None:
+                return samples
         return self.samples_of(self.xp.sample(batch_size), env)
 
     def sample_batch(self, batch_size: int, env: Any = None) -> tuple[Any, TensorDict]:

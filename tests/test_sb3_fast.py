@@ -1,0 +1,121 @@
+"""XpbankReplayBuffer's short sample (integrations/sb3/fast.py) against the general path.
+
+Two adapters with the same seed are fed the same stream of vector steps (terminations,
+time limits through ``infos``, ring wraps); one reads through the short path, the other
+through the general one (``xp._fast_read = False``: ``samples_of(xp.sample(...))`` by the
+general read). Every sample must be the same draws with the same values, dtypes, shapes
+and devices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+gym = pytest.importorskip("gymnasium")
+
+from xpbank.integrations.sb3 import XpbankReplayBuffer  # noqa: E402
+from xpbank.integrations.sb3.fast import RecordsView  # noqa: E402
+
+SPACES = {
+    "box": gym.spaces.Box(-10, 10, (3,), np.float32),
+    "uint8": gym.spaces.Box(0, 255, (2, 2), np.uint8),
+    "discrete": gym.spaces.Discrete(5),
+}
+ACTIONS = {"discrete": gym.spaces.Discrete(4), "box": gym.spaces.Box(-1, 1, (2,), np.float32)}
+
+
+def steps(rng: np.random.Generator, obs_space, action_space, n_envs: int, count: int):
+    """``count`` vector steps in SB3's calling convention, a third of them ending an
+    episode (half of those by a time limit)."""
+    for _ in range(count):
+        obs, next_obs = (np.stack([obs_space.sample() for _ in range(n_envs)]) for _ in range(2))
+        action = np.stack([action_space.sample() for _ in range(n_envs)])
+        done = rng.random(n_envs) < 0.33
+        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
+        if rng.random() < 0.2:  # an info without the key, as a gymnasium env gives
+            infos[0] = {}
+        yield obs, next_obs, action, rng.normal(size=n_envs).astype(np.float32), done, infos
+
+
+def same(got, want) -> None:
+    assert type(got) is type(want)
+    for name, a, b in zip(want._fields, got, want, strict=True):
+        if b is None:
+            assert a is None, name
+            continue
+        assert (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device), name
+        assert torch.equal(a, b), name
+
+
+def pair(obs_space, action_space, n_envs: int, handle_timeout: bool):
+    make = lambda: XpbankReplayBuffer(  # noqa: E731
+        24, obs_space, action_space, "cpu", n_envs=n_envs, handle_timeout_termination=handle_timeout, seed=3
+    )
+    fast, general = make(), make()
+    general.xp._fast_read = False
+    return fast, general
+
+
+@pytest.mark.parametrize("handle_timeout", [True, False])
+@pytest.mark.parametrize("n_envs", [1, 3])
+@pytest.mark.parametrize("obs", sorted(SPACES))
+@pytest.mark.parametrize("act", sorted(ACTIONS))
+def test_short_sample_is_the_general_sample(obs, act, n_envs, handle_timeout):
+    obs_space, action_space = SPACES[obs], ACTIONS[act]
+    obs_space.seed(0)
+    action_space.seed(1)
+    fast, general = pair(obs_space, action_space, n_envs, handle_timeout)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for i, args in enumerate(steps(rng, obs_space, action_space, n_envs, 60)):  # wraps 24 // n_envs rows
+        fast.add(*args)
+        general.add(*args)
+        ends += int(args[4].sum())
+        for batch_size in (1, 7, 64)[: 1 + i % 3]:
+            got = fast.sample(batch_size)
+            same(got, general.sample(batch_size))
+            assert got.dones.is_contiguous() and got.rewards.shape == (batch_size, 1)
+    assert fast.full and ends > 10
+    stored = general.xp.sample_all()
+    assert bool(stored["terminated"].any()) and bool(stored["truncated"].any())
+    assert torch.equal(fast.xp.sample(5)["index"], general.xp.sample(5)["index"])  # one generator state
+
+
+def test_short_sample_is_fresh_memory():
+    fast, general = pair(SPACES["box"], ACTIONS["box"], 2, True)
+    for args in steps(np.random.default_rng(1), SPACES["box"], ACTIONS["box"], 2, 5):
+        fast.add(*args)
+        general.add(*args)
+    got, want = fast.sample(16), general.sample(16)
+    for tensor in got[:5]:
+        tensor.zero_()  # changes nothing stored
+    assert not all(bool(t.eq(0).all()) for t in want[:5])
+    same(fast.sample(32), general.sample(32))
+
+
+def test_records_view_declined_reads_the_same_draws():
+    fast, general = pair(SPACES["box"], ACTIONS["discrete"], 1, False)
+    for args in steps(np.random.default_rng(2), SPACES["box"], ACTIONS["discrete"], 1, 10):
+        fast.add(*args)
+        general.add(*args)
+    view = RecordsView(fast.xp._storage.host_reader)
+    view.records = None  # as for a field NumPy does not hold as its own dtype
+    fast._records_view = view
+    same(fast.sample(9), general.sample(9))
+    assert fast._records_view is view
+
+
+def test_declined_cases_take_the_general_path():
+    fast, general = pair(SPACES["box"], ACTIONS["box"], 1, True)
+    for args in steps(np.random.default_rng(3), SPACES["box"], ACTIONS["box"], 1, 4):
+        fast.add(*args)
+        general.add(*args)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(Exception) as fast_error:
+            fast.sample(bad)
+        with pytest.raises(type(fast_error.value)):
+            general.sample(bad)
+    same(fast.sample(np.int64(5)), general.sample(np.int64(5)))
