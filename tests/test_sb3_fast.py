@@ -1,10 +1,11 @@
-"""XpbankReplayBuffer's short sample (integrations/sb3/fast.py) against the general path.
+"""XpbankReplayBuffer's short sample and add (integrations/sb3/fast.py) against the general path.
 
 Two adapters with the same seed are fed the same stream of vector steps (terminations,
-time limits through ``infos``, ring wraps); one reads through the short path, the other
-through the general one (``xp._fast_read = False``: ``samples_of(xp.sample(...))`` by the
-general read). Every sample must be the same draws with the same values, dtypes, shapes
-and devices.
+time limits through ``infos``, ring wraps); one reads and writes through the short
+path, the other through the general one (``xp._fast_read = False``:
+``samples_of(xp.sample(...))`` by the general read; ``_add_checked``: every array
+converted and checked). Every sample must be the same draws with the same values,
+dtypes, shapes and devices, and the stored items, cursor and episode index the same.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 pytest.importorskip("stable_baselines3")
 gym = pytest.importorskip("gymnasium")
 
+from xpbank import SpecError  # noqa: E402
 from xpbank.integrations.sb3 import XpbankReplayBuffer  # noqa: E402
 from xpbank.integrations.sb3.fast import RecordsView  # noqa: E402
 
@@ -56,7 +58,22 @@ def pair(obs_space, action_space, n_envs: int, handle_timeout: bool):
     )
     fast, general = make(), make()
     general.xp._fast_read = False
+    general.add = general._add_checked  # type: ignore[method-assign]
     return fast, general
+
+
+def same_store(fast, general) -> None:
+    """The same items (every field and id), cursor and episode starts."""
+    a, b = fast.xp.sample_all(), general.xp.sample_all()
+    assert sorted(map(str, a.keys(True, True))) == sorted(map(str, b.keys(True, True)))
+    for key in a.keys(True, True):
+        assert torch.equal(a[key], b[key]), key
+    cursor = lambda buf: (buf.pos, buf.full, buf.size(), buf.next_id)  # noqa: E731
+    assert cursor(fast) == cursor(general)
+    ends, want = fast.xp.episodes.state_dict(), general.xp.episodes.state_dict()
+    assert ends.keys() == want.keys()
+    for key, value in ends.items():
+        assert torch.equal(value, want[key]) if torch.is_tensor(value) else value == want[key], key
 
 
 @pytest.mark.parametrize("handle_timeout", [True, False])
@@ -79,6 +96,7 @@ def test_short_sample_is_the_general_sample(obs, act, n_envs, handle_timeout):
             same(got, general.sample(batch_size))
             assert got.dones.is_contiguous() and got.rewards.shape == (batch_size, 1)
     assert fast.full and ends > 10
+    same_store(fast, general)
     stored = general.xp.sample_all()
     assert bool(stored["terminated"].any()) and bool(stored["truncated"].any())
     assert torch.equal(fast.xp.sample(5)["index"], general.xp.sample(5)["index"])  # one generator state
@@ -119,3 +137,23 @@ def test_declined_cases_take_the_general_path():
         with pytest.raises(type(fast_error.value)):
             general.sample(bad)
     same(fast.sample(np.int64(5)), general.sample(np.int64(5)))
+
+
+def test_short_add_declines_other_inputs_to_the_checked_add():
+    fast, general = pair(SPACES["box"], ACTIONS["discrete"], 2, True)
+    obs = np.ones((2, 3), np.float32)
+    inputs = [
+        (obs, obs + 1, np.array([1, 2]), np.array([0.5, 1.5], np.float32), np.array([False, True]), [{}, {}]),
+        (obs.tolist(), obs + 2, [[3], [0]], [1.0, 2.0], [True, False], [{"TimeLimit.truncated": True}, {}]),
+        (obs, obs.astype(np.float64), np.array([[1], [1]]), np.array([1.0, 2.0]), np.array([0, 1]), ({}, {})),
+        (obs, obs + 3, np.array([2, 2]), np.float32([[1.0], [2.0]]), np.array([[True], [True]]), [{}, {}]),
+    ]
+    for args in inputs:
+        fast.add(*args)
+        general.add(*args)
+    same_store(fast, general)
+    with pytest.raises(SpecError, match="infos"):
+        fast.add(obs, obs, np.array([1, 2]), np.float32([0, 0]), np.array([True, False]), [{}])
+    with pytest.raises(SpecError, match="action"):
+        fast.add(obs, obs, np.array([1, 2, 3]), np.float32([0, 0]), np.array([True, False]), [{}, {}])
+    same_store(fast, general)  # nothing written

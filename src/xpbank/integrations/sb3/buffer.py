@@ -246,6 +246,19 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
             SpecError: an array with the wrong number of envs or shape, or ``infos`` not
                 one dict per env; the buffer is unchanged.
         """
+        if not _fast.add(self, obs, next_obs, action, reward, done, infos):  # SB3's usual arrays
+            self._add_checked(obs, next_obs, action, reward, done, infos)
+
+    def _add_checked(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: Sequence[dict[str, Any]],
+    ) -> None:
+        """:meth:`add` of any input: each array converted and checked, then stored."""
         e = self.n_envs
         action = np.asarray(action)
         if action.size != e * self.action_dim:
