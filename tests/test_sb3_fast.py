@@ -10,6 +10,8 @@ dtypes, shapes and devices, and the stored items, cursor and episode index the s
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -157,3 +159,24 @@ def test_short_add_declines_other_inputs_to_the_checked_add():
     with pytest.raises(SpecError, match="action"):
         fast.add(obs, obs, np.array([1, 2, 3]), np.float32([0, 0]), np.array([True, False]), [{}, {}])
     same_store(fast, general)  # nothing written
+
+
+def test_pickled_adapter_leaves_the_records_view_out():
+    fast, general = pair(SPACES["box"], ACTIONS["box"], 1, True)
+    for args in steps(np.random.default_rng(4), SPACES["box"], ACTIONS["box"], 1, 12):
+        fast.add(*args)
+        general.add(*args)
+    same(fast.sample(8), general.sample(8))  # the view made
+    size, rows = len(pickle.dumps(fast)), fast._records_view.records.nbytes
+    del fast.__dict__["_records_view"]
+    assert 0 <= size - len(pickle.dumps(fast)) < min(rows, 200)  # no copy of the rows in the pickle
+    same(fast.sample(8), general.sample(8))  # made again
+    copy = pickle.loads(pickle.dumps(fast))
+    assert copy._records_view is None
+    twin = pickle.loads(pickle.dumps(general))
+    same(copy.sample(8), twin.sample(8))
+    same(fast.sample(8), general.sample(8))
+    args = next(steps(np.random.default_rng(5), SPACES["box"], ACTIONS["box"], 1, 1))
+    copy.add(*args)
+    twin.add(*args)
+    same_store(copy, twin)

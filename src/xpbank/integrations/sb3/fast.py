@@ -70,6 +70,15 @@ class RecordsView:
         view = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": layout.itemsize})
         self.records = reader.records.view(view)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a view of the storage's rows: pickled (SB3's save_replay_buffer), it would copy
+        # them all; it unpickles as None and is made anew on the next sample
+        return (_nothing, ())
+
+
+def _nothing() -> None:
+    return None
+
 
 def sample(buffer: Any, batch_size: Any, samples: Any) -> Any:
     """``buffer.sample(batch_size)`` as ``samples`` (SB3's ``ReplayBufferSamples``), read
