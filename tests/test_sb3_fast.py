@@ -180,3 +180,18 @@ def test_pickled_adapter_leaves_the_records_view_out():
     copy.add(*args)
     twin.add(*args)
     same_store(copy, twin)
+
+
+def test_a_subclass_overriding_samples_of_gets_its_own():
+    class Scaled(XpbankReplayBuffer):
+        def samples_of(self, batch, env=None):
+            got = super().samples_of(batch, env)
+            return got._replace(rewards=got.rewards * 2)
+
+    scaled = Scaled(24, SPACES["box"], ACTIONS["box"], "cpu", seed=3)
+    _, general = pair(SPACES["box"], ACTIONS["box"], 1, True)
+    for args in steps(np.random.default_rng(6), SPACES["box"], ACTIONS["box"], 1, 6):
+        scaled.add(*args)
+        general.add(*args)
+    want = general.sample(16)
+    same(scaled.sample(16), want._replace(rewards=want.rewards * 2))

@@ -301,9 +301,10 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         ``env``: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
         A uniform one-step sample on the CPU is read straight from the records
         (:mod:`xpbank.integrations.sb3.fast`): the samples :meth:`samples_of` gives of
-        ``buffer.xp.sample(batch_size)``, without the batch.
+        ``buffer.xp.sample(batch_size)``, without the batch (a subclass that overrides
+        :meth:`samples_of` gets its own).
         """
-        if env is None and self.device.type == "cpu":
+        if env is None and self.device.type == "cpu" and type(self).samples_of is _SAMPLES_OF:
             samples = _fast.sample(self, batch_size, ReplayBufferSamples)
             if samples is not None:
                 return samples
@@ -384,3 +385,6 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         n_steps, gamma = (config["nstep"]["n"], config["nstep"]["gamma"]) if "nstep" in config else (1, 0.99)
         n_envs = int(config.get("num_envs", 1))
         return {"buffer_size": xp.capacity, "n_envs": n_envs, "n_steps": n_steps, "gamma": gamma, "_xp": xp}
+
+
+_SAMPLES_OF = XpbankReplayBuffer.samples_of  # sample's short path is this one's
