@@ -26,8 +26,8 @@ fast path (:func:`xpbank.replay.fast_write.try_write`, which checks what it chec
 anything else goes to the checked add (``XpbankReplayBuffer._add_checked``).
 
 In SAC's ``learn()`` (Pendulum, one add and one ``sample(256)`` a step) the two cut the
-adapter's buffer time from ~1.1-1.25x SB3's to ~0.7x (``python
-benchmarks/bench_in_loop.py --threads 1 --clock thread --only SAC``).
+adapter's buffer time from ~1.0-1.25x SB3's to ~0.7-0.8x, in DQN's from ~1.03x to ~0.6x
+(``benchmarks/ab_sb3_loop.py``); the add alone still costs ~2x SB3's there.
 ``tests/test_sb3_fast.py`` compares both with the general path on the same streams.
 """
 
