@@ -37,6 +37,7 @@ import torch
 from tensordict import TensorDict
 
 from xpbank.errors import SpecError, require
+from xpbank.integrations.sb3 import fast as _fast
 from xpbank.integrations.sb3 import nstep as _nstep
 from xpbank.integrations.sb3 import views as _views
 from xpbank.integrations.sb3.cursor import RingCursor
@@ -245,6 +246,19 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
             SpecError: an array with the wrong number of envs or shape, or ``infos`` not
                 one dict per env; the buffer is unchanged.
         """
+        if not _fast.add(self, obs, next_obs, action, reward, done, infos):  # SB3's usual arrays
+            self._add_checked(obs, next_obs, action, reward, done, infos)
+
+    def _add_checked(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: Sequence[dict[str, Any]],
+    ) -> None:
+        """:meth:`add` of any input: each array converted and checked, then stored."""
         e = self.n_envs
         action = np.asarray(action)
         if action.size != e * self.action_dim:
@@ -285,7 +299,15 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         """``batch_size`` transitions as SB3's ``ReplayBufferSamples`` (on ``device``).
 
         ``env``: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
+        A uniform one-step sample on the CPU is read straight from the records
+        (:mod:`xpbank.integrations.sb3.fast`): the samples :meth:`samples_of` gives of
+        ``buffer.xp.sample(batch_size)``, without the batch (a subclass that overrides
+        :meth:`samples_of` gets its own).
         """
+        if env is None and self.device.type == "cpu" and type(self).samples_of is _SAMPLES_OF:
+            samples = _fast.sample(self, batch_size, ReplayBufferSamples)
+            if samples is not None:
+                return samples
         return self.samples_of(self.xp.sample(batch_size), env)
 
     def sample_batch(self, batch_size: int, env: Any = None) -> tuple[Any, TensorDict]:
@@ -363,3 +385,6 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         n_steps, gamma = (config["nstep"]["n"], config["nstep"]["gamma"]) if "nstep" in config else (1, 0.99)
         n_envs = int(config.get("num_envs", 1))
         return {"buffer_size": xp.capacity, "n_envs": n_envs, "n_steps": n_steps, "gamma": gamma, "_xp": xp}
+
+
+_SAMPLES_OF = XpbankReplayBuffer.samples_of  # sample's short path is this one's
