@@ -301,10 +301,15 @@ class XpbankReplayBuffer(RingCursor, _SB3ReplayBuffer):  # type: ignore[override
         ``env``: a ``VecNormalize`` normalizes observations and rewards, as SB3 does.
         A uniform one-step sample on the CPU is read straight from the records
         (:mod:`xpbank.integrations.sb3.fast`): the samples :meth:`samples_of` gives of
-        ``buffer.xp.sample(batch_size)``, without the batch (a subclass that overrides
+        ``buffer.xp.sample(batch_size)``, without the batch (a subclass or an instance that overrides
         :meth:`samples_of` gets its own).
         """
-        if env is None and self.device.type == "cpu" and type(self).samples_of is _SAMPLES_OF:
+        if (
+            env is None
+            and self.device.type == "cpu"
+            and type(self).samples_of is _SAMPLES_OF
+            and "samples_of" not in self.__dict__  # (nor one set on the instance)
+        ):
             samples = _fast.sample(self, batch_size, ReplayBufferSamples)
             if samples is not None:
                 return samples
