@@ -183,14 +183,9 @@ class FrameSignature:
         says which), ``None``: the kernel cannot take these arrays (the two-kernel path)."""
         storage, ring, episodes = self.storage, rb._ring, self.episodes
         call, context = self.fused  # type: ignore[misc]
-        if not context.current(storage, episodes):
-            context = frame_kernel.StepContext(storage, episodes.links().start)
-            if not context.ok:
-                self.fused = None
-                return None
-            self.fused = call, context
-        p = episodes._packed  # the per-env state, as record_step packs it
-        state = p[0] if p is not None and episodes._last_end is p[3] else state_address(episodes)
+        if not context.current(storage, episodes) and (context := self._new_context()) is None:
+            return None
+        state = state_address(episodes)  # the per-env state, as record_step packs it
         last, kept = storage._last, storage._stacks
         n, size, c = self.n, ring.size, storage.capacity
         first_id = first - size
@@ -203,11 +198,8 @@ class FrameSignature:
                 return False if code == 2 else None
             last.reserve(a)  # the rule of SlotPool.put; a context for the new stores
             kept.reserve(b)
-            context = frame_kernel.StepContext(storage, episodes.links().start)
-            if not context.ok:
-                self.fused = None
+            if (context := self._new_context()) is None:
                 return None
-            self.fused = call, context
         slot = first % c
         if (arrays := self.arrays) is None or not arrays[0](arrays[1], slot, n, rest):
             written = slice(slot, slot + n)  # False above: nothing written
@@ -222,6 +214,16 @@ class FrameSignature:
         step = self.step  # the index's entries, from the stored ends
         step[0](step[1], state, first, first + n - size)
         return True
+
+    def _new_context(self) -> frame_kernel.StepContext | None:
+        """A :class:`~xpbank.replay.frame_kernel.StepContext` of the storage's arrays now,
+        kept with the call; ``None`` (and the one call dropped) where they do not suit it."""
+        context = frame_kernel.StepContext(self.storage, self.episodes.links().start)
+        if not context.ok:
+            self.fused = None
+            return None
+        self.fused = self.fused[0], context  # type: ignore[index]
+        return context
 
 
 # the functions the two-kernel path looks up in their modules; where a test swaps one (to

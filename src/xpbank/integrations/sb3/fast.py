@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xpbank.replay.fast_read import draw_records
+from xpbank.replay.fast_read import draw_records, try_read
 from xpbank.replay.fast_write import try_write
 
 __all__ = ["RecordsView", "add", "sample"]
@@ -95,7 +95,7 @@ def sample(buffer: Any, batch_size: Any, samples: Any) -> Any:
         if view is None or view.reader is not reader:
             view = buffer._records_view = RecordsView(reader)
         if view.records is None:  # never with SB3's spaces: the general batch of the same draw
-            return buffer.samples_of(_general_batch(xp, rows, reader))
+            return buffer.samples_of(try_read(xp, torch.from_numpy(rows), {}))
         rec = view.records.take(rows)
     if buffer.handle_timeout_termination:
         dones = rec["f4"].astype(np.float32)
@@ -106,16 +106,6 @@ def sample(buffer: Any, batch_size: Any, samples: Any) -> Any:
         from_numpy(rec["f0"]), from_numpy(rec["f1"]), from_numpy(rec["f2"]), from_numpy(dones),
         from_numpy(rec["f3"]),
     )  # fmt: skip
-
-
-def _general_batch(xp: Any, rows: np.ndarray, reader: Any) -> Any:
-    """The xpbank batch of the drawn ``rows``, as ``xp.sample`` reads it."""
-    from xpbank.replay.fast_read import ids_of_rows
-    from xpbank.spec.batch import to_tensordict
-
-    flat = reader.read(rows)
-    flat["index"] = torch.from_numpy(ids_of_rows(xp._ring, rows))
-    return to_tensordict(flat, torch.Size((rows.shape[0],)), xp._device)
 
 
 def add(buffer: Any, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> bool:
