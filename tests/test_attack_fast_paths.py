@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from test_fast_frames import _index, _np_step
+from test_frame_kernel import _counted
 from test_frames import StackedEnvs
 from test_frames_step import _assert_same_bytes
 from xpbank import FrameStorage, ReplayBuffer, SpecError
-from xpbank.replay import fast_frames, frame_kernel
+from xpbank.replay import frame_kernel
 
 pytest.importorskip("stable_baselines3")
 gym = pytest.importorskip("gymnasium")
@@ -220,19 +221,6 @@ def test_sb3_short_add_of_odd_arrays_is_the_checked_add(case, storage):
 # -- FrameStorage: the one-call step -----------------------------------------------------
 
 
-def _fused_answers(monkeypatch) -> list:
-    answers: list = []
-    fused = fast_frames.FrameSignature._fused
-
-    def counted(self, rb, *args):
-        done = fused(self, rb, *args)
-        answers.append(done)
-        return done
-
-    monkeypatch.setattr(fast_frames.FrameSignature, "_fused", counted)
-    return answers
-
-
 needs_kernel = pytest.mark.skipif(frame_kernel._kernel is None, reason="numba is not installed")
 
 
@@ -244,7 +232,7 @@ def test_sb3_optimize_memory_one_call_step_is_the_general_step(n_envs, handle_ti
     observations of 192 bytes): random episode ends (time limits among them, one env's
     among many), SB3's dones[pos - 1] cut twice, ring wraps; after every add the same
     items and index as the general write, and the same samples."""
-    answers = _fused_answers(monkeypatch)
+    answers = _counted(monkeypatch)
     obs_space, action_space = gym.spaces.Box(0, 255, (4, 6, 8), np.uint8), gym.spaces.Discrete(3)
     obs_space.seed(3)
     make = lambda: XpbankReplayBuffer(  # noqa: E731
@@ -282,7 +270,7 @@ def test_frame_storage_verify_switched_on_checks_the_next_step(monkeypatch):
     ``StepContext.current`` compares it: a buffer made with ``verify=False`` and
     switched to ``verify=True`` refuses, as the general path does, a step whose next
     observation is not its observation shifted by one frame (it once stored it)."""
-    answers = _fused_answers(monkeypatch)
+    answers = _counted(monkeypatch)
     results = []
     for fast_write in (True, False):
         envs = StackedEnvs(4, 4, seed=3, lengths=(5, 9), frame=(4, 8))
@@ -315,7 +303,7 @@ def test_one_call_steps_mixed_with_other_writes_store_what_the_general_path_does
     tensors (the signature's loop), a reward of another dtype (a cast, another
     signature), an observation with negative strides (the two-kernel path), and an
     episode cut from outside."""
-    answers = _fused_answers(monkeypatch)
+    answers = _counted(monkeypatch)
     fast, slow = (
         ReplayBuffer(capacity, storage=FrameStorage(capacity, stacked=stacked), num_envs=num_envs, seed=7)
         for _ in range(2)
@@ -352,7 +340,7 @@ def test_fast_write_switched_off_mid_stream_takes_no_fast_step(monkeypatch):
     general side of a pair. Set after a write, it stops the kept ``_signature`` too
     (try_write once read it unconditionally, so a "general" buffer switched mid-stream
     kept running the one call)."""
-    answers = _fused_answers(monkeypatch)
+    answers = _counted(monkeypatch)
     rb = ReplayBuffer(40, storage=FrameStorage(40), num_envs=4, seed=0)
     envs = StackedEnvs(4, 4, seed=1, frame=(4, 8))
     for _ in range(5):
@@ -382,7 +370,7 @@ def test_one_call_step_at_tight_capacities_is_the_general_step(
 ):
     """A ring of about one stack per env: each wrap overwrites frames live stacks read
     (the rescue pass); the same bytes, side stores and index as the general write."""
-    answers = _fused_answers(monkeypatch)
+    answers = _counted(monkeypatch)
     fast, slow = (
         ReplayBuffer(capacity, storage=FrameStorage(capacity, pad=pad), num_envs=num_envs, seed=7)
         for _ in range(2)
