@@ -17,12 +17,14 @@ So for :func:`transition_spec`: ``obs[:, 0] == i``, ``action == i``, ``reward ==
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from xpbank import Field, Spec
 from xpbank.spec.spec import NestedKey
 
-__all__ = ["item_numbers", "make_batch", "transition_spec"]
+__all__ = ["child_env", "item_numbers", "make_batch", "transition_spec"]
 
 
 def transition_spec(obs_shape: tuple[int, ...] = (3,), obs_dtype: torch.dtype = torch.float32) -> Spec:
@@ -69,3 +71,11 @@ def item_numbers(batch: object, key: NestedKey = "action") -> torch.Tensor:
     """The item numbers of a batch made by :func:`make_batch`, read from an int/float ``key``."""
     values = batch[key]  # type: ignore[index]
     return values.reshape(values.shape[0], -1)[:, 0].to(torch.int64)
+
+
+def child_env(*paths: str, **extra: str) -> dict[str, str]:
+    """The environment for a Python subprocess: ``paths`` put in front of this process's
+    ``PYTHONPATH`` (kept, not replaced: a machine whose packages come from ``PYTHONPATH``
+    would lose them), and ``extra`` set."""
+    path = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, **extra}

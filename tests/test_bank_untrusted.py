@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import xpbank
 from bank_cases import edit_manifest
-from helpers import make_batch, transition_spec
+from helpers import child_env, make_batch, transition_spec
 from xpbank import BankError, CorruptBankError, ReplayBuffer
 from xpbank.sampler.sumtree import level_sizes
 from xpbank.spec.spec import Spec
@@ -156,7 +156,7 @@ def _run_limited(code: str, timeout: float = 120) -> subprocess.CompletedProcess
         "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
         "resource.setrlimit(resource.RLIMIT_AS, (used + (3 << 29), resource.RLIM_INFINITY))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS]), "OMP_NUM_THREADS": "1"}
+    env = child_env(SRC, TESTS, OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=timeout, env=env
     )

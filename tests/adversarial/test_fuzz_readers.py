@@ -54,7 +54,7 @@ from mutations import (
 
 import xpbank
 from bank_cases import small_bank
-from helpers import make_batch, transition_spec
+from helpers import child_env, make_batch, transition_spec
 
 HERE = Path(__file__).parent
 SRC = str(Path(xpbank.__file__).parents[1])
@@ -99,7 +99,7 @@ class Worker:
         self.restarts = 0
 
     def _start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+        env = child_env(SRC, str(HERE.parent), OMP_NUM_THREADS="1")
         with open(self.log, "ab") as err:  # stderr to a file: a full pipe would block the worker
             return subprocess.Popen(
                 [sys.executable, str(HERE / "fuzz_worker.py")],
