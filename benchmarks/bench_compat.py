@@ -130,10 +130,15 @@ def ppo_steps(e: int) -> list[tuple[TensorDict, torch.Tensor, torch.Tensor]]:
     ]
 
 
-def make_ppo(obs0: TensorDict, recurrent: bool, storage: Any, **kw: Any) -> Any:
-    """rsl_rl's PPO over ``storage``: MLP or recurrent actor and critic, made after
-    ``torch.manual_seed(0)`` (the same networks for every storage)."""
-    from rsl_rl.algorithms import PPO
+def make_ppo(obs0: TensorDict, recurrent: bool, storage: Any, switch: bool = False, **kw: Any) -> Any:
+    """rsl_rl's PPO over ``storage`` (``switch``: ``xpbank.compat.rsl_rl.PPO``, the runner's
+    one-line switch): MLP or recurrent actor and critic, made after ``torch.manual_seed(0)``
+    (the same networks for every storage)."""
+    from rsl_rl.algorithms import PPO as RslPPO
+
+    from xpbank.compat.rsl_rl import PPO as SwitchPPO
+
+    PPO = SwitchPPO if switch else RslPPO
     from rsl_rl.models import MLPModel, RNNModel
     from rsl_rl.modules.distribution import GaussianDistribution
 
@@ -206,6 +211,8 @@ def rsl_rows(e: int, rounds: int) -> list[list[str]]:
     from rsl_rl.algorithms import PPO
     from rsl_rl.storage import RolloutStorage as Ref
 
+    from xpbank.compat.rsl_rl import PPO as SwitchPPO
+
     rows = []
     trs = transitions(e, recurrent=False)
     obs = trs[0].observations
@@ -229,17 +236,31 @@ def rsl_rows(e: int, rounds: int) -> list[list[str]]:
     pr, px, pc = stub_ppo(ref, last), stub_ppo(ours, last), stub_ppo(control, last)
     PPO.compute_returns(pr, None), PPO.compute_returns(px, None), PPO.compute_returns(pc, None)
     same = torch.equal(ref.returns, ours.returns) and torch.equal(ref.advantages, ours.advantages)
+    on_switch = RolloutStorage("rl", e, T, obs, [ACT], seed=0)
+    fill(on_switch)
+    switched = stub_ppo(on_switch, last)  # the switch's PPO.compute_returns (one compiled pass)
+    SwitchPPO.compute_returns(switched, None)
+    same_switch = torch.equal(ref.returns, switched.storage.returns)
+    same_switch &= torch.equal(ref.advantages, switched.storage.advantages)
     k = 10  # a block of calls per timing: one call (~0.7 ms) is too short to time alone
     t = interleaved(
         {
             "ref": timed(lambda: [PPO.compute_returns(pr, None) for _ in range(k)], k),
             "xp": timed(lambda: [PPO.compute_returns(px, None) for _ in range(k)], k),
+            "switch": timed(lambda: [SwitchPPO.compute_returns(switched, None) for _ in range(k)], k),
             "control": timed(lambda: [PPO.compute_returns(pc, None) for _ in range(k)], k),
         },
         rounds,
     )
     rows.append(
         [f"returns: rsl_rl's PPO.compute_returns, {e} envs", *ratio_cells(t["ref"], t["xp"]), _eq(same)]
+    )
+    rows.append(
+        [
+            f"returns: xpbank.compat.rsl_rl.PPO (the runner switch), {e} envs",
+            *ratio_cells(t["ref"], t["switch"]),
+            _eq(same_switch),
+        ]
     )
     rows.append(
         [
@@ -314,8 +335,8 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
     steps = ppo_steps(e)
     obs0 = steps[0][0]
 
-    def make(storage_cls: Any, **kw: Any) -> Any:
-        return make_ppo(obs0, recurrent, storage_cls("rl", e, T, obs0, [ACT], **kw))
+    def make(storage_cls: Any, switch: bool = False, **kw: Any) -> Any:
+        return make_ppo(obs0, recurrent, storage_cls("rl", e, T, obs0, [ACT], **kw), switch=switch)
 
     def iteration(ppo: Any) -> None:
         obs = obs0
@@ -329,17 +350,21 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
 
     ref, ours, par = make(Ref), make(RolloutStorage, seed=0), make(RolloutStorage, parity=True)
     control = make(Ref)  # A/A: a second rsl_rl PPO on rsl_rl's storage, the rows' noise floor
-    torch.manual_seed(5)
-    iteration(ref)
-    torch.manual_seed(5)
-    iteration(par)
-    params = zip(ref.actor.parameters(), par.actor.parameters(), strict=True)
-    same = all(torch.equal(a, b) for a, b in params)
+    switch = make(RolloutStorage, switch=True, parity=True)  # xpbank.compat.rsl_rl:PPO, the runner's switch
+    for algo in (ref, par, switch):  # one iteration each from the same networks and seed
+        torch.manual_seed(5)
+        iteration(algo)
+    params = {name: list(algo.actor.parameters()) for name, algo in {"parity": par, "switch": switch}.items()}
+    same = {
+        name: all(torch.equal(a, b) for a, b in zip(ref.actor.parameters(), theirs, strict=True))
+        for name, theirs in params.items()
+    }
     t = interleaved(
         {
             "ref": timed(lambda: iteration(ref)),
             "xp": timed(lambda: iteration(ours)),
             "parity": timed(lambda: iteration(par)),
+            "switch": timed(lambda: iteration(switch)),
             "control": timed(lambda: iteration(control)),
         },
         rounds,
@@ -350,7 +375,12 @@ def ppo_rows(e: int, recurrent: bool, rounds: int) -> list[list[str]]:
         [
             f"PPO iteration, {kind}, parity, {e} envs",
             *ratio_cells(t["ref"], t["parity"]),
-            "parameters " + _eq(same),
+            "parameters " + _eq(same["parity"]),
+        ],
+        [
+            f"PPO iteration, {kind}, the switch (xpbank.compat.rsl_rl:PPO, parity), {e} envs",
+            *ratio_cells(t["ref"], t["switch"]),
+            "parameters " + _eq(same["switch"]),
         ],
         [
             f"PPO iteration, {kind}, A/A: rsl_rl's storage twice, {e} envs",

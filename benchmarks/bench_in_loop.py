@@ -28,7 +28,9 @@ xpbank ...) so both see the same machine load:
   ``PPO`` and its rollout loop (``act`` / ``process_env_step`` / ``compute_returns`` /
   ``update``, what ``OnPolicyRunner.learn`` runs) over a torch-vectorized synthetic task
   (obs float32[48], 12 actions, random terminations and time limits): rsl_rl's
-  ``RolloutStorage`` vs ``xpbank.compat.rsl_rl``'s.
+  ``PPO`` on its ``RolloutStorage`` vs the runner's one-line switch,
+  ``xpbank.compat.rsl_rl.PPO`` (rsl_rl's PPO on ``xpbank.compat.rsl_rl``'s storage, its
+  returns in one compiled pass, bit for bit rsl_rl's).
 - **TorchRL DQN ``Trainer``** on CartPole-v1 (``Collector``, ``QValueActor``,
   ``DQNLoss``, Adam): TorchRL's ``ReplayBufferTrainer`` over its
   ``TensorDictReplayBuffer(LazyTensorStorage, RandomSampler)`` vs
@@ -226,7 +228,10 @@ def synthetic_task(num_envs: int, seed: int = 0) -> Any:
 
 
 def rsl_ppo(env: Any, xp: bool, recurrent: bool, steps: int) -> Any:
-    from rsl_rl.algorithms import PPO
+    """rsl_rl's PPO on its storage, or (``xp``) the runner's switch: ``xpbank.compat.rsl_rl.PPO``
+    (``"class_name": "xpbank.compat.rsl_rl:PPO"``), rsl_rl's PPO on xpbank's storage with its
+    returns in one compiled pass (bit for bit rsl_rl's)."""
+    from rsl_rl.algorithms import PPO as RslPPO
     from rsl_rl.models import MLPModel, RNNModel
     from rsl_rl.modules.distribution import GaussianDistribution
 
@@ -242,6 +247,10 @@ def rsl_ppo(env: Any, xp: bool, recurrent: bool, steps: int) -> Any:
         actor = MLPModel(obs, groups, "actor", 12, hidden_dims=[128, 128], distribution_cfg=dist)
         critic = MLPModel(obs, groups, "critic", 1, hidden_dims=[128, 128])
     storage = rsl_storage_class(xp)("rl", env.num_envs, steps, obs, [12])
+    if xp:
+        from xpbank.compat.rsl_rl import PPO
+    else:
+        PPO = RslPPO
     return PPO(actor, critic, storage, num_learning_epochs=5, num_mini_batches=4)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpbank.compat import _rsl_rl_returns
 from xpbank.compat._rsl_rl_storage import RolloutStorage
 from xpbank.errors import MissingExtraError, SpecError
 
@@ -72,6 +73,19 @@ class PPO(_PPO):
         **kwargs: Any,
     ) -> None:
         super().__init__(actor, critic, xpbank_storage(storage, storage_cfg), *args, **kwargs)
+
+    def compute_returns(self, obs: Any) -> None:
+        """rsl_rl's returns and advantages, bit for bit, in one compiled pass over the
+        rollout where that is known to equal rsl_rl's loop (a CPU float32 rollout, this
+        rsl_rl version: see :mod:`xpbank.compat._rsl_rl_returns`); rsl_rl's loop otherwise.
+
+        Args:
+            obs: the observations after the rollout's last step (the critic's input).
+
+        Threads: as rsl_rl's.
+        """
+        if not _rsl_rl_returns.compute_returns(self, obs, _PPO.compute_returns):
+            super().compute_returns(obs)
 
 
 class Distillation(_Distillation):

@@ -1,0 +1,166 @@
+"""rsl_rl's ``PPO.compute_returns`` in one compiled pass, bit for bit: the switch's returns.
+
+rsl_rl's PPO computes GAE with a Python loop over the rollout's steps, ~10 tensor ops a
+step (~25 µs a step at 16 envs, nearly all of it dispatch). :func:`compute_returns`
+does the same arithmetic, in the same order and in float32, in one numba call over the
+storage's tensors: the same ``returns`` and ``advantages`` bit for bit (each value is
+the same IEEE operations on the same operands: torch multiplies a float32 tensor by a
+Python float as ``float32(x) * float32(g)``, and so does the kernel), then rsl_rl's own
+torch lines for the normalization (a reduction, whose order only torch knows).
+
+It runs only where that equality is known to hold:
+
+- rsl_rl's ``PPO.compute_returns`` is the source this kernel was written from (its
+  SHA-256 is listed in :data:`KNOWN_SOURCES`; another rsl_rl version takes rsl_rl's own
+  loop until its source is read and added here);
+- numba is there (``XPBANK_NO_NUMBA`` unset);
+- ``values``, ``rewards`` and ``returns`` are contiguous float32 CPU tensors ``[T, E, 1]``,
+  ``dones`` one of uint8 or bool, the critic's last value float32 ``[E, 1]``, none of
+  them requiring grad.
+
+Anything else returns ``False`` before anything is computed, and the caller runs rsl_rl's
+loop. Used by :class:`xpbank.compat.rsl_rl.PPO` (``"class_name": "xpbank.compat.rsl_rl:PPO"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+
+from xpbank import _jit
+
+__all__ = ["KNOWN_SOURCES", "compute_returns", "gae_kernel"]
+
+#: SHA-256 of ``inspect.getsource(rsl_rl.algorithms.PPO.compute_returns)`` for the
+#: rsl-rl-lib versions whose arithmetic :func:`gae_kernel` repeats (5.5.1).
+KNOWN_SOURCES = frozenset({"c2781a53c4e9c570df595b1585ad1ba90937337e39f6a3f70d8e0be1041e322d"})
+
+
+def gae_kernel(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    dones: np.ndarray,
+    last: np.ndarray,
+    returns: np.ndarray,
+    advantages: np.ndarray,
+    gamma: np.float32,
+    lam: np.float32,
+) -> None:
+    """rsl_rl's returns loop, per env, in float32: ``values``, ``rewards``, ``dones``,
+    ``returns``, ``advantages`` are ``[T, E]``, ``last`` is ``[E]``.
+
+    The operations and their order are rsl_rl's, written out::
+
+        not_terminal = 1 - float(dones[t])
+        delta = (rewards[t] + (not_terminal * gamma) * next_values) - values[t]
+        advantage = delta + ((not_terminal * gamma) * lam) * advantage   # 0 at the start
+        returns[t] = advantage + values[t]
+        advantages = returns - values
+    """
+    steps, envs = values.shape
+    one = np.float32(1.0)
+    for e in range(envs):
+        advantage = np.float32(0.0)
+        for t in range(steps - 1, -1, -1):
+            next_values = last[e] if t == steps - 1 else values[t + 1, e]
+            not_terminal = one - np.float32(dones[t, e])
+            discount = not_terminal * gamma
+            delta = (rewards[t, e] + discount * next_values) - values[t, e]
+            advantage = delta + (discount * lam) * advantage
+            returns[t, e] = advantage + values[t, e]
+            advantages[t, e] = returns[t, e] - values[t, e]
+
+
+_KERNELS = _jit.compile_kernels(gae_kernel)
+
+
+def _source_known(method: Any) -> bool:
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):  # no source shipped: the arithmetic cannot be checked
+        return False
+    return hashlib.sha256(source.encode()).hexdigest() in KNOWN_SOURCES
+
+
+_KNOWN: dict[Any, bool] = {}
+
+
+def _plain(x: Any, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dtype in dtypes
+        and x.device.type == "cpu"
+        and tuple(x.shape) == shape
+        and x.is_contiguous()
+        and not x.requires_grad
+        and type(x) is torch.Tensor  # no subclass (a TensorDict-like or a tracer) hides behind it
+    )
+
+
+def compute_returns(ppo: Any, obs: Any, reference: Any) -> bool:
+    """rsl_rl's ``PPO.compute_returns(obs)`` on ``ppo`` in one compiled pass; ``False``
+    (nothing computed, nothing changed) where the pass is not known to equal
+    ``reference`` (rsl_rl's method) bit for bit: see the module docstring.
+
+    Threads: as rsl_rl's (the storage is the algorithm's own).
+    """
+    if _KERNELS is None:
+        return False
+    known = _KNOWN.get(reference)
+    if known is None:
+        known = _KNOWN[reference] = _source_known(reference)
+    st = ppo.storage
+    values = getattr(st, "values", None)
+    if not known or not isinstance(values, torch.Tensor) or values.dim() != 3:
+        return False
+    steps, envs = st.num_transitions_per_env, values.shape[1]
+    shape, f32 = (steps, envs, 1), (torch.float32,)
+    if not (
+        _plain(values, shape, f32)
+        and _plain(st.rewards, shape, f32)
+        and _plain(st.returns, shape, f32)
+        and _plain(st.dones, shape, (torch.uint8, torch.bool))
+    ):
+        return False
+    # rsl_rl's first lines, as they are: the critic's value of the last observation
+    critic_hidden_state = ppo.critic.get_hidden_state()
+    last_values = ppo.critic(obs).detach()
+    ppo.critic.reset(hidden_state=critic_hidden_state)
+    if not _plain(last_values, (envs, 1), f32):
+        _loop_from(ppo, last_values)  # an odd critic: rsl_rl's loop on the value already computed
+        return True
+    advantages = torch.empty_like(st.returns)
+    dones = st.dones.view(torch.uint8) if st.dones.dtype == torch.bool else st.dones
+    _KERNELS[0](
+        values.numpy().reshape(steps, envs),
+        st.rewards.numpy().reshape(steps, envs),
+        dones.numpy().reshape(steps, envs),
+        last_values.numpy().reshape(envs),
+        st.returns.numpy().reshape(steps, envs),
+        advantages.numpy().reshape(steps, envs),
+        np.float32(ppo.gamma),
+        np.float32(ppo.lam),
+    )
+    st.advantages = advantages
+    if not ppo.normalize_advantage_per_mini_batch:  # rsl_rl's line
+        st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)
+    return True
+
+
+def _loop_from(ppo: Any, last_values: torch.Tensor) -> None:
+    """rsl_rl's returns loop from ``last_values`` on (its lines after the critic's call)."""
+    st = ppo.storage
+    advantage: Any = 0
+    for step in reversed(range(st.num_transitions_per_env)):
+        next_values = last_values if step == st.num_transitions_per_env - 1 else st.values[step + 1]
+        next_is_not_terminal = 1.0 - st.dones[step].float()
+        delta = st.rewards[step] + next_is_not_terminal * ppo.gamma * next_values - st.values[step]
+        advantage = delta + next_is_not_terminal * ppo.gamma * ppo.lam * advantage
+        st.returns[step] = advantage + st.values[step]
+    st.advantages = st.returns - st.values
+    if not ppo.normalize_advantage_per_mini_batch:
+        st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)
