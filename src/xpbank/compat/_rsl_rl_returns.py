@@ -50,8 +50,9 @@ def gae_kernel(
     gamma: np.float32,
     lam: np.float32,
 ) -> None:
-    """rsl_rl's returns loop, per env, in float32: ``values``, ``rewards``, ``dones``,
-    ``returns``, ``advantages`` are ``[T, E]``, ``last`` is ``[E]``.
+    """rsl_rl's returns loop in float32, a step at a time over every env (as rsl_rl's):
+    ``values``, ``rewards``, ``dones``, ``returns``, ``advantages`` are ``[T, E]``, ``last``
+    is ``[E]``.
 
     The operations and their order are rsl_rl's, written out::
 
@@ -63,15 +64,15 @@ def gae_kernel(
     """
     steps, envs = values.shape
     one = np.float32(1.0)
-    for e in range(envs):
-        advantage = np.float32(0.0)
-        for t in range(steps - 1, -1, -1):
-            next_values = last[e] if t == steps - 1 else values[t + 1, e]
+    advantage = np.zeros(envs, dtype=np.float32)  # each env's, carried back a step at a time
+    for t in range(steps - 1, -1, -1):  # envs inner: contiguous rows, vectorized
+        next_values = last if t == steps - 1 else values[t + 1]
+        for e in range(envs):
             not_terminal = one - np.float32(dones[t, e])
             discount = not_terminal * gamma
-            delta = (rewards[t, e] + discount * next_values) - values[t, e]
-            advantage = delta + (discount * lam) * advantage
-            returns[t, e] = advantage + values[t, e]
+            delta = (rewards[t, e] + discount * next_values[e]) - values[t, e]
+            advantage[e] = delta + (discount * lam) * advantage[e]
+            returns[t, e] = advantage[e] + values[t, e]
             advantages[t, e] = returns[t, e] - values[t, e]
 
 
