@@ -68,9 +68,12 @@ def _verified_line(buffer: Any, verify: bool) -> str:
 
 
 def _console(stream: Any = None) -> Any:
+    """A console on ``stream`` (stdout): the terminal's width; into a pipe or a file, a
+    message stays one line however long its paths (a log is grepped), tables 160 wide."""
     console_cls = require("rich.console", "cli").Console
     file = stream or sys.stdout
-    return console_cls(file=file, width=None if file.isatty() else 160)
+    tty = file.isatty()
+    return console_cls(file=file, width=None if tty else 160, soft_wrap=not tty)
 
 
 class _Progress:
