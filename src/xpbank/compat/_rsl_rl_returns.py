@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,23 @@ def _source_known(method: Any) -> bool:
 _KNOWN: dict[Any, bool] = {}
 
 
+class _Answered:
+    """A critic whose value of the last observation is already computed (its hidden state
+    already restored): rsl_rl's method, run on it, goes on from that value."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def get_hidden_state(self) -> None:
+        return None
+
+    def reset(self, hidden_state: Any = None) -> None:
+        pass
+
+    def __call__(self, obs: Any) -> torch.Tensor:
+        return self.value
+
+
 def _plain(x: Any, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
     return (
         isinstance(x, torch.Tensor)
@@ -131,8 +149,15 @@ def compute_returns(ppo: Any, obs: Any, reference: Any) -> bool:
     critic_hidden_state = ppo.critic.get_hidden_state()
     last_values = ppo.critic(obs).detach()
     ppo.critic.reset(hidden_state=critic_hidden_state)
-    if not _plain(last_values, (envs, 1), f32):
-        _loop_from(ppo, last_values)  # an odd critic: rsl_rl's loop on the value already computed
+    if not _plain(last_values, (envs, 1), f32):  # an odd critic: rsl_rl's own method, given the value
+        answered = SimpleNamespace(  # what that (known) source reads of its ``self``
+            storage=st,
+            critic=_Answered(last_values),
+            gamma=ppo.gamma,
+            lam=ppo.lam,
+            normalize_advantage_per_mini_batch=ppo.normalize_advantage_per_mini_batch,
+        )
+        reference(answered, obs)
         return True
     advantages = torch.empty_like(st.returns)
     dones = st.dones.view(torch.uint8) if st.dones.dtype == torch.bool else st.dones
@@ -150,18 +175,3 @@ def compute_returns(ppo: Any, obs: Any, reference: Any) -> bool:
     if not ppo.normalize_advantage_per_mini_batch:  # rsl_rl's line
         st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)
     return True
-
-
-def _loop_from(ppo: Any, last_values: torch.Tensor) -> None:
-    """rsl_rl's returns loop from ``last_values`` on (its lines after the critic's call)."""
-    st = ppo.storage
-    advantage: Any = 0
-    for step in reversed(range(st.num_transitions_per_env)):
-        next_values = last_values if step == st.num_transitions_per_env - 1 else st.values[step + 1]
-        next_is_not_terminal = 1.0 - st.dones[step].float()
-        delta = st.rewards[step] + next_is_not_terminal * ppo.gamma * next_values - st.values[step]
-        advantage = delta + next_is_not_terminal * ppo.gamma * ppo.lam * advantage
-        st.returns[step] = advantage + st.values[step]
-    st.advantages = st.returns - st.values
-    if not ppo.normalize_advantage_per_mini_batch:
-        st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)
